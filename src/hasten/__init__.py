@@ -1,0 +1,51 @@
+"""hasten: one plain PyTorch training loop, on a CPU, one GPU, many GPUs or many machines.
+
+Public names load on first use, so `import hasten` costs little more than `import torch`.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_EXPORTS = {
+    "Accelerator": "hasten.accelerator",
+    "PartialState": "hasten.state",
+    "AcceleratorState": "hasten.state",
+    "GradientState": "hasten.state",
+    "DistributedType": "hasten.enums",
+    "skip_first_batches": "hasten.data_loader",
+    "notebook_launcher": "hasten.launchers",
+    "debug_launcher": "hasten.launchers",
+    "AutocastKwargs": "hasten.config.dataclasses",
+    "DataLoaderConfiguration": "hasten.config.dataclasses",
+    "DDPCommunicationHookType": "hasten.enums",
+    "DistributedDataParallelKwargs": "hasten.config.dataclasses",
+    "GradScalerKwargs": "hasten.config.dataclasses",
+    "InitProcessGroupKwargs": "hasten.config.dataclasses",
+    "ProfileKwargs": "hasten.config.dataclasses",
+    "ProjectConfiguration": "hasten.config.dataclasses",
+    "GradientAccumulationPlugin": "hasten.config.dataclasses",
+    "TorchDynamoPlugin": "hasten.config.dataclasses",
+    "find_executable_batch_size": "hasten.memory",
+    "synchronize_rng_states": "hasten.rng",
+    "set_seed": "hasten.rng",
+    "get_logger": "hasten.logging",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'hasten' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS))

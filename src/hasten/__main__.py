@@ -1,0 +1,5 @@
+import sys
+
+from hasten.commands.cli import main
+
+sys.exit(main())

@@ -1,0 +1,248 @@
+"""User-facing configuration objects: kwargs handlers and plugins, with Accelerate's fields and defaults."""
+
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import dataclass, field, fields
+from datetime import timedelta
+from typing import Any, Callable, Optional
+
+from ..enums import DDPCommunicationHookType, DynamoBackend
+from ..environment import env_flag, env_value
+from ..errors import ConfigError
+
+
+class KwargsHandler:
+    """Mixin: `to_kwargs()` returns only the fields that differ from a default instance."""
+
+    def to_dict(self) -> dict:
+        return copy.deepcopy(self.__dict__)
+
+    def to_kwargs(self) -> dict:
+        # Defaults are computed with hasten/Accelerate variables hidden, so values that came from the
+        # environment count as explicitly set.
+        saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith(("HASTEN_", "ACCELERATE_"))}
+        try:
+            default = self.__class__().to_dict()
+        finally:
+            os.environ.update(saved)
+        this = self.to_dict()
+        return {k: v for k, v in this.items() if k in default and default[k] != v}
+
+
+@dataclass
+class AutocastKwargs(KwargsHandler):
+    """Arguments for `torch.autocast` (`enabled=False` forces fp32 inside `accelerator.autocast`)."""
+
+    enabled: bool = True
+    cache_enabled: Optional[bool] = None
+
+
+@dataclass
+class DistributedDataParallelKwargs(KwargsHandler):
+    """Arguments for `torch.nn.parallel.DistributedDataParallel`, plus an optional communication hook."""
+
+    dim: int = 0
+    broadcast_buffers: bool = True
+    bucket_cap_mb: int = 25
+    find_unused_parameters: bool = False
+    check_reduction: bool = False
+    gradient_as_bucket_view: bool = False
+    static_graph: bool = False
+    comm_hook: DDPCommunicationHookType = DDPCommunicationHookType.NO
+    comm_wrapper: DDPCommunicationHookType = DDPCommunicationHookType.NO
+    comm_state_option: dict = field(default_factory=dict)
+
+    def to_dict(self, ignore_keys=("comm_hook", "comm_wrapper", "comm_state_option")) -> dict:
+        return {k: v for k, v in super().to_dict().items() if k not in ignore_keys}
+
+    def register_comm_hook(self, model) -> None:
+        """Install the chosen gradient-compression hook on a DDP model."""
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+        hook_type = DDPCommunicationHookType(self.comm_hook)
+        wrapper_type = DDPCommunicationHookType(self.comm_wrapper)
+        if hook_type == DDPCommunicationHookType.NO:
+            return
+        hooks = {
+            DDPCommunicationHookType.FP16: default_hooks.fp16_compress_hook,
+            DDPCommunicationHookType.BF16: default_hooks.bf16_compress_hook,
+            DDPCommunicationHookType.POWER_SGD: powerSGD_hook.powerSGD_hook,
+            DDPCommunicationHookType.BATCHED_POWER_SGD: powerSGD_hook.batched_powerSGD_hook,
+        }
+        wrappers = {
+            DDPCommunicationHookType.FP16: default_hooks.fp16_compress_wrapper,
+            DDPCommunicationHookType.BF16: default_hooks.bf16_compress_wrapper,
+        }
+        hook = hooks[hook_type]
+        state = None
+        if hook_type in (DDPCommunicationHookType.POWER_SGD, DDPCommunicationHookType.BATCHED_POWER_SGD):
+            state = powerSGD_hook.PowerSGDState(None, **self.comm_state_option)
+        if wrapper_type != DDPCommunicationHookType.NO:
+            if wrapper_type not in wrappers:
+                raise ConfigError(f"comm_wrapper must be one of 'no', 'fp16', 'bf16', not {wrapper_type.value!r}")
+            hook = wrappers[wrapper_type](hook)
+        model.register_comm_hook(state, hook)
+
+
+@dataclass
+class GradScalerKwargs(KwargsHandler):
+    """Arguments for the fp16 `torch.amp.GradScaler`."""
+
+    init_scale: float = 65536.0
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    growth_interval: int = 2000
+    enabled: bool = True
+
+
+@dataclass
+class InitProcessGroupKwargs(KwargsHandler):
+    """Arguments for `torch.distributed.init_process_group`."""
+
+    backend: Optional[str] = "nccl"
+    init_method: Optional[str] = None
+    timeout: Optional[timedelta] = None
+
+    def __post_init__(self):
+        if self.timeout is None:
+            seconds = 600 if self.backend == "nccl" else 1800
+            self.timeout = timedelta(seconds=seconds)
+
+
+@dataclass
+class ProfileKwargs(KwargsHandler):
+    """Settings for `torch.profiler.profile`, used by `Accelerator.profile`."""
+
+    activities: Optional[list] = None
+    schedule_option: Optional[dict] = None
+    on_trace_ready: Optional[Callable] = None
+    record_shapes: bool = False
+    profile_memory: bool = False
+    with_stack: bool = False
+    with_flops: bool = False
+    with_modules: bool = False
+    output_trace_dir: Optional[str] = None
+
+    def _activities(self):
+        import torch
+
+        names = {"cpu": torch.profiler.ProfilerActivity.CPU, "cuda": torch.profiler.ProfilerActivity.CUDA}
+        if hasattr(torch.profiler.ProfilerActivity, "XPU"):
+            names["xpu"] = torch.profiler.ProfilerActivity.XPU
+        result = []
+        for name in self.activities or []:
+            if name not in names:
+                raise ConfigError(f"Unknown profiler activity {name!r}; choose from {sorted(names)}")
+            result.append(names[name])
+        return result or None
+
+    def build(self):
+        import torch
+
+        schedule = torch.profiler.schedule(**self.schedule_option) if self.schedule_option else None
+        return torch.profiler.profile(
+            activities=self._activities(),
+            schedule=schedule,
+            on_trace_ready=self.on_trace_ready,
+            record_shapes=self.record_shapes,
+            profile_memory=self.profile_memory,
+            with_stack=self.with_stack,
+            with_flops=self.with_flops,
+            with_modules=self.with_modules,
+        )
+
+
+@dataclass
+class GradientAccumulationPlugin(KwargsHandler):
+    """How gradient accumulation behaves (see docs/training.md)."""
+
+    num_steps: Optional[int] = None
+    adjust_scheduler: bool = True
+    sync_with_dataloader: bool = True
+    sync_each_batch: bool = False
+
+    def __post_init__(self):
+        if self.num_steps is not None and (not isinstance(self.num_steps, int) or self.num_steps < 1):
+            raise ConfigError(f"GradientAccumulationPlugin.num_steps must be a positive integer, got {self.num_steps!r}")
+
+
+@dataclass
+class ProjectConfiguration:
+    """Where a project writes checkpoints and logs, and how checkpoints are named and rotated."""
+
+    project_dir: Optional[str] = None
+    logging_dir: Optional[str] = None
+    automatic_checkpoint_naming: bool = False
+    total_limit: Optional[int] = None
+    iteration: int = 0
+    save_on_each_node: bool = False
+
+    def set_directories(self, project_dir: Optional[str] = None) -> None:
+        self.project_dir = project_dir
+        if self.logging_dir is None:
+            self.logging_dir = project_dir
+
+    def __post_init__(self):
+        self.set_directories(self.project_dir)
+        if self.total_limit is not None and (not isinstance(self.total_limit, int) or self.total_limit < 1):
+            raise ConfigError(f"ProjectConfiguration.total_limit must be a positive integer or None, got {self.total_limit!r}")
+
+
+@dataclass
+class DataLoaderConfiguration:
+    """How prepared data loaders shard and place batches."""
+
+    split_batches: bool = False
+    dispatch_batches: Optional[bool] = None
+    even_batches: bool = True
+    use_seedable_sampler: bool = False
+    data_seed: Optional[int] = None
+    non_blocking: bool = False
+    use_stateful_dataloader: bool = False
+
+
+@dataclass
+class TorchDynamoPlugin(KwargsHandler):
+    """`torch.compile` settings; unset fields come from `HASTEN_/ACCELERATE_DYNAMO_*`."""
+
+    backend: Optional[DynamoBackend] = None
+    mode: Optional[str] = None
+    fullgraph: Optional[bool] = None
+    dynamic: Optional[bool] = None
+    options: Any = None
+    disable: bool = False
+    use_regional_compilation: Optional[bool] = None
+
+    def __post_init__(self):
+        if self.backend is None:
+            self.backend = env_value("DYNAMO_BACKEND", "no")
+        try:
+            self.backend = DynamoBackend(str(self.backend).upper())
+        except ValueError:
+            raise ConfigError(
+                f"Unknown dynamo backend {self.backend!r}; choose one of {[b.lower() for b in DynamoBackend.list()]}"
+            ) from None
+        if self.mode is None:
+            self.mode = env_value("DYNAMO_MODE", "default")
+        if self.fullgraph is None:
+            self.fullgraph = env_flag("DYNAMO_USE_FULLGRAPH")
+        if self.use_regional_compilation is None:
+            self.use_regional_compilation = env_flag("DYNAMO_USE_REGIONAL_COMPILATION")
+        if self.dynamic is None and env_value("DYNAMO_USE_DYNAMIC") is not None:
+            self.dynamic = env_flag("DYNAMO_USE_DYNAMIC")
+
+    def to_dict(self) -> dict:
+        result = copy.deepcopy(self.__dict__)
+        result["backend"] = result["backend"].value.lower()
+        return result
+
+    def to_kwargs(self) -> dict:
+        kwargs = super().to_kwargs()
+        kwargs.pop("use_regional_compilation", None)
+        return kwargs
+
+
+def field_names(cls) -> list[str]:
+    return [f.name for f in fields(cls)]

@@ -1,0 +1,263 @@
+"""Who am I, how many of us are there, and on which device? Pure functions over an environment mapping.
+
+Everything here takes the environment as an argument (default `os.environ`) so that cluster detection is
+unit-tested with plain dicts. hasten reads its own `HASTEN_*` variables and Accelerate's `ACCELERATE_*`
+ones; when both are set, hasten's win.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+from .errors import ConfigError
+
+_TRUE = {"y", "yes", "t", "true", "on", "1"}
+_FALSE = {"n", "no", "f", "false", "off", "0"}
+
+
+def str_to_bool(value, to_bool: bool = False):
+    """Parse a truthy/falsy string the way Accelerate does (1/0, or True/False with `to_bool`)."""
+    text = str(value).strip().lower()
+    if text in _TRUE:
+        return True if to_bool else 1
+    if text in _FALSE:
+        return False if to_bool else 0
+    raise ValueError(f"invalid truth value {value!r}: use one of {sorted(_TRUE)} or {sorted(_FALSE)}")
+
+
+def env_name_used(name: str, env: Mapping[str, str] | None = None) -> str | None:
+    """The variable that supplies setting `name` (`HASTEN_<name>` first, then `ACCELERATE_<name>`)."""
+    env = os.environ if env is None else env
+    for prefix in ("HASTEN_", "ACCELERATE_"):
+        if prefix + name in env:
+            return prefix + name
+    return None
+
+
+def env_value(name: str, default=None, env: Mapping[str, str] | None = None):
+    """The value of setting `name` from `HASTEN_<name>` or `ACCELERATE_<name>`, else `default`."""
+    env = os.environ if env is None else env
+    key = env_name_used(name, env)
+    return default if key is None else env[key]
+
+
+def env_flag(name: str, default: bool = False, env: Mapping[str, str] | None = None) -> bool:
+    """A boolean setting; a value that is neither truthy nor falsy is a ConfigError naming the variable."""
+    env = os.environ if env is None else env
+    key = env_name_used(name, env)
+    if key is None:
+        return default
+    try:
+        return str_to_bool(env[key], to_bool=True)
+    except ValueError:
+        raise ConfigError(
+            f"environment variable {key}={env[key]!r} is not a boolean; set it to 1/0, true/false or yes/no"
+        ) from None
+
+
+def parse_flag_from_env(key: str, default: bool = False) -> bool:
+    """Accelerate's helper: read one exact variable as a boolean."""
+    value = os.environ.get(key)
+    return default if value is None else str_to_bool(value, to_bool=True)
+
+
+def parse_choice_from_env(key: str, default: str = "no") -> str:
+    return os.environ.get(key, str(default))
+
+
+def get_int_from_env(env_keys, default: int) -> int:
+    """The first non-negative integer among `env_keys`, else `default`."""
+    for key in env_keys:
+        value = int(os.environ.get(key, -1))
+        if value >= 0:
+            return value
+    return default
+
+
+@dataclass(frozen=True)
+class ClusterInfo:
+    """Where this process sits in the job, as its launcher described it."""
+
+    launcher: str  # "torchrun", "slurm", "mpi", "env" (plain RANK/WORLD_SIZE) or "single"
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+    node_rank: int = 0
+    master_addr: str | None = None
+    master_port: int | None = None
+
+    @property
+    def num_nodes(self) -> int:
+        return max(1, self.world_size // max(1, self.local_world_size))
+
+
+def _int_var(env: Mapping[str, str], names, default=None, *, minimum=0):
+    for name in names:
+        if name in env and env[name] != "":
+            try:
+                value = int(env[name])
+            except ValueError:
+                raise ConfigError(f"environment variable {name}={env[name]!r} must be an integer") from None
+            if value < minimum:
+                raise ConfigError(f"environment variable {name}={value} must be >= {minimum}")
+            return value
+    return default
+
+
+def _first_slurm_host(nodelist: str) -> str:
+    """First host of a SLURM node list such as `gpu[03-05,09],cpu1` -> `gpu03`."""
+    match = re.match(r"([^,\[]+)(\[([^\]]+)\])?", nodelist.strip())
+    if not match:
+        return nodelist
+    prefix, _, ranges = match.groups()
+    if not ranges:
+        return prefix
+    return prefix + ranges.split(",")[0].split("-")[0]
+
+
+def _slurm_tasks_on_first_node(spec: str) -> int:
+    """`SLURM_STEP_TASKS_PER_NODE` looks like `4(x2),3`; the count on this job's nodes is the first number."""
+    match = re.match(r"(\d+)", spec or "")
+    return int(match.group(1)) if match else 1
+
+
+def detect_cluster(env: Mapping[str, str] | None = None) -> ClusterInfo:
+    """Read rank, world size and rendezvous address from torchrun, SLURM (srun), MPI, or nothing at all."""
+    env = os.environ if env is None else env
+    master_addr = env.get("MASTER_ADDR") or None
+    master_port = _int_var(env, ["MASTER_PORT"])
+
+    if "LOCAL_RANK" in env and "WORLD_SIZE" in env and "RANK" in env:
+        # torchrun / torchelastic (or anything that sets the same variables).
+        world = _int_var(env, ["WORLD_SIZE"], 1, minimum=1)
+        local_world = _int_var(env, ["LOCAL_WORLD_SIZE"], world, minimum=1)
+        info = ClusterInfo(
+            launcher="torchrun",
+            rank=_int_var(env, ["RANK"], 0),
+            world_size=world,
+            local_rank=_int_var(env, ["LOCAL_RANK"], 0),
+            local_world_size=local_world,
+            node_rank=_int_var(env, ["GROUP_RANK", "NODE_RANK"], 0),
+            master_addr=master_addr,
+            master_port=master_port,
+        )
+    elif "SLURM_PROCID" in env and "SLURM_STEP_ID" in env:
+        # Under `srun`: one process per task. (Inside `sbatch` without srun there is only the batch shell.)
+        world = _int_var(env, ["SLURM_NTASKS", "SLURM_STEP_NUM_TASKS"], 1, minimum=1)
+        local_world = _int_var(env, ["SLURM_NTASKS_PER_NODE"], None, minimum=1)
+        if local_world is None:
+            local_world = _slurm_tasks_on_first_node(env.get("SLURM_STEP_TASKS_PER_NODE", env.get("SLURM_TASKS_PER_NODE", "")))
+        nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or ""
+        info = ClusterInfo(
+            launcher="slurm",
+            rank=_int_var(env, ["SLURM_PROCID"], 0),
+            world_size=world,
+            local_rank=_int_var(env, ["SLURM_LOCALID"], 0),
+            local_world_size=local_world,
+            node_rank=_int_var(env, ["SLURM_NODEID"], 0),
+            master_addr=master_addr or (_first_slurm_host(nodelist) if nodelist else "127.0.0.1"),
+            master_port=master_port or 29500,
+        )
+    elif any(k in env for k in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE")):
+        world = _int_var(env, ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE"], 1, minimum=1)
+        local_world = _int_var(
+            env, ["OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "MV2_COMM_WORLD_LOCAL_SIZE"], world, minimum=1
+        )
+        info = ClusterInfo(
+            launcher="mpi",
+            rank=_int_var(env, ["OMPI_COMM_WORLD_RANK", "PMI_RANK", "MV2_COMM_WORLD_RANK"], 0),
+            world_size=world,
+            local_rank=_int_var(env, ["OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "MV2_COMM_WORLD_LOCAL_RANK"], 0),
+            local_world_size=local_world,
+            node_rank=_int_var(env, ["OMPI_COMM_WORLD_NODE_RANK"], None) or 0,
+            master_addr=master_addr or ("127.0.0.1" if local_world == world else None),
+            master_port=master_port or 29500,
+        )
+    elif _int_var(env, ["WORLD_SIZE"], 1, minimum=1) > 1:
+        world = _int_var(env, ["WORLD_SIZE"], 1, minimum=1)
+        info = ClusterInfo(
+            launcher="env",
+            rank=_int_var(env, ["RANK"], 0),
+            world_size=world,
+            local_rank=_int_var(env, ["LOCAL_RANK", "RANK"], 0),
+            local_world_size=_int_var(env, ["LOCAL_WORLD_SIZE"], world, minimum=1),
+            master_addr=master_addr,
+            master_port=master_port,
+        )
+    else:
+        return ClusterInfo(launcher="single", master_addr=master_addr, master_port=master_port)
+
+    if info.rank >= info.world_size:
+        raise ConfigError(f"rank {info.rank} is not below the world size {info.world_size} ({info.launcher} variables)")
+    if info.local_rank >= info.local_world_size:
+        raise ConfigError(
+            f"local rank {info.local_rank} is not below the local world size {info.local_world_size} "
+            f"({info.launcher} variables)"
+        )
+    if info.world_size > 1 and info.master_addr is None:
+        raise ConfigError(
+            f"{info.world_size} processes over several machines need a rendezvous address: set MASTER_ADDR "
+            "(or launch with `hasten launch --main_process_ip`)"
+        )
+    return info
+
+
+def _torch_has(device_type: str) -> bool:
+    import torch
+
+    if device_type == "cuda":
+        return torch.cuda.is_available()
+    if device_type == "mps":
+        return hasattr(torch.backends, "mps") and torch.backends.mps.is_available()
+    module = getattr(torch, device_type, None)
+    return bool(module is not None and hasattr(module, "is_available") and module.is_available())
+
+
+DEVICE_ORDER = ("cuda", "xpu", "mps", "npu")
+
+
+def detect_device_type(
+    cpu: bool = False,
+    env: Mapping[str, str] | None = None,
+    available: Callable[[str], bool] = _torch_has,
+) -> str:
+    """The accelerator kind to use: the first of CUDA, XPU, MPS, NPU that is present, else CPU."""
+    env = os.environ if env is None else env
+    if cpu or env_flag("USE_CPU", env=env):
+        return "cpu"
+    forced = env_value("TORCH_DEVICE", env=env)
+    if forced:
+        return forced.split(":")[0]
+    for device_type in DEVICE_ORDER:
+        if available(device_type):
+            return device_type
+    return "cpu"
+
+
+_BACKEND_FOR_DEVICE = {"cuda": "nccl", "xpu": "xccl", "npu": "hccl", "cpu": "gloo", "mps": "gloo"}
+
+
+def choose_backend(device_type: str, requested: str | None = None) -> str:
+    """The collective backend for a device kind: NCCL for CUDA, gloo for CPU, or what the user asked for."""
+    if requested:
+        return requested
+    return _BACKEND_FOR_DEVICE.get(device_type, "gloo")
+
+
+def distributed_type_for(device_type: str, world_size: int, launched: bool):
+    """`DistributedType` for a device kind and process count (N CPU processes are MULTI_CPU, no flag needed)."""
+    from .enums import DistributedType
+
+    if world_size <= 1 and not launched:
+        return DistributedType.NO
+    return {
+        "cuda": DistributedType.MULTI_GPU,
+        "xpu": DistributedType.MULTI_XPU,
+        "npu": DistributedType.MULTI_NPU,
+        "mps": DistributedType.MULTI_CPU,
+        "cpu": DistributedType.MULTI_CPU,
+    }.get(device_type, DistributedType.MULTI_GPU)

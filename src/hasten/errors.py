@@ -1,0 +1,33 @@
+"""Every error hasten raises on purpose. Each subclasses what Accelerate raised, so `except` keeps working."""
+
+
+class HastenError(Exception):
+    """Base class of hasten's own errors."""
+
+
+class ConfigError(HastenError, ValueError):
+    """A configuration value (argument, flag, environment variable, file key) is wrong."""
+
+
+class LaunchError(HastenError, RuntimeError):
+    """`hasten launch` could not start the processes, or one of them failed."""
+
+
+class DistributedOperationException(HastenError, RuntimeError):
+    """A collective was called with inputs that differ across ranks (found in debug mode)."""
+
+
+class StateResetError(HastenError, AttributeError):
+    """A shared state was reset and not created again."""
+
+
+class NotSupportedYetError(HastenError, NotImplementedError):
+    """An Accelerate feature hasten does not implement yet."""
+
+
+class CheckpointError(HastenError, RuntimeError):
+    """A checkpoint is missing, incomplete, corrupt or unsafe to load."""
+
+
+class UnsafeCheckpointError(CheckpointError):
+    """A checkpoint file would execute code when loaded and the user did not opt in."""

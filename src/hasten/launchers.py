@@ -1,0 +1,99 @@
+"""Start several processes from Python (a notebook, a test): `notebook_launcher` and `debug_launcher`.
+
+Both go through torchrun's elastic agent with the fork start method, so functions defined in a notebook
+need not be importable.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+from .enums import PrecisionType
+from .errors import ConfigError, LaunchError
+
+
+def _launch_function(function, args, nproc, env, *, master_addr, port, node_rank=0, num_nodes=1,
+                     rdzv_backend="static", rdzv_endpoint="", rdzv_conf=None, rdzv_id="none",
+                     max_restarts=0, monitor_interval=0.1, log_line_prefix_template=None):
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    rdzv_conf = dict(rdzv_conf or {})
+    if rdzv_backend == "static":
+        rdzv_conf["rank"] = node_rank
+    if not rdzv_endpoint:
+        rdzv_endpoint = f"{master_addr}:{port}"
+    config = LaunchConfig(
+        min_nodes=num_nodes,
+        max_nodes=num_nodes,
+        nproc_per_node=nproc,
+        run_id=rdzv_id if num_nodes > 1 else str(uuid.uuid4()),
+        rdzv_endpoint=rdzv_endpoint,
+        rdzv_backend=rdzv_backend,
+        rdzv_configs=rdzv_conf,
+        max_restarts=max_restarts,
+        monitor_interval=monitor_interval,
+        start_method="fork",
+        log_line_prefix_template=log_line_prefix_template,
+    )
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        return elastic_launch(config, function)(*args)
+    except ChildFailedError as error:
+        from .commands.launch import _describe_failures
+
+        raise LaunchError(f"launched function failed: {_describe_failures(error)}") from error
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def notebook_launcher(function, args=(), num_processes=None, mixed_precision="no", use_port="29500",
+                      master_addr="127.0.0.1", node_rank=0, num_nodes=1, rdzv_backend="static", rdzv_endpoint="",
+                      rdzv_conf=None, rdzv_id="none", max_restarts=0, monitor_interval=0.1,
+                      log_line_prefix_template=None):
+    """Run `function(*args)` on `num_processes` processes of this machine (in this process if 1)."""
+    if str(mixed_precision).lower() not in PrecisionType:
+        raise ConfigError(f"Unknown mixed_precision {mixed_precision!r}; choose one of {PrecisionType.list()}")
+    if num_processes is None:
+        raise ConfigError("notebook_launcher needs num_processes (e.g. num_processes=2)")
+    if node_rank >= num_nodes:
+        raise ConfigError(f"node_rank {node_rank} must be below num_nodes {num_nodes}")
+    # Unlike Accelerate 1.15 (which exported an unread MIXED_PRECISION), the choice reaches the processes.
+    env = {"HASTEN_MIXED_PRECISION": str(mixed_precision).lower()}
+    if num_processes == 1:
+        saved = os.environ.get("HASTEN_MIXED_PRECISION")
+        os.environ.update(env)
+        try:
+            return function(*args)
+        finally:
+            if saved is None:
+                os.environ.pop("HASTEN_MIXED_PRECISION", None)
+            else:
+                os.environ["HASTEN_MIXED_PRECISION"] = saved
+    from .state import AcceleratorState
+
+    if AcceleratorState._shared_state:
+        raise LaunchError(
+            "An Accelerator already exists in this process; notebook_launcher must start before any "
+            "`Accelerator()` is created. Restart the notebook kernel and launch first."
+        )
+    return _launch_function(
+        function, args, num_processes, env, master_addr=master_addr, port=int(use_port), node_rank=node_rank,
+        num_nodes=num_nodes, rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint, rdzv_conf=rdzv_conf,
+        rdzv_id=rdzv_id, max_restarts=max_restarts, monitor_interval=monitor_interval,
+        log_line_prefix_template=log_line_prefix_template,
+    )
+
+
+def debug_launcher(function, args=(), num_processes=2):
+    """Run `function(*args)` on `num_processes` CPU processes (gloo), for tests and debugging."""
+    from .commands.launch import get_free_port
+
+    env = {"HASTEN_USE_CPU": "true", "HASTEN_MIXED_PRECISION": "no"}
+    return _launch_function(function, args, num_processes, env, master_addr="127.0.0.1", port=get_free_port())

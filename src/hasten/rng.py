@@ -1,0 +1,95 @@
+"""Seeding and random-state synchronisation for Python, NumPy, torch and every device."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import torch
+
+from .enums import RNGType
+from .state import PartialState
+
+_DEVICE_RNG_TYPES = ("cuda", "xpu", "npu", "mlu", "musa", "sdaa", "hpu")
+
+
+def set_seed(seed: int, device_specific: bool = False, deterministic: bool = False) -> None:
+    """Seed `random`, NumPy, torch and every accelerator; `device_specific` adds the process index."""
+    if device_specific:
+        seed += PartialState().process_index
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)  # also seeds every CUDA/XPU device that is initialised
+    for name in _DEVICE_RNG_TYPES[1:]:
+        module = getattr(torch, name, None)
+        if module is not None and hasattr(module, "manual_seed_all") and getattr(module, "is_available", lambda: False)():
+            module.manual_seed_all(seed)
+    if deterministic:
+        torch.use_deterministic_algorithms(True)
+
+
+def synchronize_rng_state(rng_type=None, generator: torch.Generator | None = None) -> None:
+    """Make this process's `rng_type` state equal to rank 0's."""
+    import torch.distributed as dist
+
+    state = PartialState()
+    if not state.use_distributed:
+        return
+    rng_type = RNGType(rng_type) if rng_type is not None else RNGType.TORCH
+    if rng_type == RNGType.TORCH:
+        rng_state = torch.get_rng_state()
+    elif rng_type == RNGType.GENERATOR:
+        if generator is None:
+            raise ValueError("Need a generator to synchronize its seed.")
+        rng_state = generator.get_state()
+    elif rng_type.value in _DEVICE_RNG_TYPES:
+        module = getattr(torch, rng_type.value)
+        if not module.is_available():
+            return
+        rng_state = module.get_rng_state()
+    else:
+        return
+    on_device = state.backend not in (None, "gloo", "mpi")
+    buffer = rng_state.to(state.device) if on_device else rng_state.clone()
+    dist.broadcast(buffer, src=0)
+    buffer = buffer.cpu()
+    if rng_type == RNGType.TORCH:
+        torch.set_rng_state(buffer)
+    elif rng_type == RNGType.GENERATOR:
+        generator.set_state(buffer)
+    else:
+        getattr(torch, rng_type.value).set_rng_state(buffer)
+
+
+def synchronize_rng_states(rng_types, generator: torch.Generator | None = None) -> None:
+    for rng_type in rng_types:
+        synchronize_rng_state(RNGType(rng_type), generator=generator)
+
+
+def capture_rng_states() -> dict:
+    """Every RNG state of this process as plain data (lists and ints), for JSON checkpoints."""
+    py_version, py_state, py_gauss = random.getstate()
+    np_state = np.random.get_state()
+    states = {
+        "python": [py_version, list(py_state), py_gauss],
+        "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
+        "torch": torch.get_rng_state().tolist(),
+    }
+    for name in _DEVICE_RNG_TYPES:
+        module = getattr(torch, name, None)
+        if module is not None and getattr(module, "is_available", lambda: False)() and hasattr(module, "get_rng_state_all"):
+            states[name] = [s.tolist() for s in module.get_rng_state_all()]
+    return states
+
+
+def restore_rng_states(states: dict) -> None:
+    """Inverse of `capture_rng_states`."""
+    version, py_state, gauss = states["python"]
+    random.setstate((version, tuple(py_state), gauss))
+    kind, keys, pos, has_gauss, cached = states["numpy"]
+    np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(torch.tensor(states["torch"], dtype=torch.uint8))
+    for name in _DEVICE_RNG_TYPES:
+        if name in states:
+            module = getattr(torch, name)
+            module.set_rng_state_all([torch.tensor(s, dtype=torch.uint8) for s in states[name]])

@@ -1,0 +1,489 @@
+"""Per-process shared state: who this process is, which device it uses, how the run is distributed.
+
+Every instance of `PartialState`, `AcceleratorState` and `GradientState` in a process shares one dict of
+attributes (Accelerate's semantics), so any part of a program can build one cheaply and see the same
+answers. Tests start over with `PartialState._reset_state()` / `AcceleratorState._reset_state(True)`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import weakref
+from contextlib import contextmanager
+from datetime import timedelta
+from functools import partial
+
+import torch
+
+from . import environment
+from .enums import DistributedType, PrecisionType, TORCH_DISTRIBUTED_TYPES
+from .errors import ConfigError, StateResetError
+
+__all__ = ["PartialState", "AcceleratorState", "GradientState", "DistributedType", "is_initialized"]
+
+_DEFAULT_TIMEOUT = timedelta(seconds=1800)
+
+
+def _no_op(*args, **kwargs):
+    return None
+
+
+class _SharedState:
+    """Borg base: every instance of a subclass uses the class's one `_shared_state` dict."""
+
+    _shared_state: dict = {}
+    _known_attrs: tuple = ()
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls._shared_state = {}
+
+    def __getattr__(self, name):
+        # Only reached when normal lookup failed: after a reset, say why instead of a bare AttributeError.
+        if name in type(self)._known_attrs:
+            raise StateResetError(
+                f"`{type(self).__name__}.{name}` is gone: the state was reset and not created again. "
+                f"Build a new `{type(self).__name__}()` (or `Accelerator()`) after `_reset_state()`."
+            )
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+
+
+def _init_process_group(cluster: environment.ClusterInfo, backend: str, kwargs: dict) -> None:
+    """Join the job's process group, in a key space of its own for every torchelastic restart.
+
+    Measured with torch 2.13 + gloo: a restarted attempt that reuses the agent's store often reads the keys of
+    the attempt before it and fails or hangs; a per-attempt prefix made every restart work.
+    """
+    import torch.distributed as dist
+
+    timeout = kwargs.pop("timeout", None) or _DEFAULT_TIMEOUT
+    if kwargs.get("init_method") is not None:
+        dist.init_process_group(backend, rank=cluster.rank, world_size=cluster.world_size, timeout=timeout, **kwargs)
+        return
+    addr = cluster.master_addr or "127.0.0.1"
+    port = cluster.master_port or 29500
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        store = dist.TCPStore(addr, port, cluster.world_size, is_master=False, timeout=timeout)
+    else:
+        store = dist.TCPStore(
+            addr, port, cluster.world_size, is_master=cluster.rank == 0, timeout=timeout, multi_tenant=True
+        )
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    store = dist.PrefixStore(f"hasten/attempt{attempt}/", store)
+    dist.init_process_group(
+        backend, store=store, rank=cluster.rank, world_size=cluster.world_size, timeout=timeout, **kwargs
+    )
+    # A gloo group left alive at interpreter exit aborts the process about half the time with torch 2.13;
+    # tearing down what we set up makes a correct script exit 0 even if it never calls destroy_process_group.
+    atexit.register(_destroy_default_group)
+
+
+def _destroy_default_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception:  # noqa: BLE001 - best effort at exit
+            pass
+
+
+class PartialState(_SharedState):
+    """Process and device information, without any training objects. Cheap to build anywhere."""
+
+    _known_attrs = (
+        "_cpu", "backend", "device", "debug", "distributed_type", "num_processes", "process_index",
+        "local_process_index", "fork_launched", "cluster",
+    )
+
+    def __init__(self, cpu: bool = False, **kwargs):
+        self.__dict__ = self._shared_state
+        already = self.initialized
+        self.fork_launched = environment.parse_flag_from_env("FORK_LAUNCHED", False)
+        if already:
+            return
+        env = os.environ
+        requested_backend = kwargs.pop("backend", None)
+        kwargs.pop("_use_sagemaker_dp", None)
+        cpu = bool(cpu) or environment.env_flag("USE_CPU", env=env)
+        cluster = environment.detect_cluster(env)
+        device_type = environment.detect_device_type(cpu, env)
+        launched = cluster.launcher != "single"
+        distributed_type = environment.distributed_type_for(device_type, cluster.world_size, launched)
+
+        self._cpu = cpu or device_type == "cpu"
+        self.debug = environment.env_flag("DEBUG_MODE", env=env)
+        self.cluster = cluster
+        self.distributed_type = distributed_type
+        if distributed_type == DistributedType.NO:
+            self.backend = None
+            self.num_processes, self.process_index, self.local_process_index = 1, 0, 0
+        else:
+            import torch.distributed as dist
+
+            backend = environment.choose_backend(device_type, requested_backend)
+            if not dist.is_initialized():
+                _init_process_group(cluster, backend, kwargs)
+            self.backend = dist.get_backend()
+            if requested_backend and self.backend != requested_backend:
+                raise ConfigError(
+                    f"backend {requested_backend!r} was asked for, but the process group already uses "
+                    f"{self.backend!r}"
+                )
+            self.num_processes = dist.get_world_size()
+            self.process_index = dist.get_rank()
+            self.local_process_index = cluster.local_rank
+        self.device = self._pick_device(device_type)
+        self.set_device()
+
+    def _pick_device(self, device_type: str) -> torch.device:
+        forced = environment.env_value("TORCH_DEVICE")
+        if forced:
+            return torch.device(forced)
+        if device_type in ("cpu", "mps"):
+            return torch.device(device_type)
+        module = getattr(torch, device_type)
+        return torch.device(device_type, self.local_process_index % max(1, module.device_count()))
+
+    # -- identity -----------------------------------------------------------------------------------------
+    @property
+    def initialized(self) -> bool:
+        return self._shared_state != {}
+
+    @property
+    def use_distributed(self) -> bool:
+        return self.distributed_type != DistributedType.NO and self.num_processes > 1
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.process_index == 0
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self.local_process_index == 0
+
+    @property
+    def is_last_process(self) -> bool:
+        return self.process_index == self.num_processes - 1
+
+    @property
+    def default_device(self) -> torch.device:
+        return torch.device(environment.detect_device_type(False))
+
+    def set_device(self) -> None:
+        if self.device.type not in ("cpu", "mps", "meta") and self.device.index is not None:
+            getattr(torch, self.device.type).set_device(self.device)
+
+    def __repr__(self) -> str:
+        return (
+            f"Distributed environment: {self.distributed_type}{('  Backend: ' + self.backend) if self.backend else ''}\n"
+            f"Num processes: {self.num_processes}\n"
+            f"Process index: {self.process_index}\n"
+            f"Local process index: {self.local_process_index}\n"
+            f"Device: {self.device}\n"
+        )
+
+    @classmethod
+    def _reset_state(cls) -> None:
+        """Forget everything (for tests). An existing torch.distributed group is kept and reused."""
+        cls._shared_state.clear()
+
+    # -- synchronisation ----------------------------------------------------------------------------------
+    def wait_for_everyone(self) -> None:
+        """Block until every process reaches this point (no-op in a single process)."""
+        if self.distributed_type in TORCH_DISTRIBUTED_TYPES and self.num_processes > 1:
+            import torch.distributed as dist
+
+            if self.backend == "nccl":
+                dist.barrier(device_ids=[self.local_process_index])
+            else:
+                dist.barrier()
+
+    @contextmanager
+    def _goes_first(self, is_first: bool):
+        if not is_first:
+            self.wait_for_everyone()
+        yield
+        if is_first:
+            self.wait_for_everyone()
+
+    @contextmanager
+    def main_process_first(self):
+        """The main process runs the block first; the others run it after it is done."""
+        with self._goes_first(self.is_main_process):
+            yield
+
+    @contextmanager
+    def local_main_process_first(self):
+        """Each machine's local main process runs the block first."""
+        with self._goes_first(self.is_local_main_process):
+            yield
+
+    @contextmanager
+    def split_between_processes(self, inputs, apply_padding: bool = False):
+        """Yield this process's contiguous share of a list, tuple, tensor or dict of equal-length values."""
+        from .operations import split_for_process
+
+        if self.num_processes == 1:
+            yield inputs
+            return
+        yield split_for_process(inputs, self.process_index, self.num_processes, apply_padding, self.device)
+
+    # -- decorators ---------------------------------------------------------------------------------------
+    def _only_on(self, selected: bool, function):
+        if not self.initialized:
+            raise ValueError("The state is not initialized: build a `PartialState()` or `Accelerator()` first.")
+        if selected or not self.use_distributed:
+            return function
+        return _no_op
+
+    def on_main_process(self, function=None):
+        """Run `function` only on the main process (others get a function that does nothing)."""
+        return self._only_on(self.is_main_process, function)
+
+    def on_local_main_process(self, function=None):
+        return self._only_on(self.is_local_main_process, function)
+
+    def on_last_process(self, function=None):
+        return self._only_on(self.is_last_process, function)
+
+    def on_process(self, function=None, process_index=None):
+        if function is None:
+            return partial(self.on_process, process_index=process_index)
+        return self._only_on(self.process_index == process_index, function)
+
+    def on_local_process(self, function=None, local_process_index=None):
+        if function is None:
+            return partial(self.on_local_process, local_process_index=local_process_index)
+        return self._only_on(self.local_process_index == local_process_index, function)
+
+    def print(self, *args, **kwargs) -> None:
+        """`print` once per machine (on the local main process)."""
+        if self.is_local_main_process:
+            print(*args, **kwargs)
+
+    def destroy_process_group(self, group=None) -> None:
+        if self.fork_launched and group is None:
+            return
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group(group)
+
+
+class AcceleratorState(_SharedState):
+    """`PartialState` plus training-wide choices: mixed precision and the distribution plugins."""
+
+    _known_attrs = PartialState._known_attrs + (
+        "_mixed_precision", "dynamo_plugin", "deepspeed_plugins", "fsdp_plugin", "megatron_lm_plugin",
+        "torch_tp_plugin", "parallelism_config", "device_mesh",
+    )
+
+    def __init__(
+        self,
+        mixed_precision: str | None = None,
+        cpu: bool = False,
+        dynamo_plugin=None,
+        deepspeed_plugin=None,
+        fsdp_plugin=None,
+        torch_tp_plugin=None,
+        megatron_lm_plugin=None,
+        parallelism_config=None,
+        _from_accelerator: bool = False,
+        **kwargs,
+    ):
+        self.__dict__ = self._shared_state
+        cpu = bool(cpu) or environment.env_flag("USE_CPU")
+        if self.initialized:
+            if cpu and self.device.type != "cpu":
+                raise ValueError(
+                    "AcceleratorState has already been initialized on a device and cannot be switched to "
+                    "cpu=True; call `AcceleratorState._reset_state(True)` first (tests only)."
+                )
+            if mixed_precision is not None and str(mixed_precision).lower() != self._mixed_precision:
+                raise ValueError(
+                    f"AcceleratorState has already been initialized with mixed_precision={self._mixed_precision!r}; "
+                    f"it cannot change to {mixed_precision!r} in the same process."
+                )
+            return
+        if not _from_accelerator:
+            raise ValueError(
+                "Please make sure to properly initialize your accelerator via `accelerator = Accelerator()` "
+                "before using any functionality from `AcceleratorState`."
+            )
+        partial_state = PartialState(cpu, **kwargs)
+        self.__dict__.update(partial_state.__dict__)
+        self._mixed_precision = resolve_mixed_precision(mixed_precision)
+        self.dynamo_plugin = dynamo_plugin
+        self.deepspeed_plugins = deepspeed_plugin
+        self.fsdp_plugin = fsdp_plugin
+        self.megatron_lm_plugin = megatron_lm_plugin
+        self.torch_tp_plugin = torch_tp_plugin
+        self.parallelism_config = parallelism_config
+        self.device_mesh = None
+        self.backend_name = "single" if partial_state.num_processes == 1 else "ddp"
+
+    @property
+    def initialized(self) -> bool:
+        return self._shared_state != PartialState._shared_state and self._shared_state != {}
+
+    @property
+    def mixed_precision(self) -> str:
+        return self._mixed_precision
+
+    @property
+    def is_fsdp2(self) -> bool:
+        plugin = getattr(self, "fsdp_plugin", None)
+        return self.distributed_type == DistributedType.FSDP and getattr(plugin, "fsdp_version", 1) == 2
+
+    @property
+    def deepspeed_plugin(self):
+        plugins = getattr(self, "deepspeed_plugins", None)
+        if isinstance(plugins, dict):
+            return next((p for p in plugins.values() if getattr(p, "selected", False)), None)
+        return plugins
+
+    def __repr__(self) -> str:
+        return PartialState().__repr__() + f"\nMixed precision type: {self.mixed_precision}\n"
+
+    @classmethod
+    def _reset_state(cls, reset_partial_state: bool = False) -> None:
+        cls._shared_state.clear()
+        if reset_partial_state:
+            PartialState._reset_state()
+
+    # Delegated process-level behaviour (the same as PartialState's).
+    use_distributed = PartialState.use_distributed
+    is_main_process = PartialState.is_main_process
+    is_local_main_process = PartialState.is_local_main_process
+    is_last_process = PartialState.is_last_process
+
+    def wait_for_everyone(self):
+        PartialState().wait_for_everyone()
+
+    def main_process_first(self):
+        return PartialState().main_process_first()
+
+    def local_main_process_first(self):
+        return PartialState().local_main_process_first()
+
+    def split_between_processes(self, inputs, apply_padding: bool = False):
+        return PartialState().split_between_processes(inputs, apply_padding=apply_padding)
+
+    def print(self, *args, **kwargs):
+        PartialState().print(*args, **kwargs)
+
+    def destroy_process_group(self, group=None):
+        PartialState().destroy_process_group(group)
+
+    @property
+    def fork_launched(self):
+        return environment.parse_flag_from_env("FORK_LAUNCHED", False)
+
+
+def resolve_mixed_precision(value) -> str:
+    """Explicit value, else `HASTEN_/ACCELERATE_MIXED_PRECISION`, else "no"; anything unknown is an error."""
+    source = "the mixed_precision argument"
+    if value is None:
+        key = environment.env_name_used("MIXED_PRECISION")
+        value = os.environ[key] if key else "no"
+        source = f"environment variable {key}" if key else "the default"
+    text = str(value).lower()
+    if text not in PrecisionType:
+        raise ConfigError(
+            f"Unknown mixed precision {value!r} (from {source}); choose one of {PrecisionType.list()}"
+        )
+    return text
+
+
+def is_initialized() -> bool:
+    return AcceleratorState._shared_state != {}
+
+
+class GradientState(_SharedState):
+    """Whether gradients synchronise on this step, and which prepared data loader is being iterated."""
+
+    _known_attrs = ("sync_gradients", "plugin_kwargs", "_dataloader_references")
+
+    def __init__(self, gradient_accumulation_plugin=None):
+        self.__dict__ = self._shared_state
+        if not self.initialized:
+            self.sync_gradients = True
+            self._dataloader_references = []
+            self.plugin_kwargs = {}
+            self._is_xla_gradients_synced = False
+        if gradient_accumulation_plugin is not None:
+            self.plugin_kwargs = gradient_accumulation_plugin.to_kwargs()
+
+    @property
+    def initialized(self) -> bool:
+        return self._shared_state != {}
+
+    @property
+    def num_steps(self) -> int:
+        return self.plugin_kwargs.get("num_steps", 1)
+
+    @property
+    def adjust_scheduler(self) -> bool:
+        return self.plugin_kwargs.get("adjust_scheduler", False)
+
+    @property
+    def sync_with_dataloader(self) -> bool:
+        return self.plugin_kwargs.get("sync_with_dataloader", True)
+
+    @property
+    def sync_each_batch(self) -> bool:
+        return self.plugin_kwargs.get("sync_each_batch", False)
+
+    @property
+    def dataloader_references(self):
+        return [ref() for ref in self._dataloader_references] or [None]
+
+    @property
+    def active_dataloader(self):
+        return self.dataloader_references[-1]
+
+    @property
+    def in_dataloader(self) -> bool:
+        return self.active_dataloader is not None
+
+    @property
+    def end_of_dataloader(self) -> bool:
+        loader = self.active_dataloader
+        return bool(loader is not None and loader.end_of_dataloader)
+
+    @property
+    def remainder(self) -> int:
+        loader = self.active_dataloader
+        return -1 if loader is None else loader.remainder
+
+    @property
+    def is_xla_gradients_synced(self) -> bool:
+        return self._is_xla_gradients_synced
+
+    @is_xla_gradients_synced.setter
+    def is_xla_gradients_synced(self, value: bool) -> None:
+        self._is_xla_gradients_synced = value
+
+    def _set_sync_gradients(self, sync_gradients: bool) -> None:
+        self.sync_gradients = sync_gradients
+
+    def _add_dataloader(self, dataloader) -> None:
+        # Nested loaders form a stack; weak references so a forgotten loader does not live forever.
+        self._dataloader_references = self._dataloader_references + [weakref.ref(dataloader)]
+
+    def _remove_dataloader(self, dataloader) -> None:
+        self._dataloader_references = [r for r in self._dataloader_references if r() is not dataloader]
+
+    def __repr__(self) -> str:
+        return (
+            f"Sync Gradients: {self.sync_gradients}\n"
+            f"At end of current dataloader: {self.end_of_dataloader}\n"
+            f"Extra samples added: {self.remainder}\n"
+            f"Gradient accumulation plugin: {self.plugin_kwargs}\n"
+        )
+
+    @classmethod
+    def _reset_state(cls) -> None:
+        cls._shared_state.clear()

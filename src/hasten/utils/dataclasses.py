@@ -1,0 +1,6 @@
+"""Accelerate's `utils.dataclasses` path; the classes live in `hasten.config.dataclasses` and `hasten.enums`."""
+
+from ..config.dataclasses import *  # noqa: F401,F403
+from ..config.dataclasses import KwargsHandler  # noqa: F401
+from ..enums import *  # noqa: F401,F403
+from ..operations import TensorInformation  # noqa: F401

@@ -1,0 +1,126 @@
+"""Small helpers Accelerate users import from `accelerate.utils`."""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import sys
+from contextlib import contextmanager
+
+import torch
+
+from ..state import PartialState
+
+
+def is_port_in_use(port: int | None = None) -> bool:
+    port = port or 29500
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        return sock.connect_ex(("localhost", port)) == 0
+
+
+@contextmanager
+def patch_environment(**kwargs):
+    """Set environment variables (upper-cased keys, str values) for a block, then restore them."""
+    saved = {}
+    for key, value in kwargs.items():
+        key = key.upper()
+        saved[key] = os.environ.get(key)
+        os.environ[key] = str(value)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@contextmanager
+def clear_environment():
+    saved = dict(os.environ)
+    os.environ.clear()
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def merge_dicts(source: dict, destination: dict) -> dict:
+    for key, value in source.items():
+        if isinstance(value, dict):
+            merge_dicts(value, destination.setdefault(key, {}))
+        else:
+            destination[key] = value
+    return destination
+
+
+def recursive_getattr(obj, attr: str):
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def convert_bytes(size: float) -> str:
+    for unit in ("bytes", "KB", "MB", "GB", "TB"):
+        if size < 1024.0:
+            return f"{round(size, 2)} {unit}"
+        size /= 1024.0
+    return f"{round(size, 2)} PB"
+
+
+def get_pretty_name(obj) -> str:
+    if not hasattr(obj, "__qualname__") and not hasattr(obj, "__name__"):
+        obj = getattr(obj, "__class__", obj)
+    return getattr(obj, "__qualname__", getattr(obj, "__name__", str(obj)))
+
+
+def is_compiled_module(module) -> bool:
+    return hasattr(torch, "_dynamo") and isinstance(module, torch._dynamo.eval_frame.OptimizedModule)
+
+
+def extract_model_from_parallel(model, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True, recursive: bool = False):
+    """Strip DDP/DataParallel/FSDP1/compile containers (see `Accelerator.unwrap_model`)."""
+    from ..backends.unwrap import unwrap_model
+
+    return unwrap_model(model, keep_fp32_wrapper=keep_fp32_wrapper, keep_torch_compile=keep_torch_compile, recursive=recursive)
+
+
+def save(obj, f, save_on_each_node: bool = False, safe_serialization: bool = False) -> None:
+    """Write `obj` once per machine (main process, or each node's local main)."""
+    state = PartialState()
+    writer = state.is_local_main_process if save_on_each_node else state.is_main_process
+    if not writer:
+        return
+    if safe_serialization:
+        from safetensors.torch import save_file
+
+        save_file(obj, f, metadata={"format": "pt"})
+    else:
+        torch.save(obj, f)
+
+
+def load(f, map_location=None, **kwargs):
+    kwargs.setdefault("weights_only", True)
+    return torch.load(f, map_location=map_location, **kwargs)
+
+
+def are_libraries_initialized(*library_names: str) -> list:
+    return [name for name in library_names if name in sys.modules]
+
+
+def check_os_kernel() -> None:
+    info = platform.uname()
+    if info.system != "Linux":
+        return
+    try:
+        from packaging.version import Version
+
+        if Version(info.release.split("-")[0]) < Version("5.5.0"):
+            import warnings
+
+            warnings.warn(f"Linux kernel {info.release} is older than 5.5.0; processes may hang.", stacklevel=2)
+    except Exception:  # noqa: BLE001
+        pass

@@ -1,0 +1,18 @@
+import os
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def fresh_state(monkeypatch):
+    """Every test starts with no hasten state and no hasten/Accelerate variables from the outside."""
+    for key in list(os.environ):
+        if key.startswith(("HASTEN_", "ACCELERATE_")):
+            monkeypatch.delenv(key)
+    from hasten.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
