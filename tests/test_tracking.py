@@ -1,0 +1,309 @@
+"""Tracker interface, registry and session, in one process (no tracker library needed)."""
+
+from __future__ import annotations
+
+import enum
+import json
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+
+from hasten.enums import LoggerType
+from hasten.state import PartialState
+from hasten.tracking import (
+    GeneralTracker,
+    JSONLinesTracker,
+    TrackerError,
+    TrackerSession,
+    filter_trackers,
+    get_available_trackers,
+    register_tracker_class,
+)
+from hasten.tracking import base as tracking_base
+
+
+class RecordingTracker(GeneralTracker):
+    """Writes down every call it receives, in order."""
+
+    name = "recording"
+    requires_logging_directory = False
+
+    def __init__(self, run_name=None, **kwargs):
+        super().__init__()
+        self.calls = [("init", run_name, kwargs)]
+
+    @property
+    def tracker(self):
+        return self.calls
+
+    def start(self):
+        self.calls.append(("start",))
+
+    def store_init_configuration(self, values):
+        self.calls.append(("config", values))
+
+    def log(self, values, step=None, **kwargs):
+        self.calls.append(("log", values, step, kwargs))
+
+    def finish(self):
+        self.calls.append(("finish",))
+
+
+class FailingTracker(RecordingTracker):
+    name = "failing"
+
+    def log(self, values, step=None, **kwargs):
+        super().log(values, step, **kwargs)
+        raise ConnectionError("server went away")
+
+
+@pytest.fixture
+def state():
+    return PartialState(cpu=True)
+
+
+@pytest.fixture
+def registry():
+    saved = dict(tracking_base._CUSTOM)
+    yield tracking_base._CUSTOM
+    tracking_base._CUSTOM.clear()
+    tracking_base._CUSTOM.update(saved)
+
+
+def test_importing_tracking_loads_no_tracker_library():
+    code = (
+        "import sys, hasten, hasten.tracking as t; t.TrackerSession; t.TensorBoardTracker; t.WandBTracker; "
+        "t.MLflowTracker; t.AimTracker; t.CometMLTracker; t.ClearMLTracker; t.DVCLiveTracker; "
+        "t.SwanLabTracker; t.TrackioTracker; "
+        "libs = ['tensorboard', 'wandb', 'mlflow', 'aim', 'comet_ml', 'clearml', 'dvclive', 'swanlab', 'trackio', "
+        "'torch.utils.tensorboard']; print([m for m in libs if m in sys.modules])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_subclass_missing_attributes_is_named():
+    class Incomplete(GeneralTracker):
+        pass
+
+    with pytest.raises(NotImplementedError, match="`name`, `requires_logging_directory`, `tracker`"):
+        Incomplete()
+
+    class NoProperty(GeneralTracker):
+        name = "x"
+        requires_logging_directory = False
+
+    with pytest.raises(NotImplementedError, match="`tracker`"):
+        NoProperty()
+
+
+def test_blank_tracker_does_nothing():
+    blank = GeneralTracker(_blank=True)
+    blank.start()
+    blank.store_init_configuration({"a": 1})
+    assert blank.log({"a": 1}, step=3) is None
+    blank.finish()
+    assert blank.tracker is None
+
+
+def test_custom_tracker_receives_the_documented_calls(state):
+    tracker = RecordingTracker("given")
+    session = TrackerSession(filter_trackers(tracker), None)
+    session.start("project", config={"lr": 0.1}, init_kwargs={"recording": {"ignored": True}})
+    session.log({"loss": 1.5}, step=7, log_kwargs={"recording": {"commit": False}, "other": {"x": 1}})
+    session.log({"loss": 1.0})
+    assert session.get("recording") is tracker
+    assert session.get("recording", unwrap=True) is tracker.calls
+    session.finish()
+    assert tracker.calls == [
+        ("init", "given", {}),
+        ("start",),
+        ("config", {"lr": 0.1}),
+        ("log", {"loss": 1.5}, 7, {"commit": False}),
+        ("log", {"loss": 1.0}, None, {}),
+        ("finish",),
+    ]
+    assert session.trackers == []
+    session.finish()  # a second end_training closes nothing twice
+    assert tracker.calls[-1] == ("finish",) and tracker.calls.count(("finish",)) == 1
+
+
+def test_registered_name_is_built_with_project_name_and_init_kwargs(state, registry):
+    register_tracker_class(RecordingTracker)
+    log_with = filter_trackers(["recording", "recording"], None)
+    assert log_with == ["recording"]
+    session = TrackerSession(log_with, None)
+    session.start("my_project", init_kwargs={"recording": {"entity": "me"}})
+    (tracker,) = session.trackers
+    assert tracker.calls == [("init", "my_project", {"entity": "me"}), ("start",)]
+    session.finish()
+
+
+def test_register_rejects_bad_classes_and_warns_on_shadowing(registry):
+    with pytest.raises(ValueError, match="GeneralTracker subclass"):
+        register_tracker_class(dict)
+
+    class Nameless(GeneralTracker):
+        requires_logging_directory = False
+
+    with pytest.raises(ValueError, match="name"):
+        register_tracker_class(Nameless)
+
+    class Shadow(RecordingTracker):
+        name = "tensorboard"
+
+    with pytest.warns(UserWarning, match="replaces"):
+        register_tracker_class(Shadow)
+
+
+def test_filter_trackers_checks_names_and_logging_dir():
+    assert filter_trackers(None) == []
+    with pytest.raises(ValueError, match="not a known tracker"):
+        filter_trackers("tensorbored")
+    with pytest.raises(ValueError, match="log_with entries"):
+        filter_trackers([3])
+    with pytest.raises(ValueError, match="project_dir"):
+        filter_trackers("jsonl", None)
+    assert filter_trackers(["jsonl", "jsonl"], "logs") == ["jsonl"]
+    instance = RecordingTracker()
+    everything = filter_trackers(["all", instance], "logs")
+    assert everything == [*get_available_trackers(), instance]
+    assert "jsonl" not in everything
+    assert all(isinstance(kind, LoggerType) for kind in get_available_trackers())
+
+
+def test_filter_trackers_drops_a_missing_library_with_its_install_hint(monkeypatch):
+    monkeypatch.setitem(tracking_base._BUILTIN, "comet_ml", ("comet", "CometMLTracker", "no_such_lib_x", "comet_ml"))
+    with pytest.warns(UserWarning, match=r'pip install "hasten\[comet_ml\]"'):
+        assert filter_trackers(["comet_ml"], None) == []
+    assert LoggerType.COMETML not in get_available_trackers()
+
+
+@pytest.mark.parametrize(
+    "class_name, extra, library",
+    [
+        ("TensorBoardTracker", "tensorboard", "tensorboard"),
+        ("WandBTracker", "wandb", "wandb"),
+        ("MLflowTracker", "mlflow", "mlflow"),
+        ("AimTracker", "aim", "aim"),
+        ("DVCLiveTracker", "dvclive", "dvclive"),
+        ("ClearMLTracker", "clearml", "clearml"),
+        ("CometMLTracker", "comet_ml", "comet_ml"),
+        ("SwanLabTracker", "swanlab", "swanlab"),
+        ("TrackioTracker", "trackio", "trackio"),
+    ],
+)
+def test_missing_library_raises_install_hint_on_start(state, monkeypatch, tmp_path, class_name, extra, library):
+    import hasten.tracking as tracking
+
+    monkeypatch.setitem(sys.modules, library, None)  # makes `import <library>` fail
+    cls = getattr(tracking, class_name)
+    tracker = cls("run", str(tmp_path)) if cls.requires_logging_directory else cls("run")
+    with pytest.raises(ImportError, match=rf'pip install "hasten\[{extra}\]"'):
+        tracker.start()
+
+
+def test_a_failing_tracker_warns_once_and_training_goes_on(state):
+    failing, healthy = FailingTracker(), RecordingTracker()
+    session = TrackerSession([failing, healthy], None, on_error="warn")
+    session.start("p")
+    with pytest.warns(RuntimeWarning, match="tracker 'failing' failed to log step 1: ConnectionError: server went away"):
+        session.log({"loss": 1.0}, step=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        session.log({"loss": 0.5}, step=2)  # counted, not repeated
+    assert [call[2] for call in healthy.calls if call[0] == "log"] == [1, 2]
+    with pytest.warns(RuntimeWarning, match="'failing' failed 2 log call"):
+        session.finish()
+    assert failing.calls[-1] == ("finish",)
+
+
+def test_a_failing_tracker_raises_when_asked(state, monkeypatch):
+    monkeypatch.setenv("HASTEN_TRACKER_ERRORS", "raise")
+    session = TrackerSession([FailingTracker()], None)
+    session.start("p")
+    with pytest.raises(TrackerError, match="'failing' failed to log step 3") as caught:
+        session.log({"loss": 1.0}, step=3)
+    assert isinstance(caught.value.__cause__, ConnectionError)
+    session.finish()
+    monkeypatch.setenv("HASTEN_TRACKER_ERRORS", "ignore")
+    with pytest.raises(ValueError, match="HASTEN_TRACKER_ERRORS"):
+        TrackerSession([], None)
+
+
+def test_get_tracker_without_and_with_trackers(state):
+    session = TrackerSession([], None)
+    assert type(session.get("wandb")) is GeneralTracker
+    session = TrackerSession([RecordingTracker()], None)
+    session.start("p")
+    with pytest.raises(ValueError, match="no started tracker is named 'wandb'; started: \\['recording'\\]"):
+        session.get(LoggerType.WANDB)
+    session.finish()
+
+
+def test_start_twice_and_bad_values_are_clear_errors(state):
+    session = TrackerSession([RecordingTracker()], None)
+    with pytest.raises(ValueError, match="project_name"):
+        session.start("")
+    session.start("p")
+    with pytest.raises(RuntimeError, match="end_training"):
+        session.start("p")
+    with pytest.raises(TypeError, match="dict"):
+        session.log([1, 2])
+    session.log({"a": 1}, step=torch.tensor(4))
+    assert session.trackers[0].calls[-1][2] == 4
+    session.finish()
+
+
+class Color(enum.Enum):
+    RED = "red"
+
+
+def test_jsonl_tracker_writes_plain_values(state, tmp_path):
+    session = TrackerSession(filter_trackers("jsonl", tmp_path), tmp_path)
+    config = {"lr": torch.tensor(0.5), "layers": [1, 2], "opt": {"name": "adam", "betas": (0.9, 0.99)},
+              "color": Color.RED, "none": None}
+    session.start("run", config=config)
+    session.log({"loss": torch.tensor(2.0), "name": "a"}, step=3)
+    session.finish()
+    run = tmp_path / "run"
+    assert json.loads((run / "config.json").read_text()) == {
+        "lr": 0.5, "layers": [1, 2], "opt": {"name": "adam", "betas": [0.9, 0.99]}, "color": "red", "none": None}
+    (line,) = (run / "metrics.jsonl").read_text().splitlines()
+    record = json.loads(line)
+    assert record["step"] == 3 and record["values"] == {"loss": 2.0, "name": "a"}
+
+
+def test_value_helpers_never_crash_on_odd_values():
+    import numpy as np
+
+    flat = tracking_base.flatten({"a": {"b": torch.ones(2), "c": None}, "d": Color.RED, "e": {}, "f": np.float32(1.5),
+                                  "g": object})
+    assert flat["a/b"] == [1.0, 1.0] and flat["a/c"] is None and flat["d"] == "red" and flat["e"] == {}
+    assert flat["f"] == 1.5 and isinstance(flat["g"], str)
+    assert tracking_base.scalar_or_text([1, 2]) == "[1, 2]"
+    assert tracking_base.simplify(torch.tensor([3.0])) == 3.0
+    assert tracking_base.simplify(np.int64(2)) == 2
+
+
+def test_unfinished_session_is_closed_at_exit(tmp_path):
+    script = (
+        "import hasten.tracking as t\n"
+        "from hasten.state import PartialState\n"
+        "PartialState(cpu=True)\n"
+        f"s = t.TrackerSession(t.filter_trackers('jsonl', {str(tmp_path)!r}), {str(tmp_path)!r})\n"
+        "s.start('run')\n"
+        "s.log({'loss': 1.0}, step=1)\n"
+        "orig = t.JSONLinesTracker.finish\n"
+        "def finish(self):\n"
+        f"    open({str(tmp_path / 'closed')!r}, 'w').close(); orig(self)\n"
+        "t.JSONLinesTracker.finish = finish\n"
+        "raise RuntimeError('training crashed')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert result.returncode == 1 and "training crashed" in result.stderr
+    assert (tmp_path / "closed").exists()
+    assert JSONLinesTracker.name == "jsonl"
