@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 python=.venv/bin/python
 [ -x "$python" ] || { echo "no .venv: run scripts/setup.sh first" >&2; exit 1; }
 libraries=("$@")
-[ ${#libraries[@]} -gt 0 ] || libraries=(tensorboard wandb mlflow aim dvclive clearml comet_ml swanlab trackio)
+[ ${#libraries[@]} -gt 0 ] || libraries=(tensorboard wandb mlflow aim dvclive clearml comet-ml swanlab trackio)
 constraints=$(mktemp)
 trap 'rm -f "$constraints"' EXIT
 "$python" -c "import torch; print('torch==' + torch.__version__.split('+')[0])" > "$constraints"

@@ -176,8 +176,8 @@ def test_filter_trackers_checks_names_and_logging_dir():
 
 
 def test_filter_trackers_drops_a_missing_library_with_its_install_hint(monkeypatch):
-    monkeypatch.setitem(tracking_base._BUILTIN, "comet_ml", ("comet", "CometMLTracker", "no_such_lib_x", "comet_ml"))
-    with pytest.warns(UserWarning, match=r'pip install "hasten\[comet_ml\]"'):
+    monkeypatch.setitem(tracking_base._BUILTIN, "comet_ml", ("comet", "CometMLTracker", "no_such_lib_x", "comet-ml"))
+    with pytest.warns(UserWarning, match=r'pip install "hasten\[comet-ml\]"'):
         assert filter_trackers(["comet_ml"], None) == []
     assert LoggerType.COMETML not in get_available_trackers()
 
@@ -191,7 +191,7 @@ def test_filter_trackers_drops_a_missing_library_with_its_install_hint(monkeypat
         ("AimTracker", "aim", "aim"),
         ("DVCLiveTracker", "dvclive", "dvclive"),
         ("ClearMLTracker", "clearml", "clearml"),
-        ("CometMLTracker", "comet_ml", "comet_ml"),
+        ("CometMLTracker", "comet-ml", "comet_ml"),
         ("SwanLabTracker", "swanlab", "swanlab"),
         ("TrackioTracker", "trackio", "trackio"),
     ],

@@ -22,7 +22,7 @@ _BUILTIN = {
     "tensorboard": ("tensorboard", "TensorBoardTracker", "tensorboard", "tensorboard"),
     "wandb": ("wandb", "WandBTracker", "wandb", "wandb"),
     "trackio": ("trackio", "TrackioTracker", "trackio", "trackio"),
-    "comet_ml": ("comet", "CometMLTracker", "comet_ml", "comet_ml"),
+    "comet_ml": ("comet", "CometMLTracker", "comet_ml", "comet-ml"),
     "aim": ("aim", "AimTracker", "aim", "aim"),
     "mlflow": ("mlflow", "MLflowTracker", "mlflow", "mlflow"),
     "clearml": ("clearml", "ClearMLTracker", "clearml", "clearml"),

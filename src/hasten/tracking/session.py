@@ -189,7 +189,9 @@ class TrackerSession:
         """Close every tracker; one that fails to close is reported and the others are still closed."""
         trackers, self.trackers = self.trackers, []
         self._unregister_exit_hook()
-        for tracker in trackers:
+        # Last started, first closed: several libraries wrap sys.stdout/sys.stderr to capture the console,
+        # and unwinding those wrappers out of order leaves a cycle (RecursionError at exit).
+        for tracker in reversed(trackers):
             try:
                 tracker.finish()
             except Exception as error:  # noqa: BLE001 - keep closing the rest
