@@ -307,3 +307,33 @@ def test_unfinished_session_is_closed_at_exit(tmp_path):
     assert result.returncode == 1 and "training crashed" in result.stderr
     assert (tmp_path / "closed").exists()
     assert JSONLinesTracker.name == "jsonl"
+
+
+def test_two_processes_run_main_only_trackers_on_rank_zero_only(tmp_path):
+    from launching import launch
+
+    launch("tracking_session.py", tmp_path)
+    rank0 = json.loads((tmp_path / "rank0.json").read_text())
+    rank1 = json.loads((tmp_path / "rank1.json").read_text())
+    assert rank0["trackers"] == ["decorated", "every_rank", "jsonl", "main_only"]
+    assert rank1["trackers"] == ["decorated", "every_rank"]
+
+    def lifecycle(name, steps):
+        return [[name, "start"], [name, "config", {"lr": 0.5}],
+                *[[name, "log", {"loss": loss}, step] for step, loss in steps], [name, "finish"]]
+
+    def of(rank, name):
+        return [call for call in rank["calls"] if call[0] == name]
+
+    both_steps = [(1, 1.0), (2, 0.5)]
+    assert of(rank0, "every_rank") == lifecycle("every_rank", both_steps)
+    assert of(rank1, "every_rank") == lifecycle("every_rank", both_steps)
+    assert of(rank0, "main_only") == lifecycle("main_only", both_steps)
+    assert of(rank1, "main_only") == []
+    assert of(rank0, "decorated") == lifecycle("decorated", both_steps)
+    assert of(rank1, "decorated") == lifecycle("decorated", [(1, 1.0)])  # flipped to main-only before step 2
+    # trackers close in reverse order of start
+    finishes = [call[0] for call in rank0["calls"] if call[1] == "finish"]
+    assert finishes == ["decorated", "main_only", "every_rank"]  # started: every_rank, main_only, decorated
+    lines = (tmp_path / "session" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [1, 2]  # one writer, not two

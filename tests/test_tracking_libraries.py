@@ -21,6 +21,8 @@ import pytest
 from hasten.commands.launch import get_free_port
 from launching import launch
 
+pytestmark = pytest.mark.slow
+
 LIBRARIES = {
     "tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow", "aim": "aim", "dvclive": "dvclive",
     "clearml": "clearml", "comet_ml": "comet_ml", "swanlab": "swanlab", "trackio": "trackio", "jsonl": None,

@@ -50,7 +50,6 @@ def filter_trackers(log_with, logging_dir=None) -> list:
                 f"log_with entries must be tracker names, LoggerType members or GeneralTracker instances, "
                 f"got {item!r} ({type(item).__name__})"
             )
-    wanted = []
     if any(_name_of(item) == LoggerType.ALL.value for item in names):
         wanted = list(get_available_trackers())
         if logging_dir is None:
@@ -62,8 +61,13 @@ def filter_trackers(log_with, logging_dir=None) -> list:
                     stacklevel=3,
                 )
             wanted = [kind for kind in wanted if kind not in dropped]
+        wanted += instances
     else:
-        for item in names:
+        wanted = []
+        for item in items:  # the user's order is the order trackers start in
+            if isinstance(item, GeneralTracker):
+                wanted.append(item)
+                continue
             name = _name_of(item)
             if name not in known_tracker_names():
                 raise ValueError(
@@ -81,7 +85,7 @@ def filter_trackers(log_with, logging_dir=None) -> list:
                 )
             wanted.append(LoggerType(name) if name in LoggerType else name)
     result = []
-    for item in wanted + instances:
+    for item in wanted:
         if not any(item is kept or (not isinstance(item, GeneralTracker) and item == kept) for kept in result):
             result.append(item)
     return result

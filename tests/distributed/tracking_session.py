@@ -1,0 +1,66 @@
+"""Which process runs which tracker, through `Accelerator(log_with=...)` in 2 processes.
+
+Usage: tracking_session.py OUT_DIR. Each rank writes OUT_DIR/rank<i>.json with the calls its trackers got.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+from hasten import Accelerator
+from hasten.tracking import GeneralTracker, on_main_process, register_tracker_class
+
+out = Path(sys.argv[1])
+calls = []
+
+
+class EveryRank(GeneralTracker):
+    name = "every_rank"
+    requires_logging_directory = False
+    main_process_only = False
+
+    def __init__(self, run_name=None):
+        super().__init__()
+
+    @property
+    def tracker(self):
+        return calls
+
+    def start(self):
+        calls.append([self.name, "start"])
+
+    def store_init_configuration(self, values):
+        calls.append([self.name, "config", values])
+
+    def log(self, values, step=None, **kwargs):
+        calls.append([self.name, "log", values, step])
+
+    def finish(self):
+        calls.append([self.name, "finish"])
+
+
+class MainOnly(EveryRank):
+    name = "main_only"
+    main_process_only = True
+
+
+class Decorated(EveryRank):
+    """Uses the decorator the built-in trackers use: it reads `main_process_only` at call time."""
+
+    name = "decorated"
+
+    @on_main_process
+    def log(self, values, step=None, **kwargs):
+        calls.append([self.name, "log", values, step])
+
+
+register_tracker_class(MainOnly)
+decorated = Decorated()
+accelerator = Accelerator(log_with=[EveryRank(), "main_only", decorated, "jsonl"], project_dir=out)
+accelerator.init_trackers("session", config={"lr": 0.5})
+accelerator.log({"loss": 1.0}, step=1)
+decorated.main_process_only = True  # decorated log now runs on the main process only
+accelerator.log({"loss": 0.5}, step=2)
+names = sorted(tracker.name for tracker in accelerator.trackers)
+accelerator.end_training()
+(out / f"rank{accelerator.process_index}.json").write_text(json.dumps({"trackers": names, "calls": calls}))
