@@ -337,3 +337,36 @@ def test_two_processes_run_main_only_trackers_on_rank_zero_only(tmp_path):
     assert finishes == ["decorated", "main_only", "every_rank"]  # started: every_rank, main_only, decorated
     lines = (tmp_path / "session" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [1, 2]  # one writer, not two
+
+
+def test_a_tracker_failing_to_start_closes_those_already_started(state):
+    class Broken(RecordingTracker):
+        name = "broken"
+
+        def start(self):
+            raise ImportError('the library is missing: pip install "hasten[broken]"')
+
+    first, broken, never = RecordingTracker(), Broken(), RecordingTracker()
+    session = TrackerSession([first, broken, never], None)
+    with pytest.raises(ImportError, match="hasten\\[broken\\]"):
+        session.start("p", config={"lr": 1})
+    assert first.calls[1:] == [("start",), ("finish",)]
+    assert never.calls[1:] == [] and session.trackers == []
+    broken.start = lambda: None  # once the cause is fixed, the same session starts
+    session.start("p")
+    assert [tracker.name for tracker in session.trackers] == ["recording", "broken", "recording"]
+    session.finish()
+
+
+def test_all_without_a_logging_dir_skips_directory_trackers_with_a_warning():
+    import hasten.tracking as tracking
+
+    assert set(tracking.LOGGER_TYPE_TO_CLASS) == {kind.value for kind in LoggerType if kind != LoggerType.ALL}
+    assert tracking.LOGGER_TYPE_TO_CLASS["comet_ml"].__name__ == "CometMLTracker"
+    needs_dir = [kind for kind in get_available_trackers()
+                 if tracking.LOGGER_TYPE_TO_CLASS[kind.value].requires_logging_directory]
+    if not needs_dir:
+        pytest.skip("no installed tracker needs a logging directory")
+    with pytest.warns(UserWarning, match="need a logging directory"):
+        kept = filter_trackers("all", None)
+    assert kept == [kind for kind in get_available_trackers() if kind not in needs_dir]

@@ -140,12 +140,16 @@ class TrackerSession:
                 built.append(cls(project_name, self.logging_dir, **kwargs))
             else:
                 built.append(cls(project_name, **kwargs))
-        self.trackers = built
         self.failures = {}
-        # Register before start(): a tracker that fails to start must not leave the others open at exit.
         self._register_exit_hook()
         for tracker in built:
-            tracker.start()
+            try:
+                tracker.start()
+            except BaseException:
+                # The runs already started are closed; the error (often a missing library) is the user's to see.
+                self.finish()
+                raise
+            self.trackers.append(tracker)
         if config is not None:
             for tracker in built:
                 tracker.store_init_configuration(dict(config))
