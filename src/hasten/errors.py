@@ -31,3 +31,7 @@ class CheckpointError(HastenError, RuntimeError):
 
 class UnsafeCheckpointError(CheckpointError):
     """A checkpoint file would execute code when loaded and the user did not opt in."""
+
+
+class TrackerError(HastenError, RuntimeError):
+    """An experiment tracker failed while logging, and `HASTEN_TRACKER_ERRORS=raise` asked to stop."""

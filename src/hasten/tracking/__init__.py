@@ -9,20 +9,21 @@ from __future__ import annotations
 import importlib
 
 _SOURCES = {
-    "base": [
+    ".base": [
         "GeneralTracker", "on_main_process", "register_tracker_class", "get_available_trackers",
     ],
-    "session": ["filter_trackers", "TrackerSession", "TrackerError"],
-    "tensorboard": ["TensorBoardTracker"],
-    "wandb": ["WandBTracker"],
-    "trackio": ["TrackioTracker"],
-    "comet": ["CometMLTracker"],
-    "aim": ["AimTracker"],
-    "mlflow": ["MLflowTracker"],
-    "clearml": ["ClearMLTracker"],
-    "dvclive": ["DVCLiveTracker"],
-    "swanlab": ["SwanLabTracker"],
-    "jsonl": ["JSONLinesTracker"],
+    ".session": ["filter_trackers", "TrackerSession"],
+    "..errors": ["TrackerError"],
+    ".tensorboard": ["TensorBoardTracker"],
+    ".wandb": ["WandBTracker"],
+    ".trackio": ["TrackioTracker"],
+    ".comet": ["CometMLTracker"],
+    ".aim": ["AimTracker"],
+    ".mlflow": ["MLflowTracker"],
+    ".clearml": ["ClearMLTracker"],
+    ".dvclive": ["DVCLiveTracker"],
+    ".swanlab": ["SwanLabTracker"],
+    ".jsonl": ["JSONLinesTracker"],
 }
 _EXPORTS = {name: module for module, names in _SOURCES.items() for name in names}
 __all__ = sorted([*_EXPORTS, "LOGGER_TYPE_TO_CLASS"])
@@ -34,7 +35,7 @@ def __getattr__(name):
 
         return {key: tracker_class(key) for key in _BUILTIN if key != "jsonl"}
     if name in _EXPORTS:
-        value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+        value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
         globals()[name] = value
         return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

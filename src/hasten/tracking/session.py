@@ -10,6 +10,7 @@ import traceback
 import warnings
 from collections.abc import Mapping
 
+from ..errors import ConfigError, TrackerError
 from .base import (
     GeneralTracker,
     _name_of,
@@ -24,10 +25,6 @@ logger = logging.getLogger(__name__)
 
 ERROR_POLICY_ENV = "HASTEN_TRACKER_ERRORS"
 _POLICIES = ("warn", "raise")
-
-
-class TrackerError(RuntimeError):
-    """A tracker library failed while logging (raised when `HASTEN_TRACKER_ERRORS=raise`)."""
 
 
 def filter_trackers(log_with, logging_dir=None) -> list:
@@ -46,7 +43,7 @@ def filter_trackers(log_with, logging_dir=None) -> list:
     names = [item for item in items if not isinstance(item, GeneralTracker)]
     for item in names:
         if not isinstance(item, (str, LoggerType)):
-            raise ValueError(
+            raise ConfigError(
                 f"log_with entries must be tracker names, LoggerType members or GeneralTracker instances, "
                 f"got {item!r} ({type(item).__name__})"
             )
@@ -70,7 +67,7 @@ def filter_trackers(log_with, logging_dir=None) -> list:
                 continue
             name = _name_of(item)
             if name not in known_tracker_names():
-                raise ValueError(
+                raise ConfigError(
                     f"log_with={name!r} is not a known tracker; choose from {sorted(known_tracker_names())}, "
                     "'all', or register yours with register_tracker_class"
                 )
@@ -79,7 +76,7 @@ def filter_trackers(log_with, logging_dir=None) -> list:
                               stacklevel=3)
                 continue
             if logging_dir is None and tracker_class(name).requires_logging_directory:
-                raise ValueError(
+                raise ConfigError(
                     f"the {name!r} tracker writes to a logging directory: pass project_dir= to the Accelerator "
                     "or ProjectConfiguration(logging_dir=...)"
                 )
@@ -104,7 +101,7 @@ class TrackerSession:
         self.logging_dir = None if logging_dir is None else os.fspath(logging_dir)
         policy = on_error or os.environ.get(ERROR_POLICY_ENV, "warn")
         if policy not in _POLICIES:
-            raise ValueError(f"{ERROR_POLICY_ENV}={policy!r} is not one of {list(_POLICIES)}")
+            raise ConfigError(f"{ERROR_POLICY_ENV}={policy!r} is not one of {list(_POLICIES)}")
         self.on_error = policy
         self.trackers: list[GeneralTracker] = []
         self.failures: dict[str, int] = {}
@@ -114,7 +111,7 @@ class TrackerSession:
     def start(self, project_name: str, config: dict | None = None, init_kwargs: dict | None = None) -> None:
         init_kwargs = dict(init_kwargs or {})
         if not isinstance(project_name, str) or not project_name:
-            raise ValueError(f"init_trackers needs a non-empty project_name string, got {project_name!r}")
+            raise ConfigError(f"init_trackers needs a non-empty project_name string, got {project_name!r}")
         if config is not None and not isinstance(config, Mapping):
             config = _config_as_dict(config)
         if self.trackers:
@@ -239,4 +236,4 @@ def _config_as_dict(config) -> dict:
         return dataclasses.asdict(config)
     if hasattr(config, "__dict__"):
         return dict(vars(config))
-    raise ValueError(f"init_trackers config must be a dict (or a dataclass / Namespace), got {type(config).__name__}")
+    raise ConfigError(f"init_trackers config must be a dict (or a dataclass / Namespace), got {type(config).__name__}")
