@@ -107,6 +107,7 @@ def test_tensorboard(run):
     events.Reload()
     assert {event.step: event.value for event in events.Scalars("loss")} == pytest.approx(LOSS)
     assert {event.step: event.value for event in events.Scalars("accuracy")} == pytest.approx(ACCURACY)
+    assert [(event.step, event.value) for event in events.Scalars("eval/f1")] == [(10, 0.75)]
     hparams = {}
     for content in events.PluginTagToContent("hparams").values():
         data = plugin_data_pb2.HParamsPluginData.FromString(content)
@@ -185,6 +186,8 @@ def test_mlflow_against_a_real_server(run):
     for name, expected in (("loss", LOSS), ("accuracy", ACCURACY)):
         history = client.get_metric_history(found.info.run_id, name)
         assert {metric.step: metric.value for metric in history} == pytest.approx(expected)
+    assert [(metric.step, metric.value) for metric in client.get_metric_history(found.info.run_id, "eval/f1")] == [
+        (10, 0.75)]
 
 
 def test_aim_repository(run):
@@ -208,6 +211,7 @@ def test_aim_repository(run):
         steps, (values, _epochs, _times) = metric.data.items_list()
         metrics[metric.name] = dict(zip(steps, values))
     assert metrics["loss"] == pytest.approx(LOSS) and metrics["accuracy"] == pytest.approx(ACCURACY)
+    assert metrics["eval/f1"] == {10: 0.75} and metrics["eval_loss"] == {10: 0.25}
 
 
 def test_dvclive_files(run):
@@ -223,6 +227,7 @@ def test_dvclive_files(run):
         rows = parse_tsv(directory / "plots" / "metrics" / f"{name}.tsv")
         assert {int(row["step"]): float(row[name]) for row in rows} == pytest.approx(expected)
     assert parse_json(directory / "metrics.json")["loss"] == pytest.approx(LOSS[10])
+    assert [row["step"] for row in parse_tsv(directory / "plots" / "metrics" / "eval" / "f1.tsv")] == ["10"]
 
 
 def test_clearml_offline_session(run):
@@ -238,8 +243,11 @@ def test_clearml_offline_session(run):
     events = [event for line in (folder / "metrics.jsonl").read_text().splitlines() for event in json.loads(line)]
     scalars = [event for event in events if event["type"] == "training_stats_scalar"]
     for name, expected in (("loss", LOSS), ("accuracy", ACCURACY)):
-        got = {event["iter"]: event["value"] for event in scalars if event["metric"] == name}
-        assert got == pytest.approx(expected) and all(event["variant"] == "train" for event in scalars)
+        got = {event["iter"]: event["value"] for event in scalars if (event["metric"], event["variant"]) == (name, "train")}
+        assert got == pytest.approx(expected)
+    # "eval_loss" is the "eval" line of the "loss" plot; the nested {"eval": {"f1"}} the "eval" line of "f1"
+    got = {(event["metric"], event["variant"], event["iter"]): event["value"] for event in scalars}
+    assert got[("loss", "eval", 10)] == 0.25 and got[("f1", "eval", 10)] == pytest.approx(0.75)
 
 
 def test_comet_offline_archive(run):
@@ -295,8 +303,10 @@ def test_trackio_local_database(run, monkeypatch):
     monkeypatch.setattr(storage, "TRACKIO_DIR", out / "trackio")
     (run_name,) = storage.SQLiteStorage.get_runs(PROJECT)
     logs = storage.SQLiteStorage.get_logs(PROJECT, run_name)
-    assert {row["step"]: row["loss"] for row in logs} == pytest.approx(LOSS)
-    assert {row["step"]: row["accuracy"] for row in logs} == pytest.approx(ACCURACY)
+    assert {row["step"]: row["loss"] for row in logs if "loss" in row} == pytest.approx(LOSS)
+    assert {row["step"]: row["accuracy"] for row in logs if "accuracy" in row} == pytest.approx(ACCURACY)
+    (evaluation,) = [row for row in logs if "eval_loss" in row]
+    assert evaluation["step"] == 10 and evaluation["eval_loss"] == 0.25
     config = storage.SQLiteStorage.get_run_config(PROJECT, run_name)
     assert config["lr"] == 0.01 and config["optimizer"] == {"name": "adamw", "betas": [0.9, 0.999]}
 
@@ -305,6 +315,7 @@ def test_jsonl(run):
     out, _, _ = run
     run_dir = out / "project" / PROJECT
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [line["step"] for line in lines] == list(STEPS)
-    assert {line["step"]: line["values"]["loss"] for line in lines} == pytest.approx(LOSS)
+    assert [line["step"] for line in lines] == [*STEPS, 10]
+    assert {line["step"]: line["values"]["loss"] for line in lines[:3]} == pytest.approx(LOSS)
+    assert lines[3]["values"] == {"eval_loss": 0.25, "eval": {"f1": 0.75}}
     assert json.loads((run_dir / "config.json").read_text())["weights"] == [1.0, 2.0]

@@ -82,6 +82,8 @@ accelerator.init_trackers("hasten_project", config=CONFIG,
 mark("init_trackers")
 for step in STEPS:
     accelerator.log({"loss": torch.tensor(1.0 / (step + 1)), "accuracy": step / 10}, step=step)
+# A second call at the same step, with a split prefix and a nested dict.
+accelerator.log({"eval_loss": 0.25, "eval": {"f1": torch.tensor(0.75)}}, step=STEPS[-1])
 
 if accelerator.is_main_process:
     assert sorted(tracker.name for tracker in accelerator.trackers) == sorted(names)

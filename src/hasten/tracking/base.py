@@ -211,6 +211,8 @@ def simplify(value):
     else (a library's media object, a list) is returned unchanged for the library to handle."""
     if isinstance(value, enum.Enum):
         return value.value
+    if isinstance(value, Mapping):
+        return {key: simplify(item) for key, item in value.items()}
     numel = getattr(value, "numel", None) or getattr(value, "size", None)
     item = getattr(value, "item", None)
     if callable(item) and not isinstance(value, (bool, int, float, str)):
