@@ -189,12 +189,17 @@ def load_object(path: str, load_kwargs: dict | None = None, map_location="cpu"):
         with context:
             return torch.load(path, **kwargs)
     except pickle.UnpicklingError as error:
-        if safe and "weights_only" in str(error).lower().replace(" ", "_"):
+        message = str(error)
+        # torch names the refused global ("GLOBAL posix.system", "Unsupported global: GLOBAL ..."); other
+        # weights-only failures ("Unsupported operand 110") mean the bytes are not a pickle at all.
+        refused = re.search(r"GLOBAL ([\w.]+)", message)
+        if safe and (refused or "Can only build" in message or "Unsupported class" in message):
+            what = f" ({refused.group(1)})" if refused else ""
             raise UnsafeCheckpointError(
-                f"refusing to load {path}: it holds pickled objects that could run code when loaded. If you trust "
-                "this file, opt in with load_state(..., load_kwargs={'weights_only': False})"
+                f"refusing to load {path}: it holds pickled Python objects{what} that could run code when loaded. "
+                "If you trust this file, opt in with load_state(..., load_kwargs={'weights_only': False})"
             ) from None
-        raise CheckpointError(f"checkpoint file {path} is corrupt ({error})") from None
+        raise CheckpointError(f"checkpoint file {path} is corrupt ({message.splitlines()[-1][:200] if message else error})") from None
     except (RuntimeError, EOFError, OSError, ValueError) as error:
         raise CheckpointError(f"checkpoint file {path} is corrupt or truncated ({error})") from None
 

@@ -137,7 +137,7 @@ def _remove_stale_temps(parent: str) -> None:
             io.remove_tree(path) if os.path.isdir(path) else os.remove(path)
 
 
-def _rotate(root: str, keep: str, total_limit: int) -> None:
+def _rotate(root: str, keep: str, total_limit: int, rank: int = 0) -> None:
     """Delete the oldest checkpoints so that `total_limit` remain; the one just written always stays."""
     others = [p for p in list_checkpoints(root) if os.path.abspath(p) != os.path.abspath(keep)]
     excess = len(others) + 1 - total_limit
@@ -145,6 +145,7 @@ def _rotate(root: str, keep: str, total_limit: int) -> None:
         # Rename first so that a crash mid-delete leaves a hidden folder, not a half-deleted checkpoint.
         doomed = os.path.join(root, f".{os.path.basename(path)}{io.TEMP_TAG}rotated")
         os.rename(path, doomed)
+        io.crash_point(rank)
         io.remove_tree(doomed)
     io.fsync_dir(root)
 
@@ -381,7 +382,7 @@ def save_state(accelerator, output_dir=None, safe_serialization: bool = True, **
             io.crash_point(rank)
             _commit(temp, target, files, config.iteration, accelerator.num_processes, rank)
             if config.automatic_checkpoint_naming and config.total_limit is not None:
-                _rotate(os.path.dirname(target), target, config.total_limit)
+                _rotate(os.path.dirname(target), target, config.total_limit, rank)
         except Exception as error:  # noqa: BLE001
             problem = error
     outcomes = _all_gather(state, None if problem is None else _describe(problem))
@@ -435,6 +436,25 @@ def _resolve_input(accelerator, input_dir) -> str:
     return path
 
 
+_WRAPPER_PREFIXES = ("module.", "_orig_mod.")
+
+
+def _bare_name(key: str) -> str:
+    while key.startswith(_WRAPPER_PREFIXES):
+        key = key.split(".", 1)[1]
+    return key
+
+
+def _match_wrapper_prefixes(model, state_dict: dict) -> dict:
+    """Rename keys saved with other wrapper prefixes (`module.` from DDP, `_orig_mod.` from compile) than the
+    model has now, so a checkpoint from 2 processes loads into 1 and back."""
+    expected = model.state_dict().keys()
+    if all(key in expected for key in state_dict):
+        return state_dict
+    by_bare = {_bare_name(key): key for key in expected}
+    return {by_bare.get(_bare_name(key), key): value for key, value in state_dict.items()}
+
+
 def _load_models(accelerator, models: list, folder: str, map_location, load_model_func_kwargs: dict) -> None:
     strict = load_model_func_kwargs.pop("strict", True)
     for i, model in enumerate(models):
@@ -446,6 +466,7 @@ def _load_models(accelerator, models: list, folder: str, map_location, load_mode
             state_dict = io.load_object(bin_path, map_location=map_location)
         else:
             raise CheckpointError(f"checkpoint file {safe_path} is missing (nor is there {os.path.basename(bin_path)})")
+        state_dict = _match_wrapper_prefixes(model, state_dict)
         try:
             accelerator._backend.load_model_state_dict(model, state_dict, strict=strict)
         except RuntimeError as error:

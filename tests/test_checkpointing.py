@@ -1,0 +1,314 @@
+"""save_state / load_state: layout, atomic commit, rotation, safe loading, exact resume."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from hasten import Accelerator, ProjectConfiguration
+from hasten import checkpoint_io
+from hasten.errors import CheckpointError, ConfigError, UnsafeCheckpointError
+from hasten.state import AcceleratorState, GradientState
+from launching import SCRIPTS, launch
+
+HERE = Path(__file__).parent
+
+
+def _reset():
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+
+
+def _train_module():
+    spec = importlib.util.spec_from_file_location("ckpt_train", SCRIPTS / "ckpt_train.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _setup(project_dir=None, total_limit=None, automatic=True):
+    accelerator = Accelerator(project_config=ProjectConfiguration(
+        project_dir=str(project_dir) if project_dir else None, automatic_checkpoint_naming=automatic,
+        total_limit=total_limit))
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    return accelerator, model, optimizer, scheduler
+
+
+def _step(accelerator, model, optimizer, scheduler):
+    accelerator.backward(model(torch.randn(5, 3)).pow(2).mean())
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad()
+
+
+class Box:
+    def __init__(self, value=None):
+        self.value = value
+
+    def state_dict(self):
+        return {"value": self.value}
+
+    def load_state_dict(self, state):
+        self.value = state["value"]
+
+
+# -- layout, naming, rotation -----------------------------------------------------------------------------------
+def test_layout_and_round_trip(tmp_path):
+    accelerator, model, optimizer, scheduler = _setup(automatic=False)
+    box = Box(41)
+    accelerator.register_for_checkpointing(box)
+    _step(accelerator, model, optimizer, scheduler)
+    folder = accelerator.save_state(tmp_path / "ckpt")
+    names = set(os.listdir(folder))
+    assert names == {"model.safetensors", "optimizer.bin", "scheduler.bin", "random_states_0.pkl",
+                     "custom_checkpoint_0.pkl", "hasten_checkpoint.json"}
+    marker = json.loads((Path(folder) / "hasten_checkpoint.json").read_text())
+    assert marker["complete"] and marker["files"]["optimizer.bin"] == os.path.getsize(Path(folder) / "optimizer.bin")
+    # Every non-tensor file loads with weights_only=True: nothing pickled runs on load.
+    for name in ("optimizer.bin", "scheduler.bin", "random_states_0.pkl", "custom_checkpoint_0.pkl"):
+        torch.load(Path(folder) / name, weights_only=True)
+
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    saved_lr, saved_opt = scheduler.get_last_lr(), optimizer.state_dict()["state"][0]["exp_avg"].clone()
+    expected_draw = torch.rand(3)
+    _step(accelerator, model, optimizer, scheduler)
+    box.value = 0
+    accelerator.load_state(folder)
+    assert all(torch.equal(saved[k], v) for k, v in model.state_dict().items())
+    assert scheduler.get_last_lr() == saved_lr
+    assert torch.equal(optimizer.state_dict()["state"][0]["exp_avg"], saved_opt)
+    assert box.value == 41
+    assert torch.equal(torch.rand(3), expected_draw), "torch RNG state was not restored"
+
+    # Saving again over the same folder replaces it whole.
+    _step(accelerator, model, optimizer, scheduler)
+    assert accelerator.save_state(folder) == folder
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(".")]
+
+
+def test_automatic_naming_rotation_and_iteration(tmp_path):
+    accelerator, model, optimizer, scheduler = _setup(tmp_path, total_limit=2)
+    for _ in range(4):
+        _step(accelerator, model, optimizer, scheduler)
+        accelerator.save_state("ignored with automatic naming")
+    root = tmp_path / "checkpoints"
+    assert sorted(os.listdir(root)) == ["checkpoint_2", "checkpoint_3"]
+    assert accelerator.project_configuration.iteration == 4
+    newest = {k: v.clone() for k, v in model.state_dict().items()}
+
+    _reset()
+    accelerator, model, optimizer, scheduler = _setup(tmp_path, total_limit=2)
+    accelerator.load_state()  # no argument: the newest complete checkpoint
+    assert all(torch.equal(newest[k], v) for k, v in model.state_dict().items())
+    # Unlike Accelerate (quirk Q14), the numbering continues after the loaded checkpoint: no collision.
+    assert accelerator.project_configuration.iteration == 4
+    assert accelerator.save_state().endswith("checkpoint_4")
+    assert sorted(os.listdir(root)) == ["checkpoint_3", "checkpoint_4"]
+
+    # Numeric order, not text order; a half-written (marker-less or damaged) newest folder is skipped.
+    os.rename(root / "checkpoint_4", root / "checkpoint_10")
+    os.remove(root / "checkpoint_10" / "optimizer.bin")
+    assert accelerator.load_state() is None  # falls back to checkpoint_3
+    assert accelerator.project_configuration.iteration == 11
+
+    accelerator.project_configuration.iteration = 3
+    with pytest.raises(ValueError, match="already exists"):
+        accelerator.save_state()
+
+
+def test_argument_errors(tmp_path):
+    accelerator, *_ = _setup(automatic=False)
+    with pytest.raises(ConfigError, match="output_dir"):
+        accelerator.save_state()
+    with pytest.raises(ConfigError, match="input_dir"):
+        accelerator.load_state()
+    with pytest.raises(ValueError, match="not a directory"):
+        accelerator.load_state(tmp_path / "nothing")
+    accelerator.project_configuration.automatic_checkpoint_naming = True
+    accelerator.project_configuration.set_directories(str(tmp_path))
+    with pytest.raises(CheckpointError, match="no complete checkpoint"):
+        accelerator.load_state()
+
+
+def test_missing_or_corrupt_file_is_named(tmp_path):
+    accelerator, model, optimizer, scheduler = _setup(automatic=False)
+    _step(accelerator, model, optimizer, scheduler)
+    folder = Path(accelerator.save_state(tmp_path / "a"))
+
+    os.remove(folder / "optimizer.bin")
+    with pytest.raises(CheckpointError, match="optimizer.bin is missing"):
+        accelerator.load_state(folder)
+
+    folder = Path(accelerator.save_state(tmp_path / "b"))
+    with open(folder / "model.safetensors", "r+b") as f:
+        f.truncate(10)
+    with pytest.raises(CheckpointError, match="model.safetensors .*truncated"):
+        accelerator.load_state(folder)
+
+    # Without a marker (as Accelerate writes them) corruption is still caught, and the file named.
+    os.remove(folder / "hasten_checkpoint.json")
+    with pytest.raises(CheckpointError, match="model.safetensors is corrupt"):
+        accelerator.load_state(folder)
+    folder = Path(accelerator.save_state(tmp_path / "c"))
+    os.remove(folder / "hasten_checkpoint.json")
+    (folder / "scheduler.bin").write_bytes(b"not a torch file")
+    with pytest.raises(CheckpointError, match="scheduler.bin is corrupt"):
+        accelerator.load_state(folder)
+
+
+class _Exploit:
+    def __reduce__(self):
+        return (os.system, (f"touch {os.environ['HASTEN_EXPLOIT_MARK']}",))
+
+
+def test_malicious_pickle_is_refused(tmp_path, monkeypatch):
+    mark = tmp_path / "pwned"
+    monkeypatch.setenv("HASTEN_EXPLOIT_MARK", str(mark))
+    accelerator, model, optimizer, scheduler = _setup(automatic=False)
+    folder = Path(accelerator.save_state(tmp_path / "ckpt"))
+    os.remove(folder / "hasten_checkpoint.json")
+    torch.save({"state": _Exploit()}, folder / "optimizer.bin")
+    with pytest.raises(UnsafeCheckpointError, match="weights_only"):
+        accelerator.load_state(folder)
+    assert not mark.exists()
+
+    # A registered object whose state is a non-tensor Python object: refused by default, loads on opt-in.
+    from fractions import Fraction
+
+    box = Box(Fraction(1, 3))
+    accelerator.register_for_checkpointing(box)
+    folder = Path(accelerator.save_state(tmp_path / "custom"))
+    box.value = None
+    with pytest.raises(UnsafeCheckpointError, match="custom_checkpoint_0.pkl"):
+        accelerator.load_state(folder)
+    accelerator.load_state(folder, load_kwargs={"weights_only": False})
+    assert box.value == Fraction(1, 3)
+
+
+def test_hooks_and_overwrite_of_a_shared_folder(tmp_path):
+    accelerator, model, optimizer, scheduler = _setup(automatic=False)
+    seen = []
+
+    def save_hook(models, weights, output_dir):
+        seen.append(("save", len(models), output_dir))
+        weights[0] = {k: torch.zeros_like(v) for k, v in weights[0].items()}
+
+    def load_hook(models, input_dir):
+        seen.append(("load", len(models), input_dir))
+        models.pop()  # this hook "loads the model itself": hasten must leave it alone
+
+    save_handle = accelerator.register_save_state_pre_hook(save_hook)
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("user file")  # a folder holding other things keeps them
+    accelerator.save_state(folder)
+    save_handle.remove()
+    saved = checkpoint_io.load_tensors(str(folder / "model.safetensors"))
+    assert all(not v.any() for v in saved.values())
+    assert (folder / "notes.txt").read_text() == "user file"
+
+    accelerator.register_load_state_pre_hook(load_hook)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    accelerator.load_state(folder)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert [s[0] for s in seen] == ["save", "load"]
+
+
+def test_custom_object_count_must_match(tmp_path):
+    accelerator, *_ = _setup(automatic=False)
+    accelerator.register_for_checkpointing(Box(1))
+    folder = accelerator.save_state(tmp_path / "x")
+    accelerator._custom_objects.append(Box(2))
+    with pytest.raises(RuntimeError, match="1 custom_checkpoint"):
+        accelerator.load_state(folder)
+
+
+# -- crashes ----------------------------------------------------------------------------------------------------
+def test_killed_at_every_point_of_a_save_leaves_a_loadable_checkpoint(tmp_path):
+    """SIGKILL before, in the middle of (file cut short) and after every file write and every commit step."""
+    result = subprocess.run([sys.executable, str(SCRIPTS / "ckpt_crash.py"), str(tmp_path), "--all"],
+                            capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr
+    trials = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert len(trials) >= 15, result.stdout
+    assert [t["status"] for t in trials[:-1]] == ["killed"] * (len(trials) - 1), result.stdout + result.stderr
+    assert trials[-1]["status"] == "ok", result.stdout + result.stderr
+    for t in trials:
+        assert t["broken"] == [], t  # nothing visible is ever a partial checkpoint
+        assert all(name.startswith(".") for name in t["hidden"])
+    assert trials[-1]["hidden"] == []  # stale temporary folders were cleaned up by the next save
+    # Every trial after the first loaded the newest complete checkpoint: the counter never goes back.
+    loaded = [int(v) for v in (tmp_path / "loaded_0.log").read_text().split()]
+    assert loaded == sorted(loaded) and loaded[-1] >= 1
+
+
+def test_killed_during_a_two_process_save(tmp_path):
+    # checkpoint_0 comes from one process (no `module.` prefix, no random_states_1.pkl): resuming on a
+    # different number of processes works too.
+    spec = importlib.util.spec_from_file_location("ckpt_crash", SCRIPTS / "ckpt_crash.py")
+    crash = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(crash)
+    crash.trial(str(tmp_path))
+    _reset()
+    # rank 1 dies in the middle of its own file; rank 0 dies before the commit; rank 0 dies after the rename.
+    for rank, point in ((1, 2), (0, 16), (0, 20)):
+        result = launch("ckpt_crash.py", tmp_path, check=False,
+                        env={"HASTEN_TEST_CRASH_AT": str(point), "HASTEN_TEST_CRASH_RANK": str(rank)})
+        assert result.returncode != 0, result.stdout
+        assert "LOADED" in result.stdout, result.stdout + result.stderr
+    root = tmp_path / "checkpoints"
+    assert sorted(n for n in os.listdir(root) if not n.startswith(".")) == ["checkpoint_0", "checkpoint_1"]
+    marker = json.loads((root / "checkpoint_1" / "hasten_checkpoint.json").read_text())
+    assert {"random_states_0.pkl", "random_states_1.pkl"} <= set(marker["files"])
+    for rank in (0, 1):
+        assert (tmp_path / f"loaded_{rank}.log").read_text().split() == ["0", "0", "0"]
+    accelerator = Accelerator(project_config=ProjectConfiguration(project_dir=str(tmp_path), automatic_checkpoint_naming=True))
+    model = accelerator.prepare(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2)))
+    counter = Box()
+    accelerator.register_for_checkpointing(counter)
+    accelerator.load_state()
+    assert counter.value == 1 and all(torch.all(p == 1) for p in model.parameters())
+
+
+# -- exact resume -----------------------------------------------------------------------------------------------
+def _final(workdir, rank=0):
+    return torch.load(Path(workdir) / f"final_{rank}.pt")
+
+
+def _assert_identical(a, b):
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), f"{key} differs by {(a[key] - b[key]).abs().max()}"
+
+
+@pytest.mark.parametrize("accum,stop", [(1, 7), (3, 8)])
+def test_exact_resume_one_process(tmp_path, accum, stop):
+    """Stopped after micro-step `stop` (mid-epoch; with accum=3, mid-window) and resumed: bit-identical weights."""
+    train = _train_module()
+    train.run(str(tmp_path / "full"), 30, accum=accum)
+    _reset()
+    train.run(str(tmp_path / "split"), 30, stop_after=stop, accum=accum)
+    _reset()
+    train.run(str(tmp_path / "split"), 30, resume=True, accum=accum)
+    _assert_identical(_final(tmp_path / "full"), _final(tmp_path / "split"))
+
+
+def test_exact_resume_two_processes(tmp_path):
+    jobs = [(1, 7), (3, 8)]
+    first = [f"{tmp_path}/full{a}:30:0:0:{a}:manual" for a, _ in jobs]
+    first += [f"{tmp_path}/split{a}:30:{s}:0:{a}:manual" for a, s in jobs]
+    launch("ckpt_train.py", *first)
+    launch("ckpt_train.py", *[f"{tmp_path}/split{a}:30:0:1:{a}:manual" for a, _ in jobs])
+    for accum, _ in jobs:
+        for rank in (0, 1):
+            _assert_identical(_final(tmp_path / f"full{accum}", rank), _final(tmp_path / f"split{accum}", rank))
