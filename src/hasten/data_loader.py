@@ -364,6 +364,8 @@ class DataLoaderDispatcher(_ResumableLoader):
             step.append(batch)
         if not step or (len(step) < self._batches_per_step and self._drop_last):
             return None
+        for batch in step:
+            _require_tensors(batch)
         try:
             return step[0] if len(step) == 1 else concatenate(step, dim=0)
         except (RuntimeError, TypeError) as error:
@@ -373,46 +375,31 @@ class DataLoaderDispatcher(_ResumableLoader):
                 "that every process reads its own batches."
             ) from None
 
-    def _announce(self, batch, is_last: bool):
-        """Process 0 tells everyone what comes next: None (pass over), an error, or (structure, is_last)."""
-        if batch is None:
-            return None
-        leaves_ok = True
-        try:
-            recursively_apply(lambda t: t, batch, error_on_other_type=True)
-        except TypeError:
-            leaves_ok = False
-        if not leaves_ok:
-            return ("error", ConfigError(
-                "DataLoaderDispatcher can only broadcast batches made of tensors (in lists, tuples or dicts), got "
-                f"{type(batch).__name__} holding other objects. Pass dispatch_batches=False (every process then "
-                "reads its own share) or make the collate_fn return tensors."
-            ))
-        return (get_data_structure(batch), is_last)
-
     def __iter__(self):
         self.begin()
         try:
             self.set_epoch(self.iteration)
             resume = self._start_pass()
             is_main = self.state.process_index == 0
+            per_step = self._batches_per_step
+            # A resumed pass still reads the epoch's first step (not yielded): the last step is padded with its
+            # rows, exactly as in an uninterrupted pass.
+            reference_first = resume > 0 and not self._drop_last
+            keep = per_step if reference_first else 0
+            skip = resume * per_step - keep
             batches = None
             if is_main:
-                skip_underlying = resume * self._batches_per_step
                 if isinstance(self.dataset, IterableDataset):
-                    batches = super().__iter__()
-                    for _ in range(skip_underlying):
-                        if next(batches, _END) is _END:
-                            break
+                    batches = _without_range(super().__iter__(), skip, after=keep)
                 else:
-                    self._index_sampler.skip_next(skip_underlying)
+                    self._index_sampler.skip_next(skip, after=keep)
                     batches = super().__iter__()
-            yield from self._dispatch(batches, is_main)
+            yield from self._dispatch(batches, is_main, reference_first)
             self._finish_pass()
         finally:
             self.end()
 
-    def _dispatch(self, batches, is_main: bool):
+    def _dispatch(self, batches, is_main: bool, reference_first: bool = False):
         n, rank = self.state.num_processes, self.state.process_index
         device = self.state.device
         first_step = None
@@ -428,7 +415,7 @@ class DataLoaderDispatcher(_ResumableLoader):
                     message = [("error", pending)]
                 else:
                     following = self._read_step_or_error(batches) if pending is not None else None
-                    message = [self._announce(pending, following is None)]
+                    message = [None if pending is None else (get_data_structure(pending), following is None)]
             broadcast_object_list(message)
             announced = message[0]
             if announced is None:
@@ -440,6 +427,11 @@ class DataLoaderDispatcher(_ResumableLoader):
             batch = broadcast(send_to_device(batch, device, non_blocking=self._non_blocking))
             if first_step is None:
                 first_step = batch
+                if reference_first:
+                    if is_last:
+                        return
+                    pending = following
+                    continue
             observed = find_batch_size(batch)
             per_rank = observed // n
             if is_last and not self._drop_last and observed % n != 0:
@@ -463,6 +455,24 @@ class DataLoaderDispatcher(_ResumableLoader):
             return self._read_step(batches)
         except Exception as error:  # noqa: BLE001 - re-raised on every process by _dispatch
             return error
+
+
+def _without_range(items, count: int, after: int = 0):
+    """`items` without the `count` items that follow the first `after` ones."""
+    for position, item in enumerate(items):
+        if not after <= position < after + count:
+            yield item
+
+
+def _require_tensors(batch) -> None:
+    try:
+        recursively_apply(lambda t: t, batch, error_on_other_type=True)
+    except TypeError:
+        raise ConfigError(
+            "DataLoaderDispatcher can only broadcast batches made of tensors (in lists, tuples or dicts), got a "
+            f"{type(batch).__name__} holding other objects. Pass dispatch_batches=False (every process then reads "
+            "its own share) or make the collate_fn return tensors."
+        ) from None
 
 
 def _cycle_rows(data, count: int):

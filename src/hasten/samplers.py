@@ -256,17 +256,17 @@ class SkipBatchSampler(BatchSampler):
 class ResumableIndexSampler:
     """What a prepared loader's iterator draws indices from: the real (batch) sampler, plus a one-shot skip.
 
-    `skip_next(n)` makes the next pass start after `n` entries, so a resumed epoch continues at the next unseen
-    batch without reading the skipped samples. The object stays the same across passes, so persistent workers
-    (which keep the index sampler of their first iterator) see the skip too.
+    `skip_next(count, after)` makes the next pass leave out `count` entries following its first `after` ones, so a
+    resumed epoch continues at the next unseen batch without reading the skipped samples. The object stays the same
+    across passes, so persistent workers (which keep the index sampler of their first iterator) see the skip too.
     """
 
     def __init__(self, base):
         self.base = base
-        self._pending = 0
+        self._pending = (0, 0)
 
-    def skip_next(self, count: int) -> None:
-        self._pending = count
+    def skip_next(self, count: int, after: int = 0) -> None:
+        self._pending = (count, after)
 
     def __len__(self) -> int:
         return len(self.base)
@@ -275,7 +275,7 @@ class ResumableIndexSampler:
         # Lazy on purpose, skip count included: torch draws the worker seed from the loader's generator before
         # the first index is requested (a resumed pass must draw in the same order as an uninterrupted one), and
         # the multi-process iterator calls iter() twice but only advances the second.
-        skip, self._pending = self._pending, 0
+        (count, after), self._pending = self._pending, (0, 0)
         for position, entry in enumerate(self.base):
-            if position >= skip:
+            if not after <= position < after + count:
                 yield entry
