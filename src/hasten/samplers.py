@@ -101,7 +101,15 @@ class BatchSamplerShard(BatchSampler):
     def __len__(self) -> int:
         total = len(self.batch_sampler)
         if self.split_batches:
-            return total
+            if self.even_batches or self.drop_last or total == 0:
+                return total
+            # Uneven: a short last batch may hold nothing for this process's slice.
+            try:
+                short = len(self.sampler) % self.batch_size
+            except TypeError:
+                return total
+            starts_after_short = short and self.process_index * (self.batch_size // self.num_processes) >= short
+            return total - 1 if starts_after_short else total
         full_rounds, leftover = divmod(total, self.num_processes)
         if leftover == 0 or self.drop_last:
             return full_rounds
@@ -149,8 +157,7 @@ class BatchSamplerShard(BatchSampler):
             return
         if self.batch_size is None:
             # Batches of varying size: complete the round with whole batches from the start of the epoch.
-            while len(round_) < n:
-                round_.append(opening[(len(round_) - len(opening)) % len(opening)])
+            round_ += _cycle_take(opening, n - len(round_))
             yield round_[i]
             return
         samples = [index for batch in round_ for index in batch]
