@@ -167,6 +167,22 @@ def test_prepare_with_explicit_ranks_shards_without_a_process_group():
     assert stream == [[[0, 1], [4, 5], [8, 0]], [[2, 3], [6, 7], [1, 2]]]
 
 
+def test_a_batch_sampler_given_as_sampler_is_sharded_too():
+    class Indexable:
+        def __len__(self):
+            return 9
+
+        def __getitem__(self, indices):
+            return torch.tensor(indices)
+
+    sampler = BatchSampler(SequentialSampler(range(9)), 2, False)
+    per_rank = [prepare_data_loader(DataLoader(Indexable(), sampler=sampler, batch_size=None), num_processes=2,
+                                    process_index=rank) for rank in range(2)]
+    assert [rows(loader) for loader in per_rank] == [[[0, 1], [4, 5], [8, 0]], [[2, 3], [6, 7], [1, 2]]]
+    assert per_rank[0].total_batch_size == 4 and per_rank[0].base_dataloader is per_rank[0]
+    assert rows(skip_first_batches(per_rank[1], 2)) == [[1, 2]]
+
+
 def test_put_on_device_moves_batches():
     loader = prepare_data_loader(DataLoader([{"x": torch.ones(2)}] * 3, batch_size=2), device=torch.device("meta"),
                                  put_on_device=True)

@@ -154,6 +154,11 @@ class _ResumableLoader(DataLoaderStateMixin, DataLoader):
         return wrapper
 
     @property
+    def base_dataloader(self):
+        """Accelerate wraps a separate DataLoader; here the prepared loader is itself that DataLoader."""
+        return self
+
+    @property
     def total_dataset_length(self) -> int:
         return getattr(self.dataset, "total_length", None) or len(self.dataset)
 
