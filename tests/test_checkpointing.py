@@ -291,24 +291,31 @@ def _assert_identical(a, b):
         assert torch.equal(a[key], b[key]), f"{key} differs by {(a[key] - b[key]).abs().max()}"
 
 
-@pytest.mark.parametrize("accum,stop", [(1, 7), (3, 8)])
-def test_exact_resume_one_process(tmp_path, accum, stop):
+# loader: "manual" indexes the data itself; "prepared" just iterates the prepared loader again after load_state
+# (hasten resumes it at the next unseen batch); "skip" is Accelerate's idiom, skip_first_batches(loader, k)
+# with use_seedable_sampler.
+@pytest.mark.parametrize("loader,accum,stop", [
+    ("manual", 1, 7), ("manual", 3, 8), ("prepared", 1, 7), ("prepared", 3, 17), ("skip", 1, 7), ("skip", 3, 8),
+])
+def test_exact_resume_one_process(tmp_path, loader, accum, stop):
     """Stopped after micro-step `stop` (mid-epoch; with accum=3, mid-window) and resumed: bit-identical weights."""
     train = _train_module()
-    train.run(str(tmp_path / "full"), 30, accum=accum)
+    train.run(str(tmp_path / "full"), 30, accum=accum, loader=loader)
     _reset()
-    train.run(str(tmp_path / "split"), 30, stop_after=stop, accum=accum)
+    train.run(str(tmp_path / "split"), 30, stop_after=stop, accum=accum, loader=loader)
     _reset()
-    train.run(str(tmp_path / "split"), 30, resume=True, accum=accum)
+    train.run(str(tmp_path / "split"), 30, resume=True, accum=accum, loader=loader)
     _assert_identical(_final(tmp_path / "full"), _final(tmp_path / "split"))
 
 
 def test_exact_resume_two_processes(tmp_path):
-    jobs = [(1, 7), (3, 8)]
-    first = [f"{tmp_path}/full{a}:30:0:0:{a}:manual" for a, _ in jobs]
-    first += [f"{tmp_path}/split{a}:30:{s}:0:{a}:manual" for a, s in jobs]
+    # 6 batches per process and epoch: stopping after 8 is mid-epoch 1 and mid-window for accum=3.
+    jobs = [("manual", 1, 7), ("manual", 3, 8), ("prepared", 3, 8), ("skip", 3, 8)]
+    first = [f"{tmp_path}/full-{l}{a}:20:0:0:{a}:{l}" for l, a, _ in jobs]
+    first += [f"{tmp_path}/split-{l}{a}:20:{s}:0:{a}:{l}" for l, a, s in jobs]
     launch("ckpt_train.py", *first)
-    launch("ckpt_train.py", *[f"{tmp_path}/split{a}:30:0:1:{a}:manual" for a, _ in jobs])
-    for accum, _ in jobs:
+    launch("ckpt_train.py", *[f"{tmp_path}/split-{l}{a}:20:0:1:{a}:{l}" for l, a, _ in jobs])
+    for loader, accum, _ in jobs:
         for rank in (0, 1):
-            _assert_identical(_final(tmp_path / f"full{accum}", rank), _final(tmp_path / f"split{accum}", rank))
+            _assert_identical(_final(tmp_path / f"full-{loader}{accum}", rank),
+                              _final(tmp_path / f"split-{loader}{accum}", rank))

@@ -199,6 +199,9 @@ class _ResumableLoader(DataLoaderStateMixin, DataLoader):
 
     def _finish_pass(self) -> None:
         self.iteration += 1
+        parent = self.__dict__.get("_skipped_from")
+        if parent is not None and parent.iteration == self.iteration - 1:
+            parent.iteration = self.iteration  # the source loader goes on with the next epoch
         self._in_epoch = False
         self._batches_yielded = 0
 
@@ -673,6 +676,16 @@ def skip_first_batches(dataloader, num_batches: int = 0):
         else:
             kwargs["batch_sampler"] = skipping
 
+    skipped = _skipping_loader(dataloader, dataset, is_stream, num_batches, skip_in_loop, kwargs)
+    if isinstance(dataloader, _ResumableLoader):
+        # Accelerate's resume idiom (load_state, then skip_first_batches(loader, k)): the explicit skip replaces
+        # the position load_state restored, and once the skipped pass ends the source loader is at the next epoch.
+        dataloader._pending_skip = 0
+        skipped.__dict__["_skipped_from"] = dataloader
+    return skipped
+
+
+def _skipping_loader(dataloader, dataset, is_stream, num_batches, skip_in_loop, kwargs):
     if isinstance(dataloader, DataLoaderDispatcher):
         return DataLoaderDispatcher(
             dataset, split_batches=dataloader.split_batches, skip_batches=skip_in_loop,
