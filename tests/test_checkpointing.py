@@ -319,3 +319,108 @@ def test_exact_resume_two_processes(tmp_path):
         for rank in (0, 1):
             _assert_identical(_final(tmp_path / f"full-{loader}{accum}", rank),
                               _final(tmp_path / f"split-{loader}{accum}", rank))
+
+
+# -- save_model / load_checkpoint_in_model ----------------------------------------------------------------------
+class Tied(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(50, 20)
+        self.body = torch.nn.Sequential(*[torch.nn.Linear(20, 20) for _ in range(4)])
+        self.head = torch.nn.Linear(20, 50, bias=False)
+        self.head.weight = self.embed.weight  # tied: stored once
+
+
+def test_parse_size():
+    from hasten.checkpoint_io import parse_size
+
+    assert parse_size("5MB") == 5 * 10**6
+    assert parse_size("5MiB") == 5 * 2**20
+    assert parse_size("10GB") == 10**10
+    assert parse_size("1.5kb") == 1500
+    assert parse_size(1234) == 1234
+    for bad in ("ten", "5XB", 0, -1, True):
+        with pytest.raises(ConfigError, match="max_shard_size"):
+            parse_size(bad)
+
+
+def test_save_model_shards_and_loads_back(tmp_path):
+    from safetensors import safe_open
+
+    from hasten import load_checkpoint_in_model
+    from hasten.utils import load_checkpoint_in_model as from_utils
+
+    assert from_utils is load_checkpoint_in_model
+    accelerator = Accelerator()
+    model = accelerator.prepare(Tied())
+    (tmp_path / "model-00009-of-00009.safetensors").write_text("stale shard from an earlier save")
+    accelerator.save_model(model, tmp_path, max_shard_size="4KB")
+    index_text = (tmp_path / "model.safetensors.index.json").read_text()
+    index = json.loads(index_text)
+    assert index_text == json.dumps(index, indent=2, sort_keys=True) + "\n"
+    shards = sorted(set(index["weight_map"].values()))
+    assert len(shards) > 2 and shards[0] == f"model-00001-of-{len(shards):05d}.safetensors"
+    assert sorted(n for n in os.listdir(tmp_path) if n.endswith(".safetensors")) == shards  # stale one removed
+    assert "head.weight" not in index["weight_map"]  # the tied alias is stored once
+    total, names = 0, set()
+    for shard in shards:
+        with safe_open(str(tmp_path / shard), framework="pt") as f:
+            assert f.metadata() == {"format": "pt"}
+            for key in f.keys():
+                assert index["weight_map"][key] == shard
+                tensor = f.get_tensor(key)
+                total += tensor.numel() * tensor.element_size()
+                names.add(key)
+    assert total == index["metadata"]["total_size"] and names == set(index["weight_map"])
+
+    fresh = Tied()
+    load_checkpoint_in_model(fresh, str(tmp_path))
+    assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), model.state_dict().values()))
+    assert fresh.head.weight is fresh.embed.weight
+
+    # One shard: a single model.safetensors, no index; the old shards and index are removed.
+    accelerator.save_model(model, tmp_path, max_shard_size="10GB")
+    assert sorted(n for n in os.listdir(tmp_path)) == ["model.safetensors"]
+    fresh = Tied()
+    load_checkpoint_in_model(fresh, str(tmp_path / "model.safetensors"), strict=True)
+    assert torch.equal(fresh.body[0].weight, model.body[0].weight)
+
+    # Pickle-free .bin shards too, loaded with weights_only.
+    accelerator.save_model(model, tmp_path / "bin", max_shard_size=4000, safe_serialization=False)
+    assert (tmp_path / "bin" / "pytorch_model.bin.index.json").is_file()
+    fresh = Tied()
+    load_checkpoint_in_model(fresh, str(tmp_path / "bin" / "pytorch_model.bin.index.json"))
+    assert torch.equal(fresh.body[3].bias, model.body[3].bias)
+
+
+def test_checkpoints_move_between_hasten_and_accelerate(tmp_path):
+    accelerate = pytest.importorskip("accelerate")
+
+    def build(module):
+        accelerator = module.Accelerator()
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+        optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+        model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+        box = Box(0)
+        accelerator.register_for_checkpointing(box)
+        return accelerator, model, optimizer, scheduler, box
+
+    import hasten
+
+    for writer, reader in ((hasten, accelerate), (accelerate, hasten)):
+        accelerator, model, optimizer, scheduler, box = build(writer)
+        _step(accelerator, model, optimizer, scheduler)
+        box.value = 5
+        folder = str(tmp_path / writer.__name__)
+        accelerator.save_state(folder)
+        expected = {k: v.clone() for k, v in model.state_dict().items()}
+        expected_lr, expected_draw = scheduler.get_last_lr(), torch.rand(4)
+
+        accelerator, model, optimizer, scheduler, box = build(reader)
+        accelerator.load_state(folder)  # Accelerate's RNG file holds a NumPy array: allowed, still weights_only
+        assert all(torch.equal(expected[k], v) for k, v in model.state_dict().items()), writer.__name__
+        assert scheduler.get_last_lr() == expected_lr and box.value == 5
+        assert optimizer.state_dict()["state"][0]["step"] == 1
+        assert torch.equal(torch.rand(4), expected_draw)
