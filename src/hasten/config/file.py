@@ -278,6 +278,8 @@ def check_value(name: str, value: Any, key: Key, where: Callable[[str], str]) ->
             return value
         raise bad()
     # kind == "str"
+    if value is False and key.choices and any(str(c).lower() == "no" for c in key.choices):
+        value = "no"  # YAML 1.1 reads an unquoted NO as false (`distributed_type: NO`, `mixed_precision: no`)
     if not isinstance(value, (str, int, float)) or isinstance(value, bool):
         raise bad()
     value = str(value)
