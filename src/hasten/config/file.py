@@ -287,7 +287,8 @@ def check_value(name: str, value: Any, key: Key, where: Callable[[str], str]) ->
         for choice in key.choices:
             if value.lower() == str(choice).lower():
                 return choice
-        raise bad(f"{_suggest(value, key.choices)}write `{name}: {key.choices[0]}`")
+        close = difflib.get_close_matches(value.upper() if value.isupper() else value, [str(c) for c in key.choices], n=1)
+        raise bad(f"write `{name}: {close[0] if close else key.choices[0]}`")
     return value
 
 
