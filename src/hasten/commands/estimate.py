@@ -117,15 +117,17 @@ def measure(model) -> dict:
 
     parameters = sum(p.numel() for p in model.parameters())
     total = elements(model)
-    # A "layer" is one block of a repeated stack (ModuleList/Sequential entries); without stacks, a leaf module.
-    candidates = []
+    # A "layer" is one block of a repeated stack (ModuleList/Sequential entries), or a module with weights
+    # outside any stack (an embedding, a head): the largest piece that must fit at once.
+    blocks = []
     for name, module in model.named_modules():
         if isinstance(module, (torch.nn.ModuleList, torch.nn.Sequential)):
-            candidates += [(f"{name}.{child_name}".lstrip("."), child) for child_name, child in module.named_children()]
-    if not candidates:
-        candidates = [(name, m) for name, m in model.named_modules() if not list(m.children()) and name]
-    if not candidates:
-        candidates = [("(whole model)", model)]
+            blocks += [(f"{name}.{child_name}".lstrip("."), child) for child_name, child in module.named_children()]
+    inside = tuple(f"{name}." for name, _ in blocks)
+    singles = [(name, m) for name, m in model.named_modules()
+               if name and not list(m.children()) and elements(m) and not name.startswith(inside)
+               and name not in {b for b, _ in blocks}]
+    candidates = blocks + singles or [("(whole model)", model)]
     largest_name, largest = max(candidates, key=lambda item: elements(item[1]))
     return {"total": total, "parameters": parameters, "largest": elements(largest), "largest_name": largest_name}
 
