@@ -298,14 +298,15 @@ def _run_in_place(args, plan: LaunchPlan) -> int:
     return 0
 
 
-def _describe_failures(error) -> str:
+def _describe_failures(error, first_rank: int = 0) -> str:
+    """One line naming the process that failed first (the others were stopped because of it)."""
     failures = getattr(error, "failures", {}) or {}
-    parts = []
-    for local_rank, failure in sorted(failures.items()):
-        code = failure.exitcode
-        how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
-        parts.append(f"rank {failure.rank} (local rank {local_rank}) {how}")
-    return "; ".join(parts) or str(error)
+    if not failures:
+        return str(error)
+    local_rank, failure = min(failures.items(), key=lambda item: item[1].timestamp)
+    code = failure.exitcode
+    how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
+    return f"rank {first_rank + local_rank} (local rank {local_rank}) {how}"
 
 
 def _logs_specs(args):
@@ -325,7 +326,7 @@ def _run_distributed(args, plan: LaunchPlan) -> int:
 
     if not args.debug:
         # The elastic agent's INFO/WARNING chatter buries the user's own output; our summary replaces it.
-        logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)
+        logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     if not args.no_python and not args.module and not os.path.exists(args.training_script):
         raise LaunchError(f"training script {args.training_script!r} does not exist")
     port = _resolve_port(plan)
@@ -355,7 +356,7 @@ def _run_distributed(args, plan: LaunchPlan) -> int:
         if not args.quiet:
             elapsed = time.monotonic() - started
             print(
-                f"hasten launch: {_describe_failures(error)} after {elapsed:.1f}s; the other processes were "
+                f"hasten launch: {_describe_failures(error, plan.machine_rank * plan.nproc_per_node)} after {elapsed:.1f}s; the other processes were "
                 "stopped (the failing process's own error is printed above)",
                 file=sys.stderr,
             )
