@@ -93,7 +93,7 @@ def test_file_value_does_not_clobber_the_users_variable_end_to_end(home, tmp_pat
     assert sources["mixed_precision"] == ["fp16", "environment"]
     assert sources["debug"] == ["true", "file"]          # from the config file, through the launcher
     assert sources["use_cpu"] == ["true", "flag"]        # --cpu
-    assert sources["gradient_accumulation_steps"] == ["4", "code"]
+    assert sources["gradient_accumulation_steps"] == ["4", "code"]  # nothing else sets it
     assert sources["dynamo_backend"] == ["no", "default"]
     assert config.endswith("default_config.yaml")
 
@@ -171,3 +171,12 @@ def test_paradigm_flag_replaces_the_files_distributed_type(home):
         plan()
     launch = plan("--cpu")
     assert launch.env["HASTEN_USE_CPU"] == "true"
+
+
+def test_the_two_documented_exceptions_to_code_wins():
+    env = {"HASTEN_GRADIENT_ACCUMULATION_STEPS": "8", "ACCELERATE_USE_CPU": "true"}
+    values = resolve(code={"gradient_accumulation_steps": 2, "cpu": False, "mixed_precision": "bf16"}, env=env)
+    assert (values["gradient_accumulation_steps"].value, values["gradient_accumulation_steps"].source) == (8, "environment")
+    assert (values["use_cpu"].value, values["use_cpu"].source) == (True, "environment")
+    values = resolve(code={"cpu": True}, env={"ACCELERATE_USE_CPU": "false"})
+    assert (values["use_cpu"].value, values["use_cpu"].source) == (True, "code")

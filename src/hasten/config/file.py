@@ -194,6 +194,8 @@ NESTED_PREFIXES = {"megatron_lm_config": "megatron_lm_", "parallelism_config": "
 
 
 def _kind_text(key: Key) -> str:
+    if key.kind == "bool_or_str":
+        return "true or false (or an FSDP1 strategy: " + ", ".join(key.choices) + ")"
     if key.choices:
         return "one of " + ", ".join(str(c) for c in key.choices)
     text = {

@@ -2,6 +2,9 @@
 
     code  >  launch flag  >  environment variable  >  config file  >  built-in default
 
+Two exceptions inside the script, as in Accelerate: a launcher's gradient_accumulation_steps replaces the
+Accelerator argument, and a true HASTEN_/ACCELERATE_USE_CPU forces CPU even when the code says cpu=False.
+
 `hasten launch` resolves flags, the user's environment and the config file, then exports the winners as
 `HASTEN_*` / `FSDP_*` variables. It only exports values that came from a flag, the file or a computed
 default, never over a variable the user already set, so a user's `export ACCELERATE_MIXED_PRECISION=fp16`
@@ -260,6 +263,18 @@ def recorded_sources(env: Mapping[str, str]) -> dict:
     return {k: tuple(v) for k, v in data.items() if isinstance(v, list) and len(v) == 2}
 
 
+def _env_overrides_code(setting: Setting, code_value, env: Mapping[str, str]) -> bool:
+    """The two exceptions to "code wins", kept from Accelerate because scripts rely on them: the launcher's
+    gradient accumulation steps replace the constructor argument, and a true USE_CPU variable forces CPU
+    even when the code says cpu=False (it can never force CPU off)."""
+    if setting.name == "gradient_accumulation_steps":
+        return _from_env(setting, env) is not None
+    if setting.name == "use_cpu" and not code_value:
+        found = _from_env(setting, env)
+        return found is not None and bool(found[0])
+    return False
+
+
 def resolve(
     *,
     code: Mapping[str, Any] | None = None,
@@ -276,13 +291,15 @@ def resolve(
     file or default) from `HASTEN_CONFIG_SOURCES`.
     """
     code, flags = dict(code or {}), dict(flags or {})
+    if "cpu" in code and "use_cpu" not in code:  # Accelerator(cpu=...) spells it `cpu`
+        code["use_cpu"] = code.pop("cpu")
     env = os.environ if env is None else env
     recorded = recorded_sources(env)
     slurm = slurm_values(env)
     result = {}
     for setting in settings or SETTINGS:
         name = setting.name
-        if name in code and code[name] is not None:
+        if name in code and code[name] is not None and not _env_overrides_code(setting, code[name], env):
             result[name] = Resolved(name, code[name], "code", f"in the script ({name}=...)")
             continue
         if setting.flag and flags.get(setting.flag) is not None:
