@@ -42,3 +42,18 @@ def test_two_machines_train_together_through_c10d(tmp_path):
     assert weights[0] == weights[1]
     ranks = sorted(re.search(r"RANK (\d)", out).group(1) for out in outputs)
     assert ranks == ["0", "1"]  # one process on each machine, one world of two
+
+
+def test_module_and_no_python_targets(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HASTEN_", "ACCELERATE_"))}
+    env.update(HF_HOME=str(tmp_path / "hf"), PYTHONPATH=str(tmp_path))
+    (tmp_path / "my_entry.py").write_text("import os, sys\nprint('MODULE', sys.argv[1:], os.environ['HASTEN_MIXED_PRECISION'])\n")
+    result = subprocess.run([sys.executable, "-m", "hasten", "launch", "--mixed_precision", "bf16", "-m", "my_entry",
+                             "--lr", "1"], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "MODULE ['--lr', '1'] bf16" in result.stdout
+    result = subprocess.run([sys.executable, "-m", "hasten", "launch", "--mixed_precision", "fp16", "--no_python",
+                             "sh", "-c", "echo PROGRAM $HASTEN_MIXED_PRECISION"], capture_output=True, text=True,
+                            timeout=120, env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "PROGRAM fp16" in result.stdout

@@ -529,7 +529,7 @@ def basic_config(mixed_precision: str = "no", machine: Mapping | None = None) ->
     else:
         distributed = _MULTI.get(machine["device"], "NO") if count > 1 else "NO"
         config.update(distributed_type=distributed, num_processes=max(1, count), use_cpu=False, gpu_ids="all")
-    return validate(config, source="<basic config>")
+    return validate(config, source="<basic config>", fill_defaults=False)
 
 
 def write_basic_config(mixed_precision: str = "no", save_location: str | None = None) -> str | bool:
