@@ -199,25 +199,6 @@ class LaunchPlan:
         return self.num_processes // self.num_machines
 
 
-def _parse_rdzv_conf(text: str | None) -> dict:
-    result = {}
-    for item in filter(None, (text or "").split(",")):
-        if "=" not in item:
-            raise ConfigError(f"--rdzv_conf item {item!r} is not key=value (example: --rdzv_conf timeout=900,is_host=1)")
-        key, value = item.split("=", 1)
-        result[key.strip()] = value.strip()
-    return result
-
-
-def _gpu_count() -> int:
-    try:
-        import torch
-
-        return torch.cuda.device_count()
-    except Exception:  # noqa: BLE001
-        return 0
-
-
 def plan_launch(args: argparse.Namespace) -> LaunchPlan:
     """Resolve flags, environment and config file into a plan (precedence and checks: hasten.config)."""
     from ..config.launch_settings import resolve_launch

@@ -14,7 +14,7 @@ from typing import Mapping
 
 from ..errors import ConfigError
 from . import file as config_file
-from .resolve import BY_NAME, FSDP_ENV, PARADIGM_FLAGS, SETTINGS, SOURCES_VARIABLE, Resolved, _text, resolve, slurm_values
+from .resolve import FSDP_ENV, PARADIGM_FLAGS, SETTINGS, SOURCES_VARIABLE, Resolved, _text, resolve, slurm_values
 
 DEEPSPEED_FLAGS = (
     "deepspeed_config_file", "zero_stage", "offload_optimizer_device", "offload_param_device",
@@ -101,9 +101,6 @@ def _check_file_type(values, path, args) -> None:
             f"{path}: distributed_type {kind} asks for {UNSUPPORTED_TYPES[kind]}, which hasten does not support yet; "
             "fix: set `distributed_type: MULTI_GPU` or `FSDP` in the file, or pass --multi_gpu/--use_fsdp/--cpu"
         )
-    deepspeed = (values or {}).get("deepspeed_config")
-    if kind == "DEEPSPEED" and deepspeed:
-        pass  # reported above
 
 
 def resolve_launch(args, env: Mapping[str, str] | None = None) -> LaunchSettings:
@@ -252,18 +249,3 @@ def _exports(values: dict, env: Mapping[str, str]) -> dict:
         )
     exports[SOURCES_VARIABLE] = json.dumps(sources, separators=(",", ":"))
     return exports
-
-
-def settings_table_rows():
-    """(name, flag, variables, file key, default) for every setting, for the docs and `--help`."""
-    for setting in SETTINGS:
-        yield (
-            setting.name,
-            setting.flag_text if setting.flag else "",
-            ", ".join(setting.env),
-            ".".join(setting.file_key) if setting.file_key else "",
-            setting.default,
-        )
-
-
-__all__ = ["LaunchSettings", "resolve_launch", "parse_rdzv_conf", "BY_NAME"]

@@ -97,10 +97,9 @@ def _pair(suffix: str) -> tuple:
     return (f"HASTEN_{suffix}", f"ACCELERATE_{suffix}")
 
 
-_FILE = config_file
 SETTINGS: list[Setting] = [
     Setting("mixed_precision", "no", "mixed_precision", _pair("MIXED_PRECISION"), "HASTEN_MIXED_PRECISION",
-            _choice(_FILE.PRECISIONS), ("mixed_precision",), "autocast / loss scaling mode"),
+            _choice(config_file.PRECISIONS), ("mixed_precision",), "autocast / loss scaling mode"),
     Setting("use_cpu", False, "cpu", _pair("USE_CPU"), "HASTEN_USE_CPU", _parse_bool, ("use_cpu",),
             "run on CPU even when accelerators are present"),
     Setting("debug", False, "debug", _pair("DEBUG_MODE"), "HASTEN_DEBUG_MODE", _parse_bool, ("debug",),
@@ -110,9 +109,9 @@ SETTINGS: list[Setting] = [
     Setting("enable_cpu_affinity", False, "enable_cpu_affinity", _pair("CPU_AFFINITY"), "HASTEN_CPU_AFFINITY",
             _parse_bool, ("enable_cpu_affinity",), "pin processes to their NUMA node"),
     Setting("dynamo_backend", "no", "dynamo_backend", _pair("DYNAMO_BACKEND"), "HASTEN_DYNAMO_BACKEND",
-            _choice(_FILE.DYNAMO_BACKENDS), ("dynamo_config", "dynamo_backend"), "torch.compile backend"),
+            _choice(config_file.DYNAMO_BACKENDS), ("dynamo_config", "dynamo_backend"), "torch.compile backend"),
     Setting("dynamo_mode", "default", "dynamo_mode", _pair("DYNAMO_MODE"), "HASTEN_DYNAMO_MODE",
-            _choice(_FILE.DYNAMO_MODES), ("dynamo_config", "dynamo_mode"), "torch.compile mode"),
+            _choice(config_file.DYNAMO_MODES), ("dynamo_config", "dynamo_mode"), "torch.compile mode"),
     Setting("dynamo_use_fullgraph", False, "dynamo_use_fullgraph", _pair("DYNAMO_USE_FULLGRAPH"),
             "HASTEN_DYNAMO_USE_FULLGRAPH", _parse_bool, ("dynamo_config", "dynamo_use_fullgraph"), ""),
     Setting("dynamo_use_dynamic", None, "dynamo_use_dynamic", _pair("DYNAMO_USE_DYNAMIC"),
@@ -158,10 +157,10 @@ FSDP_ENV = {
 
 
 def _fsdp_parser(name: str) -> Callable[[str], Any]:
-    key = _FILE.NESTED_KEYS["fsdp_config"][name]
+    key = config_file.NESTED_KEYS["fsdp_config"][name]
 
     def parse(text: str):
-        value = _FILE.check_value(name, text, key, lambda message: message)
+        value = config_file.check_value(name, text, key, lambda message: message)
         return value
 
     return parse
@@ -169,7 +168,7 @@ def _fsdp_parser(name: str) -> Callable[[str], Any]:
 
 SETTINGS += [
     Setting(name, None, name if name != "fsdp_ignored_modules" else None, (variable,), variable,
-            _fsdp_parser(name), ("fsdp_config", name), _FILE.NESTED_KEYS["fsdp_config"][name].help)
+            _fsdp_parser(name), ("fsdp_config", name), config_file.NESTED_KEYS["fsdp_config"][name].help)
     for name, variable in FSDP_ENV.items()
 ]
 BY_NAME = {setting.name: setting for setting in SETTINGS}
