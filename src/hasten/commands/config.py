@@ -243,18 +243,28 @@ def _fsdp_questions(questions: Questions, existing: dict) -> dict:
 # ----------------------------------------------------------------------------------------------- commands
 
 
+ASKED_KEYS = {
+    "compute_environment", "distributed_type", "use_cpu", "num_processes", "num_machines", "machine_rank",
+    "main_process_ip", "main_process_port", "rdzv_backend", "same_network", "gpu_ids", "fsdp_config",
+    "dynamo_config", "debug", "mixed_precision",
+}
+
+
 def _interactive(args) -> int:
     path = args.config_file or config_file.default_config_path()
-    existing = {}
+    existing, kept = {}, {}
     if os.path.isfile(path):
         existing = config_file.load_config_file(path)
+        # Settings the questions do not cover (max_restarts, rdzv_conf, ...) survive an edit.
+        kept = {k: v for k, v in config_file.load_config_file(path, fill_defaults=False).items()
+                if k not in ASKED_KEYS}
         print(f"Editing {path}; press Enter to keep a value.")
     try:
         config = questionnaire(Questions(), config_file.detect_machine(), existing)
     except _Cancelled:
         print("\nhasten config: cancelled; nothing was written", file=sys.stderr)
         return 1
-    config_file.write_config_file(config, path)
+    config_file.write_config_file({**kept, **config}, path)
     print(f"hasten config: wrote {path}")
     return 0
 
