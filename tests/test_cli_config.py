@@ -193,3 +193,34 @@ def test_estimate_memory_model_folder(tmp_path, capsys):
     assert cli.main(["estimate-memory", str(tmp_path), "--dtypes", "float32"]) == 0
     out = capsys.readouterr().out
     assert "parameters: 229,632" in out and "largest layer: wpe" in out
+
+
+def test_questionnaire_on_a_gpu_machine_with_fsdp():
+    from hasten.commands.config import Questions, questionnaire
+
+    answers = iter([
+        "3",        # FSDP
+        "",         # 1 machine
+        "",         # processes: default = the 4 GPUs found
+        "0,1,2,3",  # GPU ids
+        "", "", "", "",  # FSDP2, reshard yes, no offload, wrap by layer class
+        "LlamaDecoderLayer", "", "yes", "no",  # layer class, sharded checkpoints, rank-0 loading, no recompute
+        "yes", "0", "2", "no", "no",  # torch.compile: inductor, max-autotune
+        "no",       # debug
+        "bf16",     # mixed precision by name
+    ])
+    shown = []
+    config = questionnaire(Questions(read=lambda prompt: next(answers), write=shown.append),
+                           {"device": "cuda", "device_count": 4, "cpu_cores": 32})
+    assert config["distributed_type"] == "FSDP" and config["num_processes"] == 4 and config["use_cpu"] is False
+    assert config["fsdp_config"] == {
+        "fsdp_version": 2, "fsdp_reshard_after_forward": True, "fsdp_offload_params": False,
+        "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP", "fsdp_transformer_layer_cls_to_wrap": "LlamaDecoderLayer",
+        "fsdp_state_dict_type": "SHARDED_STATE_DICT", "fsdp_cpu_ram_efficient_loading": True,
+        "fsdp_sync_module_states": True, "fsdp_activation_checkpointing": False,
+    }
+    assert config["dynamo_config"]["dynamo_backend"] == "inductor"
+    assert config["dynamo_config"]["dynamo_mode"] == "max-autotune"
+    assert config["mixed_precision"] == "bf16"
+    assert any("4 cuda found" in line for line in shown)
+    config_file.validate(config)  # what it builds is a valid file
