@@ -202,6 +202,9 @@ def test_hooks_and_overwrite_of_a_shared_folder(tmp_path):
     def save_hook(models, weights, output_dir):
         seen.append(("save", len(models), output_dir))
         weights[0] = {k: torch.zeros_like(v) for k, v in weights[0].items()}
+        os.makedirs(os.path.join(output_dir, "extra"))  # written into the folder being committed
+        with open(os.path.join(output_dir, "extra", "hook.txt"), "w") as f:
+            f.write("from the hook")
 
     def load_hook(models, input_dir):
         seen.append(("load", len(models), input_dir))
@@ -216,12 +219,26 @@ def test_hooks_and_overwrite_of_a_shared_folder(tmp_path):
     saved = checkpoint_io.load_tensors(str(folder / "model.safetensors"))
     assert all(not v.any() for v in saved.values())
     assert (folder / "notes.txt").read_text() == "user file"
+    assert (folder / "extra" / "hook.txt").read_text() == "from the hook"
+    assert "extra/hook.txt" in json.loads((folder / "hasten_checkpoint.json").read_text())["files"]
 
     accelerator.register_load_state_pre_hook(load_hook)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     accelerator.load_state(folder)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert [s[0] for s in seen] == ["save", "load"]
+
+
+def test_a_failing_save_leaves_nothing_behind(tmp_path):
+    accelerator, *_ = _setup(automatic=False)
+    box = Box(1)
+    accelerator.register_for_checkpointing(box)
+    first = accelerator.save_state(tmp_path / "ckpt")
+    box.state_dict = lambda: 1 / 0
+    with pytest.raises(CheckpointError, match="ZeroDivisionError"):
+        accelerator.save_state(tmp_path / "ckpt")
+    assert os.listdir(tmp_path) == ["ckpt"]  # no temporary folder left, the old checkpoint intact
+    assert checkpoint_io.is_complete(first)
 
 
 def test_custom_object_count_must_match(tmp_path):

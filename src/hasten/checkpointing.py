@@ -337,20 +337,24 @@ def save_state(accelerator, output_dir=None, safe_serialization: bool = True, **
     outcomes = _all_gather(state, None if problem is None else _describe(problem))
     if problem is not None:
         raise problem
+    if any(o and o.startswith("ConfigError") for o in outcomes):  # the same error type on every process
+        raise ConfigError(next(o for o in outcomes if o).split(": ", 1)[1])
     _raise_failures(outcomes, f"save_state({target})")
 
-    # 2. State dicts are computed on every process (sharded backends gather them collectively).
+    # 2. State dicts are computed on every process (sharded backends gather them collectively), loader
+    # positions are gathered, then 3. every process writes its files. Failures are collected so that no
+    # process waits forever for another.
     models = list(accelerator._models)
     weights = [] if backend_writes else [backend.model_state_dict(m) for m in models]
-    for hook in accelerator._save_model_state_pre_hook.values():
-        hook(models, weights, target)
-    plan = _plan_files(accelerator, weights, models, safe_serialization, rank, writer, backend_writes)
-    plan += _loader_files(accelerator, writer)
-
-    # 3. Every process writes its files; failures are collected so no process waits forever for another.
+    plan = _loader_files(accelerator, writer)
     written, problem = {}, None
     try:
         os.makedirs(temp, exist_ok=True)
+        # Hooks get the temporary folder: whatever they write there (e.g. a model saved in its own format)
+        # is committed with the rest, atomically.
+        for hook in accelerator._save_model_state_pre_hook.values():
+            hook(models, weights, temp)
+        plan = _plan_files(accelerator, weights, models, safe_serialization, rank, writer, backend_writes) + plan
         if backend_writes:
             for name in backend.save_checkpoint_files(models, list(accelerator._optimizers), temp,
                                                       **save_model_func_kwargs):
@@ -361,23 +365,23 @@ def save_state(accelerator, output_dir=None, safe_serialization: bool = True, **
             written[name] = io.write_file(os.path.join(temp, name), write, rank)
     except Exception as error:  # noqa: BLE001 - reported to every rank below
         problem = error
-    reports = _all_gather(state, (None if problem is None else _describe(problem), written,
-                                  rank - accelerator.local_process_index))
-    if problem is not None:
+    reports = _all_gather(state, (None if problem is None else _describe(problem), sorted(written)))
+    if any(error for error, _ in reports):
         if writer:
             io.remove_tree(temp)
-        raise CheckpointError(f"save_state({target}) failed on rank {rank}: {_describe(problem)}") from problem
-    _raise_failures([r[0] for r in reports], f"save_state({target})")
+        if problem is not None:
+            raise CheckpointError(f"save_state({target}) failed on rank {rank}: {_describe(problem)}") from problem
+        _raise_failures([error for error, _ in reports], f"save_state({target})")
 
-    # 4. Commit, rotate, and let nobody return before the checkpoint exists.
+    # 4. Commit, rotate, and let nobody return before the checkpoint exists. The marker lists every file in
+    # the folder (on this machine's disk, with save_on_each_node), including any a hook wrote.
     problem = None
     if writer:
         try:
-            my_node = rank - accelerator.local_process_index
-            files = {}
-            for _, rank_files, node in reports:
-                if not config.save_on_each_node or node == my_node:
-                    files.update(rank_files)
+            reported = {name for _, names in reports for name in names}
+            files = _sizes_under(temp, "")
+            if set(files) - reported:
+                io.fsync_tree(temp)
             io.fsync_dir(temp)
             io.crash_point(rank)
             _commit(temp, target, files, config.iteration, accelerator.num_processes, rank)
@@ -394,7 +398,8 @@ def save_state(accelerator, output_dir=None, safe_serialization: bool = True, **
 
 
 def _sizes_under(folder: str, name: str) -> dict:
-    path = os.path.join(folder, name)
+    """{path relative to folder: size} for a file, or for every file under a folder ("" = all of `folder`)."""
+    path = os.path.join(folder, name) if name else folder
     if os.path.isfile(path):
         return {name: os.path.getsize(path)}
     sizes = {}
@@ -481,7 +486,11 @@ def _load_gradients(accelerator, folder: str) -> None:
     for i, model in enumerate(accelerator._models):
         for name, param in model.named_parameters():
             grad = saved.get(f"{i}.{name}")
-            if grad is not None:
+            if grad is None:
+                continue
+            if param.grad is not None and param.grad.shape == grad.shape:
+                param.grad.copy_(grad)  # in place: DDP's gradient_as_bucket_view keeps .grad a bucket view
+            else:
                 param.grad = grad.to(device=param.device, dtype=param.dtype)
 
 
