@@ -32,15 +32,6 @@ def build(size_mb: int):
     return model, optimizer
 
 
-def best_of(repeats: int, function):
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        function()
-        times.append(time.perf_counter() - start)
-    return min(times)
-
-
 def raw_torch(model, optimizer, folder, fsync: bool):
     def save():
         for name, obj in (("model.bin", model.state_dict()), ("optimizer.bin", optimizer.state_dict())):
@@ -73,34 +64,37 @@ def main():
     state_bytes = sum(v.numel() * v.element_size() for s in optimizer.state.values() for v in s.values()
                       if isinstance(v, torch.Tensor))
     print(f"model {tensor_bytes / 1e6:.0f} MB + AdamW state {state_bytes / 1e6:.0f} MB, best of {args.repeats}")
+    import hasten
+
+    accelerator = hasten.Accelerator()
+    accelerator.prepare(model, optimizer)
     root = tempfile.mkdtemp(prefix="hasten-bench-", dir=args.dir)
-    results = {}
+    contenders = {
+        "raw torch": lambda folder: raw_torch(model, optimizer, folder, fsync=False),
+        "raw + fsync": lambda folder: raw_torch(model, optimizer, folder, fsync=True),
+        "hasten": lambda folder: library(accelerator, folder),
+    }
     try:
-        for label, fsync in (("raw torch", False), ("raw + fsync", True)):
-            folder = os.path.join(root, label.replace(" ", "_").replace("+", "plus"))
-            os.makedirs(folder)
-            save, load = raw_torch(model, optimizer, folder, fsync)
-            results[label] = (best_of(args.repeats, save), best_of(args.repeats, load))
-            shutil.rmtree(folder)
-
-        import hasten
-
-        accelerator = hasten.Accelerator()
-        prepared_model, prepared_optimizer = accelerator.prepare(model, optimizer)
-        save, load = library(accelerator, os.path.join(root, "hasten"))
-        results["hasten"] = (best_of(args.repeats, save), best_of(args.repeats, load))
-        shutil.rmtree(os.path.join(root, "hasten"))
-        accelerator.free_memory()
-
-        try:
-            import accelerate
-        except ImportError:
-            print("(accelerate not installed: pip install accelerate==1.15.0 to compare)")
-        else:
-            other = accelerate.Accelerator()
-            other.prepare(model, optimizer)
-            save, load = library(other, os.path.join(root, "accelerate"))
-            results[f"accelerate {accelerate.__version__}"] = (best_of(args.repeats, save), best_of(args.repeats, load))
+        import accelerate
+    except ImportError:
+        print("(accelerate not installed: pip install accelerate==1.15.0 to compare)")
+    else:
+        other = accelerate.Accelerator()
+        other.prepare(model, optimizer)
+        contenders[f"accelerate {accelerate.__version__}"] = lambda folder: library(other, folder)
+    # Rounds of every contender in turn, best time of each kept: no one always goes first.
+    results = {label: [float("inf"), float("inf")] for label in contenders}
+    try:
+        for _ in range(args.repeats):
+            for label, make in contenders.items():
+                folder = os.path.join(root, label.replace(" ", "_").replace("+", "plus"))
+                os.makedirs(folder, exist_ok=True)
+                save, load = make(folder)
+                for slot, function in enumerate((save, load)):
+                    start = time.perf_counter()
+                    function()
+                    results[label][slot] = min(results[label][slot], time.perf_counter() - start)
+                shutil.rmtree(folder)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
