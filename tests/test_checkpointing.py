@@ -94,6 +94,10 @@ def test_layout_and_round_trip(tmp_path):
     _step(accelerator, model, optimizer, scheduler)
     assert accelerator.save_state(folder) == folder
     assert not [n for n in os.listdir(tmp_path) if n.startswith(".")]
+    # A crash between moving the old checkpoint aside and moving the new one in is repaired on load.
+    os.rename(folder, tmp_path / ".ckpt.hasten-old-0123456789ab")
+    accelerator.load_state(folder)
+    assert os.listdir(tmp_path) == ["ckpt"]
 
 
 def test_automatic_naming_rotation_and_iteration(tmp_path):
@@ -221,6 +225,10 @@ def test_hooks_and_overwrite_of_a_shared_folder(tmp_path):
     assert (folder / "notes.txt").read_text() == "user file"
     assert (folder / "extra" / "hook.txt").read_text() == "from the hook"
     assert "extra/hook.txt" in json.loads((folder / "hasten_checkpoint.json").read_text())["files"]
+
+    # Saving again into it: still merged in (never replaced whole), so the user's file survives.
+    accelerator.save_state(folder)
+    assert (folder / "notes.txt").read_text() == "user file"
 
     accelerator.register_load_state_pre_hook(load_hook)
     before = {k: v.clone() for k, v in model.state_dict().items()}

@@ -284,7 +284,7 @@ def _commit(temp: str, target: str, files: dict, iteration, num_processes: int, 
         io.fsync_dir(parent)
         io.crash_point(rank)
         return
-    if io.read_marker(target) is not None or not os.listdir(target):
+    if _holds_only_a_checkpoint(target):
         # Replace a previous hasten checkpoint: move it aside, move the new one in, then delete the old one.
         # A crash between the two renames is repaired by `_recover` on the next save or load.
         old = os.path.join(parent, f".{os.path.basename(target)}{io.OLD_TAG}{os.path.basename(temp)[-12:]}")
@@ -311,6 +311,21 @@ def _commit(temp: str, target: str, files: dict, iteration, num_processes: int, 
     os.replace(os.path.join(temp, io.MARKER_NAME), os.path.join(target, io.MARKER_NAME))
     io.fsync_dir(target)
     io.remove_tree(temp)
+
+
+def _holds_only_a_checkpoint(folder: str) -> bool:
+    """True for an empty folder or a hasten checkpoint with nothing else in it: safe to replace whole."""
+    entries = set(os.listdir(folder))
+    if not entries:
+        return True
+    try:
+        marker = io.read_marker(folder)
+    except CheckpointError:
+        return False
+    if marker is None:
+        return False
+    listed = {name.split("/", 1)[0] for name in marker.get("files", {})} | {io.MARKER_NAME}
+    return entries <= listed
 
 
 def save_state(accelerator, output_dir=None, safe_serialization: bool = True, **save_model_func_kwargs) -> str:
