@@ -264,17 +264,18 @@ def test_killed_at_every_point_of_a_save_leaves_a_loadable_checkpoint(tmp_path):
     result = subprocess.run([sys.executable, str(SCRIPTS / "ckpt_crash.py"), str(tmp_path), "--all"],
                             capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr
-    trials = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
-    assert len(trials) >= 15, result.stdout
-    assert [t["status"] for t in trials[:-1]] == ["killed"] * (len(trials) - 1), result.stdout + result.stderr
-    assert trials[-1]["status"] == "ok", result.stdout + result.stderr
-    for t in trials:
-        assert t["broken"] == [], t  # nothing visible is ever a partial checkpoint
-        assert all(name.startswith(".") for name in t["hidden"])
-    assert trials[-1]["hidden"] == []  # stale temporary folders were cleaned up by the next save
-    # Every trial after the first loaded the newest complete checkpoint: the counter never goes back.
-    loaded = [int(v) for v in (tmp_path / "loaded_0.log").read_text().split()]
-    assert loaded == sorted(loaded) and loaded[-1] >= 1
+    for mode in ("automatic", "fixed"):  # new folder per save / every save replaces the same folder
+        trials = [json.loads(line) for line in result.stdout.splitlines() if line.startswith('{"mode": "' + mode)]
+        assert len(trials) >= 15, result.stdout
+        assert [t["status"] for t in trials[:-1]] == ["killed"] * (len(trials) - 1), result.stdout + result.stderr
+        assert trials[-1]["status"] == "ok", result.stdout + result.stderr
+        for t in trials:
+            assert t["broken"] == [], t  # nothing visible is ever a partial checkpoint
+            assert all(name.startswith(".") for name in t["hidden"])
+        assert trials[-1]["hidden"] == []  # stale temporary folders were cleaned up by the next save
+        # Every trial after the first loaded the newest complete checkpoint: the counter never goes back.
+        loaded = [int(v) for v in (tmp_path / mode / "loaded_0.log").read_text().split()]
+        assert len(loaded) == len(trials) and loaded == sorted(loaded) and loaded[-1] >= 1
 
 
 def test_killed_during_a_two_process_save(tmp_path):

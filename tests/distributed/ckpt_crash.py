@@ -3,7 +3,8 @@
     ckpt_crash.py WORKDIR            one trial (through `hasten launch` for several processes); the caller sets
                                      HASTEN_TEST_CRASH_AT / HASTEN_TEST_CRASH_RANK to pick the kill point
     ckpt_crash.py WORKDIR --all      one process: a forked child per crash point 1, 2, 3, ... until a save runs
-                                     through; prints one JSON line per trial
+                                     through, once with automatic naming (WORKDIR/automatic) and once saving
+                                     over one folder (WORKDIR/fixed); prints one JSON line per trial
 Every checkpoint n holds weights all equal to n and a counter equal to n, so a half-written or mixed checkpoint
 cannot pass the check. Children are forked from a parent that only imported torch (it runs no torch ops), so
 each trial costs a fork rather than a Python start.
@@ -30,9 +31,11 @@ class Counter:
         self.value = state["value"]
 
 
-def trial(workdir):
+def trial(workdir, fixed: bool = False):
+    """fixed=False: automatic naming (a new folder per save, rotation); True: every save replaces one folder."""
     accelerator = Accelerator(project_config=ProjectConfiguration(
-        project_dir=workdir, automatic_checkpoint_naming=True, total_limit=2))
+        project_dir=workdir, automatic_checkpoint_naming=not fixed, total_limit=None if fixed else 2))
+    folder = os.path.join(workdir, "checkpoints", "fixed") if fixed else None
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1)
@@ -40,13 +43,13 @@ def trial(workdir):
     counter = Counter()
     accelerator.register_for_checkpointing(counter)
     if os.path.isdir(os.path.join(workdir, "checkpoints")):
-        accelerator.load_state()
+        accelerator.load_state(folder)  # None: the newest complete one
         n = counter.value
         for p in model.parameters():
             assert torch.all(p == n), f"rank {accelerator.process_index}: weights are not all {n}"
             assert torch.all(optimizer.state[p]["momentum_buffer"] == n), "optimizer state does not match"
         assert scheduler.scheduler.last_epoch == n, "scheduler state does not match"
-        assert accelerator.project_configuration.iteration > n
+        assert fixed or accelerator.project_configuration.iteration > n
         print(f"LOADED {n} on rank {accelerator.process_index}", flush=True)
         with open(os.path.join(workdir, f"loaded_{accelerator.process_index}.log"), "a") as log:
             log.write(f"{n}\n")
@@ -57,7 +60,7 @@ def trial(workdir):
             optimizer.state[p]["momentum_buffer"] = torch.full_like(p, n)
     scheduler.scheduler.last_epoch = n
     counter.value = n
-    path = accelerator.save_state()
+    path = accelerator.save_state(folder)
     print(f"SAVED {n} {path}", flush=True)
     accelerator.end_training()
 
@@ -68,28 +71,31 @@ def all_points(workdir):
 
     from hasten import checkpoint_io, checkpointing  # noqa: F401
 
-    trial_in_child(workdir, None)  # the checkpoint every crash must leave intact (or replace whole)
-    point = 1
-    while True:
-        status = trial_in_child(workdir, point)
-        root = os.path.join(workdir, "checkpoints")
-        visible = sorted(n for n in os.listdir(root) if not n.startswith("."))
-        broken = [n for n in visible if not checkpoint_io.is_complete(os.path.join(root, n))]
-        print(json.dumps({"point": point, "status": status, "visible": visible, "broken": broken,
-                          "hidden": sorted(set(os.listdir(root)) - set(visible))}), flush=True)
-        if status != "killed" or point > 200:
-            return
-        point += 1
+    for mode in ("automatic", "fixed"):
+        folder = os.path.join(workdir, mode)
+        fixed = mode == "fixed"
+        trial_in_child(folder, None, fixed)  # the checkpoint every crash must leave intact (or replace whole)
+        point = 1
+        while True:
+            status = trial_in_child(folder, point, fixed)
+            root = os.path.join(folder, "checkpoints")
+            visible = sorted(n for n in os.listdir(root) if not n.startswith("."))
+            broken = [n for n in visible if not checkpoint_io.is_complete(os.path.join(root, n))]
+            print(json.dumps({"mode": mode, "point": point, "status": status, "visible": visible, "broken": broken,
+                              "hidden": sorted(set(os.listdir(root)) - set(visible))}), flush=True)
+            if status != "killed" or point > 200:
+                break
+            point += 1
 
 
-def trial_in_child(workdir, crash_at):
+def trial_in_child(workdir, crash_at, fixed=False):
     pid = os.fork()
     if pid == 0:
         code = 0
         try:
             if crash_at is not None:
                 os.environ["HASTEN_TEST_CRASH_AT"] = str(crash_at)
-            trial(workdir)
+            trial(workdir, fixed)
         except BaseException:  # noqa: BLE001 - report and leave with a failure code
             import traceback
 
