@@ -33,6 +33,7 @@ _EXPORTS = {
     "synchronize_rng_states": "hasten.rng",
     "set_seed": "hasten.rng",
     "get_logger": "hasten.logging",
+    "load_checkpoint_in_model": "hasten.modeling",
 }
 
 __all__ = ["__version__", *_EXPORTS]
