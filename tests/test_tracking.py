@@ -15,7 +15,6 @@ from hasten.enums import LoggerType
 from hasten.state import PartialState
 from hasten.tracking import (
     GeneralTracker,
-    JSONLinesTracker,
     TrackerError,
     TrackerSession,
     filter_trackers,
@@ -306,7 +305,7 @@ def test_unfinished_session_is_closed_at_exit(tmp_path):
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert result.returncode == 1 and "training crashed" in result.stderr
     assert (tmp_path / "closed").exists()
-    assert JSONLinesTracker.name == "jsonl"
+    assert (tmp_path / "run" / "metrics.jsonl").read_text().count("\n") == 1
 
 
 def test_two_processes_run_main_only_trackers_on_rank_zero_only(tmp_path):
@@ -370,3 +369,23 @@ def test_all_without_a_logging_dir_skips_directory_trackers_with_a_warning():
     with pytest.warns(UserWarning, match="need a logging directory"):
         kept = filter_trackers("all", None)
     assert kept == [kind for kind in get_available_trackers() if kind not in needs_dir]
+
+
+def test_config_may_be_a_dataclass_or_namespace(state):
+    import argparse
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Hyper:
+        lr: float = 0.1
+        layers: tuple = (2, 3)
+
+    for config, expected in ((Hyper(), {"lr": 0.1, "layers": (2, 3)}),
+                             (argparse.Namespace(lr=0.2), {"lr": 0.2})):
+        tracker = RecordingTracker()
+        session = TrackerSession([tracker], None)
+        session.start("p", config=config)
+        assert tracker.calls[2] == ("config", expected)
+        session.finish()
+    with pytest.raises(ValueError, match="config must be a dict"):
+        TrackerSession([RecordingTracker()], None).start("p", config=[1, 2])

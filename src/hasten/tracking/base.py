@@ -10,12 +10,9 @@ import enum
 import functools
 import importlib
 import importlib.util
-import logging
 import warnings
 from collections.abc import Mapping
 from pathlib import PurePath
-
-logger = logging.getLogger(__name__)
 
 # name -> (module under hasten.tracking, class name, importable module that must exist, pip extra)
 _BUILTIN = {
