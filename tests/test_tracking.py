@@ -308,10 +308,15 @@ def test_unfinished_session_is_closed_at_exit(tmp_path):
     assert (tmp_path / "run" / "metrics.jsonl").read_text().count("\n") == 1
 
 
-def test_two_processes_run_main_only_trackers_on_rank_zero_only(tmp_path):
+@pytest.mark.parametrize("crash", [False, True], ids=["end_training", "crash"])
+def test_two_processes_run_main_only_trackers_on_rank_zero_only(tmp_path, crash):
+    """Through the Accelerator in 2 processes; with `crash`, rank 0 raises instead of calling end_training
+    and its trackers are still closed (at exit)."""
     from launching import launch
 
-    launch("tracking_session.py", tmp_path)
+    result = launch("tracking_session.py", tmp_path, *(["crash"] if crash else []), check=not crash)
+    if crash:
+        assert result.returncode != 0 and "training crashed before end_training" in result.stderr
     rank0 = json.loads((tmp_path / "rank0.json").read_text())
     rank1 = json.loads((tmp_path / "rank1.json").read_text())
     assert rank0["trackers"] == ["decorated", "every_rank", "jsonl", "main_only"]

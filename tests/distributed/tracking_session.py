@@ -1,8 +1,10 @@
 """Which process runs which tracker, through `Accelerator(log_with=...)` in 2 processes.
 
-Usage: tracking_session.py OUT_DIR. Each rank writes OUT_DIR/rank<i>.json with the calls its trackers got.
+Usage: tracking_session.py OUT_DIR [crash]. Each rank writes OUT_DIR/rank<i>.json with the calls its trackers
+got. With `crash`, rank 0 raises after logging instead of calling `end_training()`.
 """
 
+import atexit
 import json
 import sys
 from pathlib import Path
@@ -11,6 +13,7 @@ from hasten import Accelerator
 from hasten.tracking import GeneralTracker, on_main_process, register_tracker_class
 
 out = Path(sys.argv[1])
+crash = sys.argv[2:] == ["crash"]
 calls = []
 
 
@@ -57,10 +60,20 @@ class Decorated(EveryRank):
 register_tracker_class(MainOnly)
 decorated = Decorated()
 accelerator = Accelerator(log_with=[EveryRank(), "main_only", decorated, "jsonl"], project_dir=out)
+names = []
+
+
+def dump():
+    # Registered before init_trackers, so at exit it runs after the session's own hook has closed the trackers.
+    (out / f"rank{accelerator.process_index}.json").write_text(json.dumps({"trackers": names, "calls": calls}))
+
+
+atexit.register(dump)
 accelerator.init_trackers("session", config={"lr": 0.5})
 accelerator.log({"loss": 1.0}, step=1)
 decorated.main_process_only = True  # decorated log now runs on the main process only
 accelerator.log({"loss": 0.5}, step=2)
-names = sorted(tracker.name for tracker in accelerator.trackers)
+names.extend(sorted(tracker.name for tracker in accelerator.trackers))
+if crash and accelerator.is_main_process:
+    raise RuntimeError("training crashed before end_training")
 accelerator.end_training()
-(out / f"rank{accelerator.process_index}.json").write_text(json.dumps({"trackers": names, "calls": calls}))
