@@ -7,8 +7,13 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 python=.venv/bin/python
 [ -x "$python" ] || { echo "no .venv: run scripts/setup.sh first" >&2; exit 1; }
+known=(tensorboard wandb mlflow aim dvclive clearml comet-ml swanlab trackio)
 libraries=("$@")
-[ ${#libraries[@]} -gt 0 ] || libraries=(tensorboard wandb mlflow aim dvclive clearml comet-ml swanlab trackio)
+[ ${#libraries[@]} -gt 0 ] || libraries=("${known[@]}")
+for library in "${libraries[@]}"; do
+  # pip only warns about an unknown extra and installs nothing, so check the names here.
+  [[ " ${known[*]} " == *" $library "* ]] || { echo "unknown tracker extra '$library'; choose from: ${known[*]}" >&2; exit 2; }
+done
 constraints=$(mktemp)
 trap 'rm -f "$constraints"' EXIT
 "$python" -c "import torch; print('torch==' + torch.__version__.split('+')[0])" > "$constraints"
