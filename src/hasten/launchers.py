@@ -13,6 +13,22 @@ from .enums import PrecisionType
 from .errors import ConfigError, LaunchError
 
 
+def _run_forked(function, *args):
+    """Body of each forked process: forget the parent's state, run, then tear the process group down."""
+    from .state import AcceleratorState, GradientState
+
+    # A fork copies the parent's shared state; this process is a different rank and must detect its own.
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    try:
+        return function(*args)
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+
+
 def _launch_function(function, args, nproc, env, *, master_addr, port, node_rank=0, num_nodes=1,
                      rdzv_backend="static", rdzv_endpoint="", rdzv_conf=None, rdzv_id="none",
                      max_restarts=0, monitor_interval=0.1, log_line_prefix_template=None):
@@ -40,7 +56,7 @@ def _launch_function(function, args, nproc, env, *, master_addr, port, node_rank
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
-        return elastic_launch(config, function)(*args)
+        return elastic_launch(config, _run_forked)(function, *args)
     except ChildFailedError as error:
         from .commands.launch import _describe_failures
 

@@ -77,6 +77,62 @@ def _init_process_group(cluster: environment.ClusterInfo, backend: str, kwargs: 
     # A gloo group left alive at interpreter exit aborts the process about half the time with torch 2.13;
     # tearing down what we set up makes a correct script exit 0 even if it never calls destroy_process_group.
     atexit.register(_destroy_default_group)
+    _record_uncaught_errors()
+
+
+# Substrings of the errors a rank sees when *another* rank died under it (gloo, NCCL, TCPStore).
+PEER_LOSS_MARKERS = (
+    "connection closed by peer", "connection reset by peer", "remote worker crash", "broken pipe",
+    "remote process exited", "communicator was aborted", "peer closed",
+)
+
+
+def _record_uncaught_errors() -> None:
+    """Under torchelastic, write an uncaught exception to the worker's error file with a precise time.
+
+    `hasten launch` reads these files to name the rank that failed *first*: when one rank dies, the others
+    fail a moment later inside a collective, and the exit order the agent observes is often the wrong way
+    round. torch's own `@record` writes the same file; a file it already wrote is left alone.
+    """
+    import sys
+
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not error_file or getattr(sys.excepthook, "_hasten_records", False):
+        return
+    previous = sys.excepthook
+
+    def excepthook(kind, value, tb):
+        try:
+            if not os.path.exists(error_file):
+                _write_error_file(error_file, kind, value, tb)
+        except Exception:  # noqa: BLE001 - never hide the user's error behind ours
+            pass
+        previous(kind, value, tb)
+
+    excepthook._hasten_records = True
+    sys.excepthook = excepthook
+
+
+def _write_error_file(path: str, kind, value, tb) -> None:
+    import json
+    import time
+    import traceback
+
+    now = time.time()
+    message = f"{kind.__name__}: {value}"
+    data = {
+        "message": {
+            "message": message,
+            "extraInfo": {
+                "py_callstack": "".join(traceback.format_exception(kind, value, tb)),
+                "timestamp": str(int(now)),
+                "hasten_time": repr(now),
+                "hasten_peer_loss": any(m in message.lower() for m in PEER_LOSS_MARKERS),
+            },
+        }
+    }
+    with open(path, "w") as file:
+        json.dump(data, file)
 
 
 def _destroy_default_group() -> None:
@@ -103,6 +159,14 @@ class PartialState(_SharedState):
         self.fork_launched = environment.parse_flag_from_env("FORK_LAUNCHED", False)
         if already:
             return
+        try:
+            self._initialize(cpu, kwargs)
+        except BaseException:
+            # A half-built state would look initialized to the next `PartialState()`; leave none instead.
+            self._shared_state.clear()
+            raise
+
+    def _initialize(self, cpu: bool, kwargs: dict) -> None:
         env = os.environ
         requested_backend = kwargs.pop("backend", None)
         kwargs.pop("_use_sagemaker_dp", None)
