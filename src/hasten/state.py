@@ -41,7 +41,8 @@ class _SharedState:
 
     def __getattr__(self, name):
         # Only reached when normal lookup failed: after a reset, say why instead of a bare AttributeError.
-        if name in type(self)._known_attrs:
+        # A property whose field is gone also lands here (its AttributeError is swallowed by Python).
+        if name in type(self)._known_attrs or (not self._shared_state and hasattr(type(self), name)):
             raise StateResetError(
                 f"`{type(self).__name__}.{name}` is gone: the state was reset and not created again. "
                 f"Build a new `{type(self).__name__}()` (or `Accelerator()`) after `_reset_state()`."
@@ -295,32 +296,36 @@ class PartialState(_SharedState):
         yield split_for_process(inputs, self.process_index, self.num_processes, apply_padding, self.device)
 
     # -- decorators ---------------------------------------------------------------------------------------
-    def _only_on(self, selected: bool, function):
+    def _only_on(self, is_selected, function):
+        """`function` itself where `is_selected(self)` (or when not distributed), else a do-nothing function.
+
+        Decided once, when the decorator is applied, as in Accelerate.
+        """
         if not self.initialized:
             raise ValueError("The state is not initialized: build a `PartialState()` or `Accelerator()` first.")
-        if selected or not self.use_distributed:
+        if not self.use_distributed or is_selected(self):
             return function
         return _no_op
 
     def on_main_process(self, function=None):
         """Run `function` only on the main process (others get a function that does nothing)."""
-        return self._only_on(self.is_main_process, function)
+        return self._only_on(lambda s: s.is_main_process, function)
 
     def on_local_main_process(self, function=None):
-        return self._only_on(self.is_local_main_process, function)
+        return self._only_on(lambda s: s.is_local_main_process, function)
 
     def on_last_process(self, function=None):
-        return self._only_on(self.is_last_process, function)
+        return self._only_on(lambda s: s.is_last_process, function)
 
     def on_process(self, function=None, process_index=None):
         if function is None:
             return partial(self.on_process, process_index=process_index)
-        return self._only_on(self.process_index == process_index, function)
+        return self._only_on(lambda s: s.process_index == process_index, function)
 
     def on_local_process(self, function=None, local_process_index=None):
         if function is None:
             return partial(self.on_local_process, local_process_index=local_process_index)
-        return self._only_on(self.local_process_index == local_process_index, function)
+        return self._only_on(lambda s: s.local_process_index == local_process_index, function)
 
     def print(self, *args, **kwargs) -> None:
         """`print` once per machine (on the local main process)."""

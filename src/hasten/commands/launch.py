@@ -322,7 +322,11 @@ def _failure_facts(failure) -> tuple[int, float, str]:
     code = failure.exitcode
     when = float(extra.get("hasten_time", failure.timestamp))
     if extra:
-        rank_kind = 3 if extra.get("hasten_peer_loss") else 0
+        from ..state import PEER_LOSS_MARKERS  # torch is loaded by now
+
+        # Files written by torch's own `@record` (function launchers) carry no flag: read the message.
+        lost_peer = extra.get("hasten_peer_loss") or any(m in message.lower() for m in PEER_LOSS_MARKERS)
+        rank_kind = 3 if lost_peer else 0
         if rank_kind == 3:
             what = "lost contact with a failed process"
         else:
