@@ -33,7 +33,7 @@ def launcher_lines(stderr: str) -> list[str]:
     [
         (["--no_such_flag", "x.py"], "unrecognized arguments: --no_such_flag"),
         (["--num_processes", "-2", "x.py"], "-2 is negative"),
-        (["--num_processes", "0", "x.py"], "0 is not allowed"),
+        (["--num_processes", "0", "x.py"], "0 is not allowed; give 1 or more"),
         (["--num_processes", "two", "x.py"], "'two' is not an integer"),
         (["--main_process_port", "70000", "x.py"], "not a TCP port"),
         (["--num_processes", "3", "--num_machines", "2", "--main_process_ip", "10.0.0.1", "x.py"], "divide evenly"),

@@ -52,9 +52,12 @@ def _non_negative_int(text):
 
 
 def _positive_int(text):
-    value = _non_negative_int(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError("0 is not allowed; give 1 or more")
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is {'negative' if value < 0 else 'not allowed'}; give 1 or more")
     return value
 
 
