@@ -1,0 +1,639 @@
+"""`Accelerator`: the facade a training script talks to. Each method is short and delegates to a room:
+state (who am I), backends (how the model is distributed), precision, data_loader, checkpointing, tracking.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import warnings
+from collections import OrderedDict
+
+import torch
+
+from . import operations
+from .backends import backend_name_for, create_backend
+from .config.dataclasses import (
+    AutocastKwargs,
+    DataLoaderConfiguration,
+    DistributedDataParallelKwargs,
+    GradientAccumulationPlugin,
+    GradScalerKwargs,
+    InitProcessGroupKwargs,
+    KwargsHandler,
+    ProfileKwargs,
+    ProjectConfiguration,
+    TorchDynamoPlugin,
+)
+from .enums import DistributedType, DynamoBackend
+from .environment import env_flag, env_value
+from .errors import ConfigError, NotSupportedYetError
+from .optimizer import AcceleratedOptimizer
+from .precision import MixedPrecision
+from .scheduler import AcceleratedScheduler
+from .state import AcceleratorState, GradientState, PartialState
+
+_NOT_PASSED = object()
+
+# kwargs handler class -> attribute of the Accelerator that holds it
+_HANDLER_SLOTS = {
+    DistributedDataParallelKwargs: "ddp_handler",
+    GradScalerKwargs: "scaler_handler",
+    InitProcessGroupKwargs: "init_handler",
+    AutocastKwargs: "autocast_handler",
+    ProfileKwargs: "profile_handler",
+}
+
+
+def _is_dataloader(obj) -> bool:
+    return isinstance(obj, torch.utils.data.DataLoader)
+
+
+def _is_scheduler(obj) -> bool:
+    return isinstance(obj, torch.optim.lr_scheduler.LRScheduler) or (
+        hasattr(obj, "step") and hasattr(obj, "optimizer") and hasattr(obj, "get_last_lr")
+        and not isinstance(obj, torch.optim.Optimizer)
+    )
+
+
+class Accelerator:
+    """Runs one plain PyTorch training loop on a CPU, one GPU, many GPUs or many machines."""
+
+    def __init__(
+        self,
+        device_placement: bool = True,
+        split_batches=_NOT_PASSED,
+        mixed_precision=None,
+        gradient_accumulation_steps: int = 1,
+        cpu: bool = False,
+        dataloader_config: DataLoaderConfiguration | None = None,
+        deepspeed_plugin=None,
+        fsdp_plugin=None,
+        torch_tp_plugin=None,
+        megatron_lm_plugin=None,
+        rng_types=None,
+        log_with=None,
+        project_dir=None,
+        project_config: ProjectConfiguration | None = None,
+        gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
+        step_scheduler_with_optimizer: bool = True,
+        kwargs_handlers: list | None = None,
+        dynamo_backend=None,
+        dynamo_plugin: TorchDynamoPlugin | None = None,
+        deepspeed_plugins=None,
+        parallelism_config=None,
+    ):
+        for name, value in (("deepspeed_plugin", deepspeed_plugin), ("deepspeed_plugins", deepspeed_plugins),
+                            ("torch_tp_plugin", torch_tp_plugin), ("megatron_lm_plugin", megatron_lm_plugin),
+                            ("parallelism_config", parallelism_config)):
+            if value is not None:
+                raise NotSupportedYetError(f"Accelerator({name}=...) is not supported by hasten yet")
+        if env_flag("USE_DEEPSPEED") or env_flag("USE_MEGATRON_LM"):
+            raise NotSupportedYetError("DeepSpeed and Megatron-LM are not supported by hasten yet (unset HASTEN_/ACCELERATE_USE_DEEPSPEED)")
+        if split_batches is not _NOT_PASSED:
+            warnings.warn(
+                "Accelerator(split_batches=...) is ignored (as in Accelerate); pass "
+                "dataloader_config=DataLoaderConfiguration(split_batches=...) instead",
+                FutureWarning, stacklevel=2,
+            )
+
+        self.project_configuration = project_config if project_config is not None else ProjectConfiguration(project_dir=project_dir)
+        if project_dir is not None and self.project_configuration.project_dir is None:
+            self.project_configuration.set_directories(project_dir)
+        self.dataloader_config = dataloader_config if dataloader_config is not None else DataLoaderConfiguration()
+
+        self._set_handlers(kwargs_handlers or [])
+        if dynamo_backend is not None and dynamo_plugin is not None:
+            raise ConfigError("pass either dynamo_backend or dynamo_plugin to Accelerator, not both")
+        dynamo_plugin = dynamo_plugin or TorchDynamoPlugin(backend=dynamo_backend)
+        if fsdp_plugin is not None or env_flag("USE_FSDP"):
+            fsdp_plugin = self._fsdp_plugin(fsdp_plugin)
+
+        init_kwargs = self.init_handler.to_kwargs() if self.init_handler is not None else {}
+        self.state = AcceleratorState(
+            mixed_precision=mixed_precision, cpu=cpu, dynamo_plugin=dynamo_plugin, fsdp_plugin=fsdp_plugin,
+            _from_accelerator=True, **init_kwargs,
+        )
+
+        steps_from_env = env_value("GRADIENT_ACCUMULATION_STEPS")
+        if steps_from_env is not None:  # the launcher's value wins, as in Accelerate
+            gradient_accumulation_steps = int(steps_from_env)
+        if gradient_accumulation_plugin is not None:
+            if gradient_accumulation_steps != 1:
+                raise ConfigError(
+                    "pass either gradient_accumulation_steps or gradient_accumulation_plugin, not both "
+                    "(set GradientAccumulationPlugin(num_steps=...) instead)"
+                )
+        else:
+            if not isinstance(gradient_accumulation_steps, int) or gradient_accumulation_steps < 1:
+                raise ConfigError(f"gradient_accumulation_steps must be a positive integer, got {gradient_accumulation_steps!r}")
+            gradient_accumulation_plugin = GradientAccumulationPlugin(num_steps=gradient_accumulation_steps)
+        self.gradient_state = GradientState(gradient_accumulation_plugin=gradient_accumulation_plugin)
+
+        self.device_placement = device_placement
+        self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
+        self.rng_types = ["generator"] if rng_types is None else list(rng_types)
+        self.precision = MixedPrecision(self.state.mixed_precision, self.device, self.autocast_handler, self.scaler_handler)
+        self.scaler = self.precision.scaler
+        self.native_amp = self.precision.native_amp
+        self.fp8_enabled = False
+        self.has_lomo_optimizer = False
+        self.flag_tensor = None
+        self.step = 0
+        self._models, self._optimizers, self._schedulers, self._dataloaders = [], [], [], []
+        self._custom_objects = []
+        self._save_model_state_pre_hook = OrderedDict()
+        self._load_model_state_pre_hook = OrderedDict()
+        backend_name = backend_name_for(self.distributed_type, self.num_processes)
+        self._backend = create_backend(backend_name, self.state, ddp_kwargs=self.ddp_handler, plugin=fsdp_plugin)
+        self.log_with = log_with
+        self._tracking = None
+        if log_with is not None:
+            from .tracking import TrackerSession, filter_trackers
+
+            self.log_with = filter_trackers(log_with, self.logging_dir)
+            self._tracking = TrackerSession(self.log_with, self.logging_dir)
+
+    def _set_handlers(self, handlers) -> None:
+        for slot in _HANDLER_SLOTS.values():
+            setattr(self, slot, None)
+        for handler in handlers:
+            if not isinstance(handler, KwargsHandler):
+                raise ConfigError(f"kwargs_handlers takes KwargsHandler objects; got {type(handler).__name__}")
+            slot = _HANDLER_SLOTS.get(type(handler))
+            if slot is None:
+                raise ConfigError(
+                    f"{type(handler).__name__} is not a kwargs handler Accelerator(kwargs_handlers=...) accepts; "
+                    f"accepted: {', '.join(c.__name__ for c in _HANDLER_SLOTS)}"
+                )
+            if getattr(self, slot) is not None:
+                raise ConfigError(f"only one {type(handler).__name__} may be passed in kwargs_handlers")
+            setattr(self, slot, handler)
+
+    @staticmethod
+    def _fsdp_plugin(plugin):
+        try:
+            from .config.fsdp import FullyShardedDataParallelPlugin
+        except ImportError:
+            raise NotSupportedYetError("FSDP is not supported by this version of hasten yet") from None
+        if plugin is None:
+            return FullyShardedDataParallelPlugin()
+        if not isinstance(plugin, FullyShardedDataParallelPlugin):
+            raise TypeError(f"fsdp_plugin must be a FullyShardedDataParallelPlugin, got {type(plugin).__name__}")
+        return plugin
+
+    # -- who am I -------------------------------------------------------------------------------------------
+    device = property(lambda self: self.state.device)
+    distributed_type = property(lambda self: self.state.distributed_type)
+    num_processes = property(lambda self: self.state.num_processes)
+    process_index = property(lambda self: self.state.process_index)
+    local_process_index = property(lambda self: self.state.local_process_index)
+    is_main_process = property(lambda self: self.state.is_main_process)
+    is_local_main_process = property(lambda self: self.state.is_local_main_process)
+    is_last_process = property(lambda self: self.state.is_last_process)
+    use_distributed = property(lambda self: self.state.use_distributed)
+    mixed_precision = property(lambda self: self.state.mixed_precision)
+    is_fsdp2 = property(lambda self: self.state.is_fsdp2)
+    should_save_model = property(lambda self: True)
+
+    @property
+    def multi_device(self) -> bool:
+        return self.use_distributed and self.distributed_type not in (DistributedType.MULTI_CPU, DistributedType.NO)
+
+    split_batches = property(lambda self: self.dataloader_config.split_batches)
+    dispatch_batches = property(lambda self: self.dataloader_config.dispatch_batches)
+    use_seedable_sampler = property(lambda self: self.dataloader_config.use_seedable_sampler)
+    non_blocking = property(lambda self: self.dataloader_config.non_blocking)
+    use_stateful_dataloader = property(lambda self: self.dataloader_config.use_stateful_dataloader)
+
+    @property
+    def even_batches(self) -> bool:
+        return self.dataloader_config.even_batches
+
+    @even_batches.setter
+    def even_batches(self, value: bool) -> None:
+        self.dataloader_config.even_batches = value
+
+    project_dir = property(lambda self: self.project_configuration.project_dir)
+    logging_dir = property(lambda self: self.project_configuration.logging_dir)
+    save_iteration = property(lambda self: self.project_configuration.iteration)
+
+    @property
+    def sync_gradients(self) -> bool:
+        return self.gradient_state.sync_gradients
+
+    @sync_gradients.setter
+    def sync_gradients(self, value: bool) -> None:
+        self.gradient_state.sync_gradients = value
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        return self.gradient_state.num_steps
+
+    @gradient_accumulation_steps.setter
+    def gradient_accumulation_steps(self, steps: int) -> None:
+        self.gradient_state.plugin_kwargs = {**self.gradient_state.plugin_kwargs, "num_steps": steps}
+
+    @property
+    def optimizer_step_was_skipped(self) -> bool:
+        return any(opt.step_was_skipped for opt in self._optimizers)
+
+    @property
+    def trackers(self) -> list:
+        return self._tracking.trackers if self._tracking is not None else []
+
+    # -- prepare --------------------------------------------------------------------------------------------
+    def prepare(self, *args, device_placement=None):
+        """Wrap each object for this run and return them in the same order (one object comes back bare)."""
+        if device_placement is None:
+            device_placement = [None] * len(args)
+        elif len(device_placement) != len(args):
+            raise ConfigError(
+                f"device_placement has {len(device_placement)} entries but prepare() got {len(args)} objects"
+            )
+        for obj in args:
+            if isinstance(obj, type) and issubclass(obj, (torch.nn.Module, torch.optim.Optimizer, torch.utils.data.DataLoader)):
+                raise TypeError(f"prepare() got the class {obj.__name__}, not an instance: did you forget `()`?")
+        result = list(args)
+        models = [(i, o) for i, o in enumerate(args) if isinstance(o, torch.nn.Module)]
+        optimizers = [(i, o) for i, o in enumerate(args) if isinstance(o, torch.optim.Optimizer)]
+        self._backend.prepare_together([o for _, o in models], [o for _, o in optimizers])
+        # Pass 1: everything but schedulers (they must find their wrapped optimizer in pass 2).
+        for i, obj in enumerate(args):
+            if not _is_scheduler(obj):
+                result[i] = self._prepare_one(obj, device_placement[i])
+        for i, obj in enumerate(args):
+            if _is_scheduler(obj):
+                result[i] = self._prepare_one(obj, device_placement[i])
+        return result[0] if len(result) == 1 else tuple(result)
+
+    def _prepare_one(self, obj, device_placement=None):
+        if getattr(obj, "_is_accelerate_prepared", False):
+            return obj
+        if _is_dataloader(obj):
+            return self.prepare_data_loader(obj, device_placement=device_placement)
+        if isinstance(obj, torch.nn.Module):
+            return self.prepare_model(obj, device_placement=device_placement)
+        if isinstance(obj, torch.optim.Optimizer):
+            return self.prepare_optimizer(obj, device_placement=device_placement)
+        if _is_scheduler(obj):
+            return self.prepare_scheduler(obj)
+        return obj
+
+    def prepare_model(self, model: torch.nn.Module, device_placement=None, evaluation_mode: bool = False):
+        """Move a model to the device, apply mixed precision to its forward, and wrap it for the backend."""
+        if getattr(model, "_is_accelerate_prepared", False):
+            if model not in self._models:
+                self._models.append(model)
+            return model
+        if device_placement is None:
+            device_placement = self.device_placement
+        if any(p.is_meta for p in model.parameters()) and device_placement:
+            raise ConfigError("prepare() got a model with parameters on the meta device; load its weights first")
+        self.precision.wrap_forward(model)
+        model = self._backend.prepare_model(model, device_placement=device_placement, evaluation_mode=evaluation_mode)
+        plugin = self.state.dynamo_plugin
+        if plugin is not None and plugin.backend != DynamoBackend.NO and not _is_compiled(model):
+            model = torch.compile(model, **plugin.to_kwargs())
+        model._is_accelerate_prepared = True
+        self._models.append(model)
+        return model
+
+    def prepare_optimizer(self, optimizer, device_placement=None):
+        if getattr(optimizer, "_is_accelerate_prepared", False):
+            if optimizer not in self._optimizers:
+                self._optimizers.append(optimizer)
+            return optimizer
+        if device_placement is None:
+            device_placement = self.device_placement
+        wrapped = AcceleratedOptimizer(optimizer, device_placement=device_placement, scaler=self.scaler)
+        wrapped._is_accelerate_prepared = True
+        self._optimizers.append(wrapped)
+        return wrapped
+
+    def prepare_scheduler(self, scheduler):
+        if getattr(scheduler, "_is_accelerate_prepared", False):
+            if scheduler not in self._schedulers:
+                self._schedulers.append(scheduler)
+            return scheduler
+        target = getattr(scheduler, "optimizer", None)
+        owners = [opt for opt in self._optimizers if opt.optimizer is target]
+        if target is not None and not owners:
+            raise ConfigError(
+                f"prepare() got a {type(scheduler).__name__} whose optimizer was not prepared: pass the optimizer "
+                "to prepare() as well (in the same call or before)"
+            )
+        wrapped = AcceleratedScheduler(
+            scheduler, owners or self._optimizers, step_with_optimizer=self.step_scheduler_with_optimizer,
+            split_batches=self.split_batches,
+        )
+        wrapped._is_accelerate_prepared = True
+        self._schedulers.append(wrapped)
+        return wrapped
+
+    def prepare_data_loader(self, data_loader, device_placement=None, slice_fn_for_dispatch=None):
+        from .data_loader import prepare_data_loader
+
+        if getattr(data_loader, "_is_accelerate_prepared", False):
+            if data_loader not in self._dataloaders:
+                self._dataloaders.append(data_loader)
+            return data_loader
+        if device_placement is None:
+            device_placement = self.device_placement
+        config = self.dataloader_config
+        prepared = prepare_data_loader(
+            data_loader, self.device, num_processes=self.num_processes, process_index=self.process_index,
+            split_batches=config.split_batches, put_on_device=device_placement, rng_types=list(self.rng_types),
+            dispatch_batches=config.dispatch_batches, even_batches=config.even_batches,
+            slice_fn_for_dispatch=slice_fn_for_dispatch, use_seedable_sampler=config.use_seedable_sampler,
+            data_seed=config.data_seed, non_blocking=config.non_blocking,
+            use_stateful_dataloader=config.use_stateful_dataloader,
+        )
+        prepared._is_accelerate_prepared = True
+        self._dataloaders.append(prepared)
+        return prepared
+
+    def skip_first_batches(self, dataloader, num_batches: int = 0):
+        from .data_loader import skip_first_batches
+
+        return skip_first_batches(dataloader, num_batches=num_batches)
+
+    # -- the training step ----------------------------------------------------------------------------------
+    def backward(self, loss, **kwargs):
+        """`loss.backward()`, divided by the accumulation steps and scaled for fp16."""
+        steps = self.gradient_accumulation_steps
+        if steps != 1:
+            loss = loss / steps
+        self._backend.backward(loss, scaler=self.scaler, **kwargs)
+
+    def _do_sync(self) -> None:
+        state = self.gradient_state
+        if state.sync_with_dataloader and state.end_of_dataloader:
+            self.step = 0
+            state.sync_gradients = True
+        else:
+            self.step += 1
+            state.sync_gradients = self.step % state.num_steps == 0
+
+    def accumulate(self, *models):
+        """One micro-step: gradients synchronise (and optimizers step) only on the last of each window."""
+        return _AccumulationStep(self, models)
+
+    def no_sync(self, model):
+        """Context in which backward accumulates gradients locally, without all-reducing them."""
+        if not self.use_distributed:
+            return contextlib.nullcontext()
+        return self._backend.no_sync(model)
+
+    def trigger_sync_in_backward(self, model):
+        return self._backend.trigger_sync_in_backward(model)
+
+    def autocast(self, autocast_handler: AutocastKwargs | None = None):
+        return self.precision.autocast(autocast_handler)
+
+    def unscale_gradients(self, optimizer=None):
+        if self.scaler is None:
+            return
+        optimizers = self._optimizers if optimizer is None else (optimizer if isinstance(optimizer, (list, tuple)) else [optimizer])
+        for opt in optimizers:
+            self.scaler.unscale_(getattr(opt, "optimizer", opt))
+
+    def clip_grad_norm_(self, parameters, max_norm, norm_type=2):
+        """Unscale fp16 gradients, then clip them; returns the total norm.
+
+        Between synchronisation steps with fp16 nothing is done (returns None): unscaling a partial sum
+        would corrupt the accumulated gradients and make the next unscale fail.
+        """
+        if self.scaler is not None and not self.sync_gradients:
+            return None
+        self.unscale_gradients()
+        return self._backend.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+
+    def clip_grad_value_(self, parameters, clip_value):
+        if not self._backend.supports_clip_grad_value:
+            raise NotSupportedYetError(f"clip_grad_value_ is not available with the {self._backend.name} backend; use clip_grad_norm_")
+        if self.scaler is not None and not self.sync_gradients:
+            return None
+        self.unscale_gradients()
+        torch.nn.utils.clip_grad_value_(parameters, clip_value)
+
+    # -- collectives and process control --------------------------------------------------------------------
+    def gather(self, tensor):
+        return operations.gather(tensor)
+
+    def gather_for_metrics(self, input_data, use_gather_object: bool = False):
+        from .data_loader import gather_for_metrics
+
+        return gather_for_metrics(input_data, use_gather_object=use_gather_object)
+
+    def reduce(self, tensor, reduction: str = "sum", scale: float = 1.0):
+        return operations.reduce(tensor, reduction=reduction, scale=scale)
+
+    def pad_across_processes(self, tensor, dim: int = 0, pad_index: int = 0, pad_first: bool = False):
+        return operations.pad_across_processes(tensor, dim=dim, pad_index=pad_index, pad_first=pad_first)
+
+    def wait_for_everyone(self):
+        self.state.wait_for_everyone()
+
+    def main_process_first(self):
+        return self.state.main_process_first()
+
+    def local_main_process_first(self):
+        return self.state.local_main_process_first()
+
+    def split_between_processes(self, inputs, apply_padding: bool = False):
+        return self.state.split_between_processes(inputs, apply_padding=apply_padding)
+
+    def print(self, *args, **kwargs):
+        self.state.print(*args, **kwargs)
+
+    def _run_if(self, selected, function):
+        """Decorator whose target process is decided at call time; other processes get None."""
+        @functools.wraps(function)
+        def wrapper(*args, **kwargs):
+            if selected() or not self.use_distributed:
+                return function(*args, **kwargs)
+            return None
+
+        return wrapper
+
+    def on_main_process(self, function=None):
+        return self._run_if(lambda: self.is_main_process, function)
+
+    def on_local_main_process(self, function=None):
+        return self._run_if(lambda: self.is_local_main_process, function)
+
+    def on_last_process(self, function=None):
+        return self._run_if(lambda: self.is_last_process, function)
+
+    def on_process(self, function=None, process_index=None):
+        if function is None:
+            return functools.partial(self.on_process, process_index=process_index)
+        return self._run_if(lambda: self.process_index == process_index, function)
+
+    def on_local_process(self, function=None, local_process_index=None):
+        if function is None:
+            return functools.partial(self.on_local_process, local_process_index=local_process_index)
+        return self._run_if(lambda: self.local_process_index == local_process_index, function)
+
+    @contextlib.contextmanager
+    def join_uneven_inputs(self, joinables, even_batches=None):
+        """Let processes with fewer batches finish early (multi-GPU DDP only; a no-op elsewhere)."""
+        if not self.multi_device:
+            if self.use_distributed:
+                warnings.warn("join_uneven_inputs only acts on multi-GPU runs; on CPU it does nothing", stacklevel=3)
+            yield
+            return
+        from torch.distributed.algorithms.join import Join
+
+        saved = self.even_batches
+        if even_batches is not None:
+            self.even_batches = even_batches
+        try:
+            with Join(joinables, enable=not self.even_batches):
+                yield
+        finally:
+            self.even_batches = saved
+
+    def set_trigger(self):
+        self.flag_tensor = torch.tensor(1, device=self.device)
+
+    def check_trigger(self) -> bool:
+        if self.flag_tensor is None:
+            self.flag_tensor = torch.tensor(0, device=self.device)
+        fired = bool(self.reduce(self.flag_tensor, reduction="sum").item() >= 1)
+        if fired:
+            self.flag_tensor = torch.tensor(0, device=self.device)
+        return fired
+
+    # -- models ---------------------------------------------------------------------------------------------
+    def unwrap_model(self, model, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True):
+        return self._backend.unwrap_model(model, keep_fp32_wrapper=keep_fp32_wrapper, keep_torch_compile=keep_torch_compile)
+
+    def get_state_dict(self, model, unwrap: bool = True) -> dict:
+        return self._backend.full_state_dict(model, unwrap=unwrap)
+
+    def verify_device_map(self, model) -> bool:
+        return any(len(getattr(m, "hf_device_map", {}) or {}) > 1 for m in model.modules())
+
+    def free_memory(self, *objects):
+        from .memory import release_memory
+
+        self._models, self._optimizers, self._schedulers, self._dataloaders = [], [], [], []
+        self.step = 0
+        return release_memory(*objects)
+
+    clear = free_memory
+
+    @contextlib.contextmanager
+    def profile(self, profile_handler: ProfileKwargs | None = None):
+        import os
+
+        handler = profile_handler or self.profile_handler or ProfileKwargs()
+        with handler.build() as profiler:
+            yield profiler
+        if handler.output_trace_dir is not None:
+            os.makedirs(handler.output_trace_dir, exist_ok=True)
+            profiler.export_chrome_trace(os.path.join(handler.output_trace_dir, f"profile_{self.process_index}.json"))
+            self.wait_for_everyone()
+
+    # -- checkpoints (hasten/checkpointing.py) --------------------------------------------------------------
+    def save_state(self, output_dir=None, safe_serialization: bool = True, **save_model_func_kwargs):
+        from . import checkpointing
+
+        return checkpointing.save_state(self, output_dir, safe_serialization=safe_serialization, **save_model_func_kwargs)
+
+    def load_state(self, input_dir=None, load_kwargs=None, **load_model_func_kwargs):
+        from . import checkpointing
+
+        return checkpointing.load_state(self, input_dir, load_kwargs=load_kwargs, **load_model_func_kwargs)
+
+    def save_model(self, model, save_directory, max_shard_size="10GB", safe_serialization: bool = True):
+        from . import checkpointing
+
+        return checkpointing.save_model(self, model, save_directory, max_shard_size=max_shard_size,
+                                        safe_serialization=safe_serialization)
+
+    def save(self, obj, f, safe_serialization: bool = False):
+        from .utils.other import save
+
+        save(obj, f, save_on_each_node=self.project_configuration.save_on_each_node, safe_serialization=safe_serialization)
+
+    def register_for_checkpointing(self, *objects):
+        invalid = [type(o).__name__ for o in objects if not (hasattr(o, "state_dict") and hasattr(o, "load_state_dict"))]
+        if invalid:
+            raise ConfigError(
+                f"register_for_checkpointing needs objects with `state_dict` and `load_state_dict`; these lack "
+                f"them: {', '.join(invalid)}"
+            )
+        self._custom_objects.extend(objects)
+
+    def register_save_state_pre_hook(self, hook):
+        from torch.utils.hooks import RemovableHandle
+
+        handle = RemovableHandle(self._save_model_state_pre_hook)
+        self._save_model_state_pre_hook[handle.id] = hook
+        return handle
+
+    def register_load_state_pre_hook(self, hook):
+        from torch.utils.hooks import RemovableHandle
+
+        handle = RemovableHandle(self._load_model_state_pre_hook)
+        self._load_model_state_pre_hook[handle.id] = hook
+        return handle
+
+    # -- experiment tracking (hasten/tracking/) -------------------------------------------------------------
+    def _tracker_session(self):
+        if self._tracking is None:
+            from .tracking import TrackerSession
+
+            self._tracking = TrackerSession([], self.logging_dir)
+        return self._tracking
+
+    def init_trackers(self, project_name: str, config: dict | None = None, init_kwargs: dict | None = None):
+        self._tracker_session().start(project_name, config, init_kwargs)
+
+    def log(self, values: dict, step: int | None = None, log_kwargs: dict | None = None):
+        self._tracker_session().log(values, step, log_kwargs)
+
+    def get_tracker(self, name: str, unwrap: bool = False):
+        return self._tracker_session().get(name, unwrap)
+
+    def end_training(self):
+        if self._tracking is not None:
+            self._tracking.finish()
+        self.state.destroy_process_group()
+
+    def __deepcopy__(self, memo):
+        return self
+
+
+class _AccumulationStep:
+    """The `accumulate()` context. A plain class, not a generator: it runs on every training step."""
+
+    __slots__ = ("accelerator", "models", "entered")
+
+    def __init__(self, accelerator: Accelerator, models):
+        self.accelerator = accelerator
+        self.models = models
+        self.entered = ()
+
+    def __enter__(self):
+        accelerator = self.accelerator
+        accelerator._do_sync()
+        state = accelerator.gradient_state
+        if self.models and not state.sync_gradients and not (state.sync_each_batch and accelerator.use_distributed):
+            self.entered = [accelerator.no_sync(model) for model in self.models]
+            for context in self.entered:
+                context.__enter__()
+        return None
+
+    def __exit__(self, *exc_info):
+        for context in reversed(self.entered):
+            context.__exit__(*exc_info)
+        self.entered = ()
+        return False
+
+
+def _is_compiled(model) -> bool:
+    return hasattr(torch, "_dynamo") and isinstance(model, torch._dynamo.eval_frame.OptimizedModule)

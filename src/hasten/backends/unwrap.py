@@ -1,0 +1,42 @@
+"""Strip the containers hasten (or the user) put around a model: DDP, DataParallel, FSDP1, torch.compile."""
+
+from __future__ import annotations
+
+import torch
+
+
+def _containers():
+    types = [torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel]
+    try:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        types.append(FullyShardedDataParallel)
+    except ImportError:  # pragma: no cover - torch without distributed
+        pass
+    return tuple(types)
+
+
+def _is_compiled(model) -> bool:
+    return isinstance(model, torch._dynamo.eval_frame.OptimizedModule) if hasattr(torch, "_dynamo") else False
+
+
+def unwrap_model(model, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True, recursive: bool = False):
+    """The user's own module inside any wrappers; optionally also undo hasten's mixed-precision forward."""
+    containers = _containers()
+    compiled = None
+    if _is_compiled(model):
+        compiled = model
+        model = model._orig_mod
+    while isinstance(model, containers):
+        model = model.module
+    if recursive:
+        for name, child in list(model.named_children()):
+            setattr(model, name, unwrap_model(child, keep_fp32_wrapper, keep_torch_compile, recursive))
+    if not keep_fp32_wrapper:
+        from ..precision import remove_precision_wrapper
+
+        remove_precision_wrapper(model)
+    if compiled is not None and keep_torch_compile:
+        compiled._orig_mod = model
+        return compiled
+    return model

@@ -1,0 +1,65 @@
+"""`AcceleratedScheduler`: a learning-rate scheduler that follows the optimizer's real steps."""
+
+from __future__ import annotations
+
+import warnings
+
+from .state import AcceleratorState, GradientState
+
+# torch warns when scheduler.step() seems to precede optimizer.step(); with gated steps it always would.
+warnings.filterwarnings("ignore", category=UserWarning, module="torch.optim.lr_scheduler")
+
+
+class AcceleratedScheduler:
+    """Steps the wrapped scheduler only when the optimizer really stepped.
+
+    Without `split_batches`, one call steps the scheduler `num_processes` times: each process consumed
+    one batch, so together they used `num_processes` batches' worth of a single-process schedule.
+    """
+
+    def __init__(self, scheduler, optimizers, step_with_optimizer: bool = True, split_batches: bool = False):
+        self.scheduler = scheduler
+        self.optimizers = optimizers if isinstance(optimizers, (list, tuple)) else [optimizers]
+        self.split_batches = split_batches
+        self.step_with_optimizer = step_with_optimizer
+        self.gradient_state = GradientState()
+
+    def step(self, *args, **kwargs):
+        if not self.step_with_optimizer:
+            self.scheduler.step(*args, **kwargs)
+            return
+        if not self.gradient_state.sync_gradients:
+            if self.gradient_state.adjust_scheduler:
+                self.scheduler._step_count += 1
+            return
+        if any(getattr(opt, "step_was_skipped", False) for opt in self.optimizers):
+            return
+        if self.split_batches:
+            self.scheduler.step(*args, **kwargs)
+            return
+        total_steps = getattr(self.scheduler, "total_steps", None)
+        for _ in range(AcceleratorState().num_processes):
+            if total_steps is not None and self.scheduler._step_count > total_steps:
+                break
+            self.scheduler.step(*args, **kwargs)
+
+    def get_last_lr(self):
+        return self.scheduler.get_last_lr()
+
+    def state_dict(self):
+        return self.scheduler.state_dict()
+
+    def load_state_dict(self, state_dict):
+        self.scheduler.load_state_dict(state_dict)
+
+    def get_lr(self):
+        return self.scheduler.get_lr()
+
+    def print_lr(self, *args, **kwargs):
+        return self.scheduler.print_lr(*args, **kwargs)
+
+    def __getattr__(self, name):
+        # Anything else (e.g. `last_epoch`, `base_lrs`) reads through to the wrapped scheduler.
+        if name == "scheduler":
+            raise AttributeError(name)
+        return getattr(self.scheduler, name)
