@@ -438,10 +438,10 @@ def _run_distributed(args, plan: LaunchPlan) -> int:
 
 
 def launch_command(args: argparse.Namespace) -> int:
-    if not args.no_python and not args.module and not os.path.exists(args.training_script):
-        # Checked first: the answer should not wait for torch to import.
-        raise LaunchError(f"training script {args.training_script!r} does not exist")
     plan = plan_launch(args)
+    if not args.no_python and not args.module and not os.path.exists(args.training_script):
+        # Checked before torch is imported: the answer should not wait for it.
+        raise LaunchError(f"training script {args.training_script!r} does not exist")
     if plan.num_processes == 1 and plan.num_machines == 1 and not plan.max_restarts:
         return _run_in_place(args, plan)
     return _run_distributed(args, plan)
