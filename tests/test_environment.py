@@ -262,3 +262,46 @@ def test_import_hasten_loads_nothing_optional():
     assert set(extra) <= allowed, f"importing hasten's core loaded optional libraries: {sorted(set(extra) - allowed)}"
     for optional in ("yaml", "safetensors", "psutil", "packaging", "tensorboard", "wandb", "deepspeed"):
         assert optional not in extra
+
+
+# -- the same detection, end to end, without torchrun -----------------------------------------------------------
+
+def _start_ranks(variables_for_rank, script_args=(), timeout=180):
+    """Start one plain `python script` per rank with launcher variables (as srun/mpirun would) and wait."""
+    import os
+
+    from launching import SCRIPTS
+
+    base = {k: v for k, v in os.environ.items()
+            if not k.startswith(("HASTEN_", "ACCELERATE_", "TORCHELASTIC_")) and k not in ("RANK", "WORLD_SIZE")}
+    base["PYTHONUNBUFFERED"] = "1"
+    procs = [subprocess.Popen([sys.executable, str(SCRIPTS / "core_collectives.py"), *script_args],
+                              env={**base, **variables_for_rank(rank)}, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for rank in range(2)]
+    try:
+        outputs = [proc.communicate(timeout=timeout)[0] for proc in procs]
+    finally:
+        for proc in procs:
+            proc.kill()
+    return [proc.returncode for proc in procs], outputs
+
+
+def test_slurm_and_open_mpi_ranks_run_collectives_without_torchrun():
+    """srun- and mpirun-style variables alone (no torchrun agent): rank 0 hosts the store, collectives work."""
+    from hasten.commands.launch import get_free_port
+
+    port = str(get_free_port())
+    srun = lambda rank: {"SLURM_PROCID": str(rank), "SLURM_STEP_ID": "0", "SLURM_NTASKS": "2",  # noqa: E731
+                         "SLURM_LOCALID": str(rank), "SLURM_NODEID": "0", "SLURM_STEP_TASKS_PER_NODE": "2",
+                         "SLURM_STEP_NODELIST": "localhost", "MASTER_PORT": port}
+    codes, outputs = _start_ranks(srun)
+    assert codes == [0, 0], outputs
+    assert all(f"CHECKS-PASSED {rank}" in outputs[rank] for rank in range(2)), outputs
+
+    port = str(get_free_port())
+    mpirun = lambda rank: {"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": str(rank),  # noqa: E731
+                           "OMPI_COMM_WORLD_LOCAL_RANK": str(rank), "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+                           "MASTER_PORT": port, "HASTEN_DEBUG_MODE": "1"}
+    codes, outputs = _start_ranks(mpirun)
+    assert codes == [0, 0], outputs
+    assert all(f"CHECKS-PASSED {rank}" in outputs[rank] for rank in range(2)), outputs

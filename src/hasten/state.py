@@ -174,7 +174,9 @@ class PartialState(_SharedState):
         cpu = bool(cpu) or environment.env_flag("USE_CPU", env=env)
         cluster = environment.detect_cluster(env)
         device_type = environment.detect_device_type(cpu, env)
-        launched = cluster.launcher != "single"
+        # Under torchrun even one process joins a group (its agent hosts the store, and scripts expect one);
+        # a lone `srun -n1` / `mpirun -n 1` task stays single instead of opening a port for itself.
+        launched = cluster.launcher == "torchrun" or cluster.world_size > 1
         distributed_type = environment.distributed_type_for(device_type, cluster.world_size, launched)
 
         self._cpu = cpu or device_type == "cpu"
