@@ -211,3 +211,12 @@ def test_process_control_on_two_processes(tmp_path):
 def test_process_control_script_in_one_launched_process(tmp_path):
     result = launch("core_state.py", tmp_path, num_processes=1)
     assert "CHECKS-PASSED 0" in result.stdout
+
+
+def test_synchronize_rng_states_rejects_unknown_types():
+    from hasten import synchronize_rng_states
+
+    PartialState()
+    synchronize_rng_states(["torch", "generator"], generator=torch.Generator())  # one process: nothing to do
+    with pytest.raises(ConfigError, match=r"unknown RNG type 'dice'; choose from \['torch'"):
+        synchronize_rng_states(["dice"])
