@@ -82,6 +82,14 @@ def test_crashing_rank_is_named_and_launcher_exits_non_zero():
     assert "ChildFailedError" not in result.stderr and "elastic" not in result.stderr
 
 
+def test_rank_killed_without_a_python_error_is_named():
+    result = launch(FAILURES, "killed", check=False)
+    assert result.returncode != 0
+    lines = launcher_lines(result.stderr)
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("hasten launch: rank 1 (local rank 1) was killed by signal 9"), lines[0]
+
+
 def test_debug_mode_mismatch_fails_with_a_clear_error():
     result = launch(FAILURES, "mismatch", flags=["--debug"], check=False)
     assert result.returncode != 0

@@ -1,6 +1,7 @@
 """Ways a launched run can end, chosen by argv[1]; used by tests/test_launch_core.py.
 
 crash          rank 1 raises after the group is up; rank 0 is waiting in a barrier.
+killed         rank 1 is killed by SIGKILL (as by the OOM killer): no Python error anywhere on rank 1.
 restart        attempt 0: rank 1 crashes mid-run; attempt 1 (after torchelastic restarts): everyone succeeds.
 no-destroy     collectives, then exit without destroy_process_group (hasten's atexit teardown must cope).
 mismatch       under --debug: a gather whose shapes differ across ranks, uncaught.
@@ -27,6 +28,13 @@ if mode == "crash":
     state.wait_for_everyone()
     if rank == 1:
         raise ValueError("rank 1 fails on purpose")
+    state.wait_for_everyone()
+elif mode == "killed":
+    import signal
+
+    state.wait_for_everyone()
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
     state.wait_for_everyone()
 elif mode == "restart":
     total = reduce(torch.tensor([1.0]), "sum").item()
