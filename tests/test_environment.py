@@ -255,7 +255,7 @@ def test_import_hasten_loads_nothing_optional():
     extra = _run(
         "import sys, torch; before = set(sys.modules); "
         "import hasten, hasten.utils; from hasten import PartialState, get_logger, set_seed, notebook_launcher; "
-        "hasten.utils.gather; hasten.utils.send_to_device; hasten.utils.reduce; "
+        "hasten.utils.gather; hasten.utils.send_to_device; hasten.utils.reduce; from hasten import Accelerator; "
         "print(' '.join(sorted({name.split('.')[0] for name in set(sys.modules) - before})))"
     ).split()
     allowed = {"hasten"} | set(sys.stdlib_module_names)
