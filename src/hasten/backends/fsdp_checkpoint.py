@@ -194,6 +194,8 @@ def _check_dcp_dir(checkpoint_dir: str) -> None:
     if not os.path.isdir(checkpoint_dir):
         raise CheckpointError(f"{checkpoint_dir} does not exist or is not a folder")
     inside = sorted(name for name in os.listdir(checkpoint_dir) if _is_dcp_dir(os.path.join(checkpoint_dir, name)))
+    models = [name for name in inside if name.startswith(MODEL_NAME)]
+    inside = models or inside
     if inside:
         hint = os.path.join(checkpoint_dir, inside[0])
         raise CheckpointError(
@@ -216,6 +218,10 @@ def load_sharded_state_dict(checkpoint_dir: str) -> dict:
     state: dict = {}
     _load_state_dict(state, storage_reader=FileSystemReader(checkpoint_dir), planner=_EmptyStateDictLoadPlanner(),
                      no_dist=True)
+    if set(state) == {"optimizer"}:
+        raise CheckpointError(
+            f"{checkpoint_dir} holds optimizer state, not model weights; point at the pytorch_model_fsdp_<i> folder"
+        )
     if set(state) == {"model"} and isinstance(state["model"], dict):
         state = state["model"]
     return state

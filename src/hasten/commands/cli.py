@@ -9,6 +9,7 @@ import sys
 COMMANDS = {
     "launch": ("hasten.commands.launch", "Launch a script on one or more processes and machines."),
     "env": ("hasten.commands.env", "Print versions, platform, devices and config, for bug reports."),
+    "merge-weights": ("hasten.commands.merge_weights", "Merge a sharded FSDP checkpoint into model.safetensors."),
 }
 
 
