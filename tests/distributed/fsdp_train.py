@@ -146,6 +146,23 @@ for step in range(3):
             opt.zero_grad()
 assert max_diff(full_params(acc, model), acc_params) < FP32_TOL, "accumulation under FSDP2 != larger batch"
 
+# -- fp16: an overflow in one process's shard makes every process skip the step ---------------------------------
+for version in (2, 1):
+    acc = fresh_accelerator(mixed_precision="fp16", fsdp_plugin=plugin(version))
+    model = make_model()
+    model, opt = acc.prepare(model, sgd(model.parameters()))
+    x, y = batch(0, acc.process_index, acc.num_processes)
+    acc.backward(torch.nn.functional.mse_loss(model(x), y))
+    if acc.process_index == 1:
+        grad = next(p.grad for p in model.parameters() if p.grad is not None)
+        (grad.to_local() if isinstance(grad, DTensor) else grad).fill_(float("inf"))
+    before = full_params(acc, model)
+    opt.step()
+    skipped = [None, None]
+    torch.distributed.all_gather_object(skipped, opt.step_was_skipped)
+    assert skipped == [True, True], (version, skipped)
+    assert max_diff(full_params(acc, model), before) == 0.0
+
 # -- what the device cannot do fails at prepare, with the fix in the message ------------------------------------
 acc = fresh_accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2, cpu_offload=True))
 try:

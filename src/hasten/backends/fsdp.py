@@ -59,6 +59,16 @@ class FSDPBackend(Backend):
         self._roots: list = []  # every sharded model, to find a parameter's owner (clipping, optimizer state)
         self._mesh = None
 
+    @property
+    def grad_scaler_factory(self):
+        """fp16 loss scaling: FSDP1's local gradients need every process to agree on overflow (FSDP2's DTensor
+        gradients already make torch's GradScaler agree)."""
+        if self.version != 1:
+            return None
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+        return functools.partial(ShardedGradScaler, self.state.device.type)
+
     # -- preparing ------------------------------------------------------------------------------------------
     def prepare_together(self, models, optimizers):
         """Shard every model of this `prepare` call, then point the optimizers at the sharded parameters."""

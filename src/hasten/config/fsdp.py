@@ -422,8 +422,13 @@ class FullyShardedDataParallelPlugin:
 
 def _call_user_policy(policy, module: torch.nn.Module) -> bool:
     """Ask a user policy about one module: FSDP1-style `(module, recurse, nonwrapped_numel)` or `(module)`."""
+    import inspect
+
     try:
-        return bool(policy(module=module, recurse=False,
-                           nonwrapped_numel=sum(p.numel() for p in module.parameters(recurse=True))))
-    except TypeError:
+        takes_one = len(inspect.signature(policy).parameters) == 1
+    except (TypeError, ValueError):  # builtins and some C callables have no signature
+        takes_one = False
+    if takes_one:
         return bool(policy(module))
+    numel = sum(p.numel() for p in module.parameters())
+    return bool(policy(module=module, recurse=False, nonwrapped_numel=numel))
