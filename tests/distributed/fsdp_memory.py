@@ -49,10 +49,12 @@ if acc.is_main_process:
     total = sum(peaks)
     print(f"model {model_kib / 1024:.1f} MiB; peak increase per process {[round(p / 1024, 1) for p in peaks]} MiB; "
           f"together {total / model_kib:.2f}x the model")
-    # Rank 0 starts with the whole model and ends with half; rank 1 only ever gets its half: ~1.5x together
-    # (loading the whole model on both processes costs at least 2x). Allocator slack makes the bound generous.
-    assert total < 1.75 * model_kib, peaks
-    assert peaks[1] < 0.8 * model_kib, ("rank 1 must never hold a whole copy", peaks)
+    # Rank 0 starts with the whole model and ends with half; rank 1 only ever gets its half: 1.5x together,
+    # plus a fixed allowance for broadcast buffers and allocator slack (measured: 1.09x + 0.60x of a 100 MiB
+    # model; building the whole model on both processes instead measured 2.19x).
+    slack_kib = 48 * 1024
+    assert total < 1.5 * model_kib + slack_kib, peaks
+    assert peaks[1] < 0.5 * model_kib + slack_kib, ("rank 1 must never hold a whole copy", peaks)
 
 # The others really received rank 0's weights, and training works from there.
 state = acc.get_state_dict(model)

@@ -156,12 +156,25 @@ class FSDPBackend(Backend):
         ignored = self._ignored_params(model)
         if ignored:
             kwargs["ignored_params"] = ignored
+
+        def shard(module):
+            replaced = list(module.parameters())
+            fully_shard(module, **kwargs)
+            if ram_efficient:
+                return
+            # Free each whole parameter once its shard exists (the user's optimizer still holds the old
+            # object until it is re-pointed), so the peak is one copy plus a block, not one and a half copies.
+            still_used = {id(p) for _, p in model.named_parameters(remove_duplicate=False)}
+            for old in replaced:
+                if id(old) not in still_used:
+                    old.data = torch.empty(0, dtype=old.dtype, device=old.device)
+
         if wants_own_unit is not None:
             # Bottom-up: a block's parameters belong to the innermost unit that claims them.
             for module in reversed(list(model.modules())):
                 if module is not model and wants_own_unit(module) and any(True for _ in module.parameters()):
-                    fully_shard(module, **kwargs)
-        fully_shard(model, **kwargs)
+                    shard(module)
+        shard(model)
         if ram_efficient:
             model.to_empty(device=self.state.device)
             _stream_weights_from_rank0(model, full)
