@@ -368,12 +368,18 @@ class FullyShardedDataParallelPlugin:
         """Fill the policy from the run's mixed precision ("bf16"/"fp16"), unless one was given (or `override`)."""
         if self.mixed_precision_policy is not None and not override:
             return
-        key = str(mixed_precision).lower()
-        if key not in ("fp16", "bf16", "fp8"):
+        if isinstance(mixed_precision, torch.dtype):
+            dtype = mixed_precision
+        else:
+            key = str(mixed_precision).lower()
+            if key not in _DTYPES:
+                raise ConfigError(f"mixed precision {mixed_precision!r} is not valid for FSDP; choose one of "
+                                  f"{', '.join(_DTYPES)}")
+            dtype = _DTYPES[key]
+        if dtype is None or dtype == torch.float32:
             if override:
                 self.mixed_precision_policy = None
             return
-        dtype = _DTYPES[key]
         # Gradients are reduced in fp32: summing bf16 gradients across ranks loses bits for nothing on CPU.
         policy = {"param_dtype": dtype, "reduce_dtype": torch.float32}
         if self.fsdp_version == 1:
