@@ -112,6 +112,19 @@ for use_orig_params in (False, True):
     assert max_diff(full_params(acc, model), ddp_params) < FP32_TOL, f"FSDP1 use_orig_params={use_orig_params}"
     assert close(losses, ddp_losses, FP32_TOL) and close(norms, ref_norms, FP32_TOL), (norms, ref_norms)
 
+# Other ways to cut the model into units, and recomputing activations, do not change the numbers.
+variants = [
+    FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="size_based_wrap", min_num_params=200),
+    FullyShardedDataParallelPlugin(fsdp_version=2, reshard_after_forward=False),  # one unit, like SHARD_GRAD_OP
+    plugin(2, activation_checkpointing=True),
+    plugin(1, activation_checkpointing=True, use_orig_params=True),
+    FullyShardedDataParallelPlugin(fsdp_version=1, auto_wrap_policy="size_based_wrap", min_num_params=200),
+]
+for variant in variants:
+    acc, model, _, losses, _ = run(fsdp_plugin=variant)
+    assert max_diff(full_params(acc, model), ddp_params) < FP32_TOL, variant
+    assert close(losses, ddp_losses, FP32_TOL), variant
+
 # -- bf16 ----------------------------------------------------------------------------------------------------
 acc, ddp_model, _, ddp_bf16_losses, _ = run("bf16")
 ddp_bf16 = {k.removeprefix("module."): v for k, v in full_params(acc, ddp_model).items()}

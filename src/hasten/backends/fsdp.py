@@ -172,7 +172,7 @@ class FSDPBackend(Backend):
         if wants_own_unit is not None:
             # Bottom-up: a block's parameters belong to the innermost unit that claims them.
             for module in reversed(list(model.modules())):
-                if module is not model and wants_own_unit(module) and any(True for _ in module.parameters()):
+                if module is not model and _can_be_unit(module) and wants_own_unit(module):
                     shard(module)
         shard(model)
         if ram_efficient:
@@ -198,7 +198,12 @@ class FSDPBackend(Backend):
                     dist.broadcast(tensor, src=0)
         policy = plugin.auto_wrap_policy
         if policy is not None and not callable(policy):
-            policy = functools.partial(lambda_auto_wrap_policy, lambda_fn=plugin.wrap_predicate(model))
+            predicate = plugin.wrap_predicate(model)
+            if predicate is not None:
+                policy = functools.partial(lambda_auto_wrap_policy,
+                                           lambda_fn=lambda module: _can_be_unit(module) and predicate(module))
+            else:
+                policy = None
         if plugin.activation_checkpointing:
             _apply_activation_checkpointing(model, plugin.wrap_predicate(model), composable=False)
         ignored = plugin.ignored_modules
@@ -359,6 +364,12 @@ class FSDPBackend(Backend):
     def unwrap_model(self, model, keep_fp32_wrapper=True, keep_torch_compile=True):
         # FSDP2 modules are the user's own objects (sharded in place); FSDP1 containers are stripped by the base.
         return super().unwrap_model(model, keep_fp32_wrapper=keep_fp32_wrapper, keep_torch_compile=keep_torch_compile)
+
+
+def _can_be_unit(module) -> bool:
+    """fully_shard needs a module that runs (not a ModuleList/ModuleDict container) and has parameters."""
+    has_forward = type(module).forward is not torch.nn.Module.forward
+    return has_forward and any(True for _ in module.parameters())
 
 
 def _init_single_process_group() -> None:
