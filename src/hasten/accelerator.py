@@ -368,23 +368,17 @@ class Accelerator:
         self._backend.backward(loss, scaler=self.scaler, **kwargs)
 
     def _do_sync(self) -> None:
-        if self.gradient_state.sync_with_dataloader and self.gradient_state.end_of_dataloader:
+        state = self.gradient_state
+        if state.sync_with_dataloader and state.end_of_dataloader:
             self.step = 0
-            self.gradient_state._set_sync_gradients(True)
+            state.sync_gradients = True
         else:
             self.step += 1
-            self.gradient_state._set_sync_gradients(self.step % self.gradient_state.num_steps == 0)
+            state.sync_gradients = self.step % state.num_steps == 0
 
-    @contextlib.contextmanager
     def accumulate(self, *models):
         """One micro-step: gradients synchronise (and optimizers step) only on the last of each window."""
-        self._do_sync()
-        skip_sync = not self.sync_gradients and not (self.gradient_state.sync_each_batch and self.use_distributed)
-        with contextlib.ExitStack() as stack:
-            if skip_sync:
-                for model in models:
-                    stack.enter_context(self.no_sync(model))
-            yield
+        return _AccumulationStep(self, models)
 
     def no_sync(self, model):
         """Context in which backward accumulates gradients locally, without all-reducing them."""
@@ -613,6 +607,33 @@ class Accelerator:
 
     def __deepcopy__(self, memo):
         return self
+
+
+class _AccumulationStep:
+    """The `accumulate()` context. A plain class, not a generator: it runs on every training step."""
+
+    __slots__ = ("accelerator", "models", "entered")
+
+    def __init__(self, accelerator: Accelerator, models):
+        self.accelerator = accelerator
+        self.models = models
+        self.entered = ()
+
+    def __enter__(self):
+        accelerator = self.accelerator
+        accelerator._do_sync()
+        state = accelerator.gradient_state
+        if self.models and not state.sync_gradients and not (state.sync_each_batch and accelerator.use_distributed):
+            self.entered = [accelerator.no_sync(model) for model in self.models]
+            for context in self.entered:
+                context.__enter__()
+        return None
+
+    def __exit__(self, *exc_info):
+        for context in reversed(self.entered):
+            context.__exit__(*exc_info)
+        self.entered = ()
+        return False
 
 
 def _is_compiled(model) -> bool:

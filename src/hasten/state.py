@@ -455,7 +455,10 @@ class GradientState(_SharedState):
 
     @property
     def end_of_dataloader(self) -> bool:
-        loader = self.active_dataloader
+        references = self._dataloader_references
+        if not references:  # the common case, checked on every step
+            return False
+        loader = references[-1]()
         return bool(loader is not None and loader.end_of_dataloader)
 
     @property

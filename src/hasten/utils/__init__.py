@@ -31,6 +31,7 @@ _SOURCES = {
     ],
     "hasten.launchers": ["notebook_launcher", "debug_launcher"],
     "hasten.commands.launch": ["get_free_port"],
+    "hasten.config.file": ["write_basic_config"],
     "hasten.utils.other": [
         "is_port_in_use", "patch_environment", "clear_environment", "merge_dicts", "recursive_getattr",
         "convert_bytes", "get_pretty_name", "is_compiled_module", "extract_model_from_parallel", "save", "load",
