@@ -164,8 +164,11 @@ def test_fsdp_training_matches_ddp():
 def resumed(tmp_path_factory):
     """Save on 2 processes, resume on 1 and save again, resume that on 2 (each phase checks the losses)."""
     root = tmp_path_factory.mktemp("fsdp_resume")
-    outputs = [launch("fsdp_resume.py", phase, root, num_processes=n, timeout=300).stdout
-               for phase, n in (("save2", 2), ("load1", 1), ("load2", 2))]
+    # The last phase configures FSDP with launch flags only, as `hasten launch --use_fsdp` users do.
+    flags = ["--use_fsdp", "--fsdp_version", "2", "--fsdp_auto_wrap_policy", "TRANSFORMER_BASED_WRAP",
+             "--fsdp_transformer_layer_cls_to_wrap", "Block"]
+    outputs = [launch("fsdp_resume.py", phase, root, num_processes=n, flags=f, timeout=300).stdout
+               for phase, n, f in (("save2", 2, ()), ("load1", 1, ()), ("load2", 2, flags))]
     return root, outputs
 
 

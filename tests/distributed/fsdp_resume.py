@@ -20,9 +20,15 @@ HAS_SAVE_STATE = importlib.util.find_spec("hasten.checkpointing") is not None
 
 
 def setup(seed=0, **plugin_kwargs):
-    plugin = FullyShardedDataParallelPlugin(fsdp_version=plugin_kwargs.pop("fsdp_version", 2),
-                                            auto_wrap_policy="transformer_based_wrap", **plugin_kwargs)
-    acc = fresh_accelerator(fsdp_plugin=plugin)
+    if os.environ.get("HASTEN_USE_FSDP") == "true":
+        # Launched with `hasten launch --use_fsdp --fsdp_*`: the Accelerator builds the plugin from FSDP_* variables.
+        acc = fresh_accelerator()
+        assert acc.state.fsdp_plugin.sources["fsdp_version"] == "environment variable FSDP_VERSION"
+        assert acc.is_fsdp2 and acc.state.fsdp_plugin.transformer_cls_names_to_wrap == ["Block"]
+    else:
+        plugin = FullyShardedDataParallelPlugin(fsdp_version=plugin_kwargs.pop("fsdp_version", 2),
+                                                auto_wrap_policy="transformer_based_wrap", **plugin_kwargs)
+        acc = fresh_accelerator(fsdp_plugin=plugin)
     model = make_model(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
     model, optimizer = acc.prepare(model, optimizer)
@@ -71,6 +77,12 @@ if phase == "save2":
         assert ".metadata" in files, files
         assert sum(f.endswith(".distcp") for f in files) == 2, ("one shard file per process", files)
     params = full_params(acc, model)
+    if HAS_SAVE_STATE:  # save_model writes the whole model with its own names, from the main process
+        acc.save_model(model, os.path.join(root, "saved_model"))
+        if acc.is_main_process:
+            from safetensors.torch import load_file
+
+            assert max_diff(load_file(os.path.join(root, "saved_model", "model.safetensors")), params) == 0.0
     if acc.is_main_process:
         from safetensors.torch import save_file
 

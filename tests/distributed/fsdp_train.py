@@ -99,7 +99,7 @@ if acc.is_main_process:
     assert max_diff(state, ddp_params) < FP32_TOL
 else:
     assert state == {}
-gathered = acc.gather(torch.tensor([acc.process_index]))  # collectives work as under DDP
+gathered = acc.gather_for_metrics(torch.tensor([acc.process_index]))
 assert gathered.tolist() == [0, 1]
 
 acc, model, opt, losses, _ = run(fsdp_plugin=plugin(2), optimizer_after_prepare=True)
