@@ -184,4 +184,22 @@ try:
 except ConfigError as error:
     assert "fsdp_offload_params" in str(error)
 
+# A model on the meta device where it cannot be filled: the same error on every process, no hang.
+# (An explicit cpu_ram_efficient_loading is exported to FSDP_CPU_RAM_EFFICIENT_LOADING, as Accelerate does for
+# transformers, and so reaches plugins built later without it: pass the value each time.)
+for settings, meta_ranks, expected in (
+    (dict(fsdp_version=1, cpu_ram_efficient_loading=True), (1,), "use fsdp_version=2"),
+    (dict(fsdp_version=2, cpu_ram_efficient_loading=False), (1,), "set fsdp cpu_ram_efficient_loading=True"),
+    (dict(fsdp_version=2, cpu_ram_efficient_loading=True), (0, 1), "rank 0 must build"),
+):
+    fsdp_plugin = FullyShardedDataParallelPlugin(**settings)
+    acc = fresh_accelerator(fsdp_plugin=fsdp_plugin)
+    with torch.device("meta") if acc.process_index in meta_ranks else torch.device("cpu"):
+        model = make_model()
+    try:
+        acc.prepare(model)
+        raise AssertionError(f"{fsdp_plugin} should refuse a meta model")
+    except ConfigError as error:
+        assert expected in str(error), error
+
 print(f"rank {acc.process_index}: fsdp training checks passed")

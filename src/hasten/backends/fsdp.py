@@ -90,11 +90,6 @@ class FSDPBackend(Backend):
                 "fsdp cpu_offload (--fsdp_offload_params) keeps parameters in CPU memory between uses, but this run's "
                 "device is already the CPU, where torch's FSDP cannot offload; set fsdp_offload_params to false"
             )
-        if self.version == 1 and device.type == "cpu" and self.plugin.cpu_ram_efficient_loading:
-            raise ConfigError(
-                "fsdp cpu_ram_efficient_loading with fsdp_version=1 needs FSDP1's sync_module_states, which does not "
-                "work on CPU processes; use fsdp_version=2 (or turn cpu_ram_efficient_loading off)"
-            )
 
     def _device_mesh(self):
         if self._mesh is None:
@@ -112,10 +107,15 @@ class FSDPBackend(Backend):
         self._check_device()
         self._device_mesh()  # also makes a one-process group when the script was not launched
         ram_efficient = self.plugin.cpu_ram_efficient_loading
-        if not ram_efficient and any(p.is_meta for p in model.parameters()):
+        if self.version == 2 and not ram_efficient and _on_any_rank(any(p.is_meta for p in model.parameters())):
             raise ConfigError(
                 "prepare() got a model with parameters on the meta device; load its weights first, or build it on the "
                 "meta device on every process but rank 0 and set fsdp cpu_ram_efficient_loading=True"
+            )
+        if ram_efficient and _on_any_rank(dist.get_rank() == 0 and any(p.is_meta for p in model.parameters())):
+            raise ConfigError(
+                "fsdp cpu_ram_efficient_loading: rank 0 must build the model with its real weights (the others may use "
+                "the meta device), but rank 0's model has parameters on the meta device"
             )
         if self.version == 2:
             sharded = self._shard_fsdp2(model, ram_efficient)
@@ -190,6 +190,17 @@ class FSDPBackend(Backend):
 
         plugin = self.plugin
         device = self.state.device
+        if _on_any_rank(any(p.is_meta for p in model.parameters())):
+            # FSDP1 materialises meta modules through sync_module_states, which fails on CPU processes.
+            if device.type == "cpu":
+                raise ConfigError(
+                    "fsdp cpu_ram_efficient_loading with fsdp_version=1 cannot fill models built on the meta device on "
+                    "CPU processes (FSDP1's sync_module_states needs an accelerator); use fsdp_version=2"
+                )
+            raise ConfigError(
+                "FSDP1 in hasten does not load models built on the meta device yet; use fsdp_version=2 with "
+                "cpu_ram_efficient_loading=True"
+            )
         model = model.to(device)
         if plugin.sync_module_states:
             # FSDP1's own sync_module_states fails on CPU processes; broadcasting before wrapping is the same.
@@ -364,6 +375,13 @@ class FSDPBackend(Backend):
     def unwrap_model(self, model, keep_fp32_wrapper=True, keep_torch_compile=True):
         # FSDP2 modules are the user's own objects (sharded in place); FSDP1 containers are stripped by the base.
         return super().unwrap_model(model, keep_fp32_wrapper=keep_fp32_wrapper, keep_torch_compile=keep_torch_compile)
+
+
+def _on_any_rank(flag: bool) -> bool:
+    """Whether `flag` holds on some process: decisions that raise must be taken by all processes together."""
+    value = torch.tensor([int(flag)])
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())
 
 
 def _can_be_unit(module) -> bool:
