@@ -201,3 +201,13 @@ def test_cpu_ram_efficient_loading_keeps_one_copy():
     result = launch("fsdp_memory.py", timeout=300)
     assert result.stdout.count("memory checks passed") == 2, result.stdout
     print(result.stdout.splitlines()[0])
+
+
+def test_accelerate_import_paths():
+    import hasten
+    import hasten.utils
+    from hasten.backends.fsdp_checkpoint import merge_fsdp_weights
+
+    assert hasten.FullyShardedDataParallelPlugin is FullyShardedDataParallelPlugin
+    assert hasten.utils.FullyShardedDataParallelPlugin is FullyShardedDataParallelPlugin
+    assert hasten.utils.merge_fsdp_weights is merge_fsdp_weights

@@ -1,6 +1,6 @@
 """cpu_ram_efficient_loading: rank 0 builds the real model, the others build it on the meta device; after
-prepare every process holds only its shard. The peak memory of both processes together stays well under two
-copies of the model. Run by tests/test_fsdp.py on 2 processes; prints the measured numbers."""
+prepare every process holds only its shard, and the processes other than rank 0 never hold more than their
+shard. Run by tests/test_fsdp.py on 2 processes; prints the measured numbers."""
 
 import contextlib
 import os
@@ -37,8 +37,9 @@ device = contextlib.nullcontext() if acc.is_main_process else torch.device("meta
 with device:
     model = Net(dim=DIM, depth=DEPTH)
 model_kib = sum(p.numel() * p.element_size() for p in model.parameters()) // 1024
-# What rank 0 loaded, to check what the others received (a few numbers, not a copy).
-checksums = {n: p.double().sum().item() for n, p in model.named_parameters()} if acc.is_main_process else None
+# What rank 0 loaded, to check what the others received: float32 sums, since a float64 sum makes
+# temporary copies that change how glibc places later allocations (and so the measured peak).
+checksums = {n: p.detach().sum().item() for n, p in model.named_parameters()} if acc.is_main_process else None
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)  # created before prepare, as users do
 model, optimizer = acc.prepare(model, optimizer)
 peak = rss_kib("VmHWM") - baseline
@@ -49,18 +50,18 @@ if acc.is_main_process:
     total = sum(peaks)
     print(f"model {model_kib / 1024:.1f} MiB; peak increase per process {[round(p / 1024, 1) for p in peaks]} MiB; "
           f"together {total / model_kib:.2f}x the model")
-    # Rank 0 starts with the whole model and ends with half; rank 1 only ever gets its half: 1.5x together,
-    # plus a fixed allowance for broadcast buffers and allocator slack (measured: 1.09x + 0.60x of a 100 MiB
-    # model; building the whole model on both processes instead measured 2.19x).
-    slack_kib = 48 * 1024
-    assert total < 1.5 * model_kib + slack_kib, peaks
-    assert peaks[1] < 0.5 * model_kib + slack_kib, ("rank 1 must never hold a whole copy", peaks)
+    # Rank 0 starts with the whole model and ends with its half; rank 1 only ever receives its half: 1.5x of
+    # the model together, plus a fixed allowance for broadcast buffers and allocator slack. Measured on 2 cores
+    # with a 100 MiB model: +1.03x and +0.56x (1.59x); building the model on both processes instead: 2.19x.
+    slack_kib = 32 * 1024
+    assert total < 1.5 * model_kib + slack_kib, ("two processes must not need two copies", peaks)
+    assert peaks[1] < 0.5 * model_kib + slack_kib, ("rank 1 must hold no more than its shard", peaks)
 
 # The others really received rank 0's weights, and training works from there.
 state = acc.get_state_dict(model)
 if acc.is_main_process:
     for name, value in state.items():
-        assert abs(value.double().sum().item() - checksums[name]) < 1e-6 * max(1.0, abs(checksums[name])), name
+        assert value.sum().item() == checksums[name], name
 x = torch.randn(4, DIM)
 loss = model(x).pow(2).mean()
 acc.backward(loss)

@@ -184,12 +184,14 @@ class FullyShardedDataParallelPlugin:
             value, variable = self._pick(name, default)
             value = _bool(value, name, variable)
             if self.fsdp_version == 2:
-                if value and self.sources[name] == "argument" and name == "forward_prefetch":
-                    raise ConfigError(
-                        "fsdp forward_prefetch is an FSDP1 setting; FSDP2 prefetches on its own, so leave it unset "
-                        "with fsdp_version=2"
-                    )
-                value = None  # FSDP2 has no such knob; the launcher's defaults must not make this an error
+                if value and self.sources[name] == "argument":
+                    if name == "forward_prefetch":
+                        raise ConfigError(
+                            "fsdp forward_prefetch is an FSDP1 setting; FSDP2 prefetches on its own, so leave it unset "
+                            "with fsdp_version=2"
+                        )
+                    warnings.warn(f"fsdp {name} is an FSDP1 setting and is ignored with fsdp_version=2", stacklevel=4)
+                value = None  # FSDP2 has no such knob; values from an FSDP1 config file must not be errors
             setattr(self, name, value)
         for name in ("activation_checkpointing", "activation_checkpointing_offload", "cpu_ram_efficient_loading"):
             value, variable = self._pick(name, False)
