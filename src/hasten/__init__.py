@@ -29,6 +29,7 @@ _EXPORTS = {
     "ProjectConfiguration": "hasten.config.dataclasses",
     "GradientAccumulationPlugin": "hasten.config.dataclasses",
     "TorchDynamoPlugin": "hasten.config.dataclasses",
+    "FullyShardedDataParallelPlugin": "hasten.config.fsdp",
     "find_executable_batch_size": "hasten.memory",
     "synchronize_rng_states": "hasten.rng",
     "set_seed": "hasten.rng",

@@ -133,7 +133,10 @@ class Accelerator:
         self.device_placement = device_placement
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.rng_types = ["generator"] if rng_types is None else list(rng_types)
-        self.precision = MixedPrecision(self.state.mixed_precision, self.device, self.autocast_handler, self.scaler_handler)
+        backend_name = backend_name_for(self.distributed_type, self.num_processes)
+        self._backend = create_backend(backend_name, self.state, ddp_kwargs=self.ddp_handler, plugin=fsdp_plugin)
+        self.precision = MixedPrecision(self.state.mixed_precision, self.device, self.autocast_handler, self.scaler_handler,
+                                        scaler_factory=getattr(self._backend, "grad_scaler_factory", None))
         self.scaler = self.precision.scaler
         self.native_amp = self.precision.native_amp
         self.fp8_enabled = False
@@ -144,8 +147,6 @@ class Accelerator:
         self._custom_objects = []
         self._save_model_state_pre_hook = OrderedDict()
         self._load_model_state_pre_hook = OrderedDict()
-        backend_name = backend_name_for(self.distributed_type, self.num_processes)
-        self._backend = create_backend(backend_name, self.state, ddp_kwargs=self.ddp_handler, plugin=fsdp_plugin)
         self.log_with = log_with
         self._tracking = None
         if log_with is not None:

@@ -12,6 +12,7 @@ COMMANDS = {
     "config": ("hasten.commands.config", "Write, update or explain the config file (`hasten config` asks questions)."),
     "test": ("hasten.commands.test", "Run a short self-check of distributed training with your configuration."),
     "estimate-memory": ("hasten.commands.estimate", "Estimate a model's memory for inference and training."),
+    "merge-weights": ("hasten.commands.merge_weights", "Merge a sharded FSDP checkpoint into model.safetensors."),
 }
 
 

@@ -52,9 +52,12 @@ def _non_negative_int(text):
 
 
 def _positive_int(text):
-    value = _non_negative_int(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError("0 is not allowed; give 1 or more")
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is {'negative' if value < 0 else 'not allowed'}; give 1 or more")
     return value
 
 
@@ -279,15 +282,61 @@ def _run_in_place(args, plan: LaunchPlan) -> int:
     return 0
 
 
-def _describe_failures(error, first_rank: int = 0) -> str:
-    """One line naming the process that failed first (the others were stopped because of it)."""
+def _failure_facts(failure) -> tuple[int, float, str]:
+    """(how likely this failure is the root cause: lower first, when it happened, what happened)."""
+    extra = {}
+    message = failure.message if isinstance(failure.message, str) else ""
+    data = failure.error_file_data.get("message") if isinstance(failure.error_file_data, dict) else None
+    if isinstance(data, dict):
+        message = str(data.get("message", ""))
+        extra = data.get("extraInfo", {}) or {}
+    code = failure.exitcode
+    when = float(extra.get("hasten_time", failure.timestamp))
+    if extra:
+        from ..state import PEER_LOSS_MARKERS  # torch is loaded by now
+
+        # Files written by torch's own `@record` (function launchers) carry no flag: read the message.
+        lost_peer = extra.get("hasten_peer_loss") or any(m in message.lower() for m in PEER_LOSS_MARKERS)
+        rank_kind = 3 if lost_peer else 0
+        if rank_kind == 3:
+            what = "lost contact with a failed process"
+        else:
+            what = "failed: " + (message.strip().splitlines() or [""])[0][:300]
+    elif code is not None and code < 0:
+        what = f"was killed by signal {-code}"
+        # SIGTERM is what the agent sends to the survivors; other signals (KILL by the OOM killer, SEGV,
+        # ABRT) are failures of their own.
+        rank_kind = 2 if -code == 15 else 1
+    else:
+        what = f"exited with code {code}"
+        rank_kind = 1
+    return rank_kind, when, what
+
+
+def _describe_failures(error) -> str:
+    """One line naming the rank that failed first, then what happened to the others.
+
+    The agent's own order is unreliable: when rank 1 dies, rank 0 often fails inside a collective and exits
+    before rank 1 has finished dying. Error files written by hasten's workers say which error was a
+    consequence of losing a peer (see `hasten.state._record_uncaught_errors`).
+    """
     failures = getattr(error, "failures", {}) or {}
     if not failures:
-        return str(error)
-    local_rank, failure = min(failures.items(), key=lambda item: item[1].timestamp)
-    code = failure.exitcode
-    how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
-    return f"rank {first_rank + local_rank} (local rank {local_rank}) {how}"
+        return str(error).strip().splitlines()[0] if str(error).strip() else "a process failed"
+    facts = {rank: _failure_facts(failure) for rank, failure in failures.items()}
+    order = sorted(facts, key=lambda rank: (facts[rank][0], facts[rank][1], rank))
+    root = order[0]
+    parts = [f"rank {root} (local rank {failures[root].local_rank}) {facts[root][2]}"]
+    later = [
+        f"rank {rank} " + ("the same way" if facts[rank][2] == facts[root][2] else facts[rank][2])
+        for rank in order[1:] if facts[rank][0] != 2
+    ]
+    if later:
+        parts.append("then " + ", ".join(later))
+    stopped = [str(rank) for rank in order[1:] if facts[rank][0] == 2]
+    if stopped:
+        parts.append(f"rank{'s' if len(stopped) > 1 else ''} {', '.join(stopped)} stopped by the launcher")
+    return "; ".join(parts)
 
 
 def _logs_specs(args):
@@ -306,8 +355,12 @@ def _run_distributed(args, plan: LaunchPlan) -> int:
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     if not args.debug:
-        # The elastic agent's INFO/WARNING chatter buries the user's own output; our summary replaces it.
-        logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+        # The agent's chatter (and its guess at the failed rank, often wrong) buries the user's own output;
+        # the one-line summary below replaces it.
+        # torch gives each of its modules' loggers an explicit level, so setting the parent is not enough.
+        for name in ["torch.distributed.elastic", *logging.root.manager.loggerDict]:
+            if name.startswith(("torch.distributed.elastic", "torch.distributed.launcher")):
+                logging.getLogger(name).setLevel(logging.CRITICAL)
     if not args.no_python and not args.module and not os.path.exists(args.training_script):
         raise LaunchError(f"training script {args.training_script!r} does not exist")
     port = _resolve_port(plan)
@@ -337,16 +390,26 @@ def _run_distributed(args, plan: LaunchPlan) -> int:
         if not args.quiet:
             elapsed = time.monotonic() - started
             print(
-                f"hasten launch: {_describe_failures(error, plan.machine_rank * plan.nproc_per_node)} after {elapsed:.1f}s; the other processes were "
-                "stopped (the failing process's own error is printed above)",
+                f"hasten launch: {_describe_failures(error)} (after {elapsed:.1f}s; the failing process's own "
+                "error is printed above)",
                 file=sys.stderr,
             )
+        return 1
+    except Exception as error:  # noqa: BLE001 - rendezvous/agent errors: one line, not the agent's traceback
+        if args.debug:
+            raise
+        text = (str(error).strip().splitlines() or [""])[0]
+        print(f"hasten launch: error: the launcher's agent failed: {type(error).__name__}: {text} "
+              "(run with --debug for the full trace)", file=sys.stderr)
         return 1
     return 0
 
 
 def launch_command(args: argparse.Namespace) -> int:
     plan = plan_launch(args)
+    if not args.no_python and not args.module and not os.path.exists(args.training_script):
+        # Checked before torch is imported: the answer should not wait for it.
+        raise LaunchError(f"training script {args.training_script!r} does not exist")
     if plan.num_processes == 1 and plan.num_machines == 1 and not plan.max_restarts:
         return _run_in_place(args, plan)
     return _run_distributed(args, plan)

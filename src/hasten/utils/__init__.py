@@ -22,6 +22,8 @@ _SOURCES = {
         "InitProcessGroupKwargs", "ProfileKwargs", "GradientAccumulationPlugin", "ProjectConfiguration",
         "DataLoaderConfiguration", "TorchDynamoPlugin",
     ],
+    "hasten.config.fsdp": ["FullyShardedDataParallelPlugin"],
+    "hasten.backends.fsdp_checkpoint": ["merge_fsdp_weights"],
     "hasten.environment": [
         "str_to_bool", "parse_flag_from_env", "parse_choice_from_env", "get_int_from_env",
     ],
