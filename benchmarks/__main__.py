@@ -39,12 +39,15 @@ EXTERNAL = ("checkpoint_io", "fsdp_vs_ddp")
 START, END = "<!-- benchmark results start -->", "<!-- benchmark results end -->"
 
 
-def _own(name: str, mode: str, no_accelerate: bool) -> str:
+def _own(name: str, mode: str, no_accelerate: bool, clock: str) -> str:
     module = importlib.import_module(f"benchmarks.{name}")
     argv = {"quick": ["--quick"], "small": OWN[name], "full": []}[mode]
     if no_accelerate:
         argv = [*argv, "--no-accelerate"]
-    args = module.build_parser().parse_args(argv)
+    parser = module.build_parser()
+    if any(action.dest == "clock" for action in parser._actions):
+        argv = [*argv, "--clock", clock]
+    args = parser.parse_args(argv)
     return "\n".join(table.render() for table in module.run(args))
 
 
@@ -65,6 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     size.add_argument("--full", action="store_true", help="each benchmark's own default size (slow)")
     parser.add_argument("--only", default=None, help=f"comma-separated subset of: {', '.join([*OWN, *EXTERNAL])}")
     parser.add_argument("--no-accelerate", action="store_true", help="leave out the Accelerate columns")
+    parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                        help="for the single-process timings: wall time (default) or CPU time (busy machines)")
     parser.add_argument("--output", default=None, help="also write the report to this Markdown file")
     return parser
 
@@ -92,7 +97,7 @@ def main(argv=None) -> int:
         print(f"[benchmarks] running {name} ...", file=sys.stderr, flush=True)
         section_start = time.perf_counter()
         try:
-            text = _own(name, mode, args.no_accelerate) if name in OWN else _external(name, mode)
+            text = _own(name, mode, args.no_accelerate, args.clock) if name in OWN else _external(name, mode)
         except Exception as error:  # one broken benchmark must not cost the others' results
             traceback.print_exc()
             failed.append(name)

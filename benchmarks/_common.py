@@ -25,6 +25,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 
 # The sides, in the order columns are printed. Ratios are taken against RAW.
 HASTEN, RAW, ACCELERATE = "hasten", "raw torch", "accelerate"
+ACCELERATE_LEFT_OUT = "Accelerate left out (`--no-accelerate`, or not installed: `pip install -e '.[bench]'`)."
 
 
 def accelerate_available() -> bool:
@@ -172,6 +173,17 @@ def base_parser(description: str) -> argparse.ArgumentParser:
     parser.add_argument("--repeats", type=int, default=None, help="timed repetitions per side")
     parser.add_argument("--no-accelerate", action="store_true", help="leave out the Accelerate column")
     return parser
+
+
+CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
+
+
+def add_clock_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--clock", choices=sorted(CLOCKS), default="wall",
+        help="wall: elapsed time (default); cpu: this thread's CPU time, steadier on a busy machine "
+             "(these benchmarks run on one thread)",
+    )
 
 
 def want_accelerate(args) -> bool:

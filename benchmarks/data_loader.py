@@ -10,7 +10,6 @@ from __future__ import annotations
 import gc
 import os
 import sys
-import time
 
 if __package__ in (None, ""):  # run as `python benchmarks/data_loader.py`: make `benchmarks` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -20,9 +19,12 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from benchmarks._common import (
     ACCELERATE,
+    ACCELERATE_LEFT_OUT,
+    CLOCKS,
     HASTEN,
     RAW,
     Table,
+    add_clock_option,
     base_parser,
     fmt_time,
     hasten_module_available,
@@ -51,19 +53,20 @@ def _prepared(library: str, loader: DataLoader) -> DataLoader:
     return Accelerator(cpu=True).prepare(loader)
 
 
-def _epoch(loader):
+def _epoch(loader, clock):
     def measure():
-        start = time.perf_counter()
+        start = clock()
         count = 0
         for _batch in loader:
             count += 1
-        return (time.perf_counter() - start) / count
+        return (clock() - start) / count
 
     return measure
 
 
 def run(args) -> list[Table]:
     torch.set_num_threads(1)
+    clock = CLOCKS[args.clock]
     samples = 512 if args.quick else 16384
     batch_size = 8
     repeats = args.repeats or (3 if args.quick else 15)
@@ -78,11 +81,11 @@ def run(args) -> list[Table]:
         def loader():
             return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle)
 
-        sides = {RAW: _epoch(loader())}
+        sides = {RAW: _epoch(loader(), clock)}
         if with_accelerate:
-            sides[ACCELERATE] = _epoch(_prepared(ACCELERATE, loader()))
+            sides[ACCELERATE] = _epoch(_prepared(ACCELERATE, loader()), clock)
         if with_hasten:
-            sides[HASTEN] = _epoch(_prepared(HASTEN, loader()))
+            sides[HASTEN] = _epoch(_prepared(HASTEN, loader()), clock)
         gc.collect()
         gc.freeze()
         samples_by_side = interleave(sides, repeats, warmup=1)
@@ -97,12 +100,13 @@ def run(args) -> list[Table]:
         table.rows.append(row)
     table.notes.append(
         f"TensorDataset of {samples} samples (16 features), batch size {batch_size}, num_workers=0; one repetition "
-        f"is one epoch; {repeats} epochs per side after 1 warm-up, interleaved. Target: hasten / raw ≤ 1.05."
+        f"is one epoch; {repeats} epochs per side after 1 warm-up, interleaved; clock: {args.clock}. "
+        "Target: hasten / raw ≤ 1.05."
     )
     if not with_hasten:
         table.notes.append("hasten skipped: this checkout has no `hasten.data_loader` yet.")
     if not with_accelerate:
-        table.notes.append("Accelerate column left out (not installed: `pip install -e '.[bench]'`).")
+        table.notes.append(ACCELERATE_LEFT_OUT)
     return [table]
 
 
@@ -112,7 +116,9 @@ def _cell(values) -> str:
 
 
 def build_parser():
-    return base_parser(__doc__.splitlines()[0])
+    parser = base_parser(__doc__.splitlines()[0])
+    add_clock_option(parser)
+    return parser
 
 
 def main(argv=None) -> int:

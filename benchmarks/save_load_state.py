@@ -25,6 +25,7 @@ import torch
 
 from benchmarks._common import (
     ACCELERATE,
+    ACCELERATE_LEFT_OUT,
     HASTEN,
     RAW,
     PeakRSS,
@@ -168,7 +169,7 @@ def run(args) -> list[Table]:
     if want_accelerate(args):
         sides[ACCELERATE] = Library(ACCELERATE, model, optimizer)
     else:
-        notes.append("Accelerate row left out (not installed: `pip install -e '.[bench]'`).")
+        notes.append(ACCELERATE_LEFT_OUT)
     if hasten_module_available("checkpointing"):
         sides[HASTEN] = Library(HASTEN, model, optimizer)
     else:

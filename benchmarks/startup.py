@@ -18,9 +18,7 @@ if __package__ in (None, ""):  # run as `python benchmarks/startup.py`: make `be
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks._common import (
-    ACCELERATE,
-    HASTEN,
-    RAW,
+    ACCELERATE_LEFT_OUT,
     Table,
     base_parser,
     clean_env,
@@ -133,7 +131,11 @@ def launch_table(args) -> Table:
 
 
 def run(args) -> list[Table]:
-    return [import_table(args), launch_table(args)]
+    tables = [import_table(args), launch_table(args)]
+    if not want_accelerate(args):
+        for table in tables:
+            table.notes.append(ACCELERATE_LEFT_OUT)
+    return tables
 
 
 def build_parser():

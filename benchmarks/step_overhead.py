@@ -16,7 +16,6 @@ from __future__ import annotations
 import gc
 import os
 import sys
-import time
 
 if __package__ in (None, ""):  # run as `python benchmarks/step_overhead.py`: make `benchmarks` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -25,9 +24,12 @@ import torch
 
 from benchmarks._common import (
     ACCELERATE,
+    ACCELERATE_LEFT_OUT,
+    CLOCKS,
     HASTEN,
     RAW,
     Table,
+    add_clock_option,
     base_parser,
     fmt_time,
     interleave,
@@ -128,11 +130,11 @@ def _library_side(library, make, quick, precision, ga, batches):
     return run
 
 
-def _timed(run):
+def _timed(run, clock):
     def measure():
-        start = time.perf_counter()
+        start = clock()
         run()
-        return time.perf_counter() - start
+        return clock() - start
 
     return measure
 
@@ -164,7 +166,7 @@ def run(args) -> list[Table]:
                 # loops then cost what the loop itself allocates, not what importing torch left behind.
                 gc.collect()
                 gc.freeze()
-                samples = interleave({name: _timed(fn) for name, fn in sides.items()}, repeats, warmup=2)
+                samples = interleave({name: _timed(fn, CLOCKS[args.clock]) for name, fn in sides.items()}, repeats, warmup=2)
                 per_step = {name: median(values) / steps for name, values in samples.items()}
                 row = [model_name, "fp32" if precision == "no" else precision, str(ga)]
                 row += [_cell(per_step[RAW], samples[RAW]), _cell(per_step[HASTEN], samples[HASTEN])]
@@ -180,10 +182,10 @@ def run(args) -> list[Table]:
         f"{'16' if quick else '240'} micro-steps (MLP) or {'8' if quick else '24'} (transformer); ± is half the "
         "interquartile range."
     )
-    table.notes.append(f"torch.set_num_threads({args.threads}).")
+    table.notes.append(f"torch.set_num_threads({args.threads}); clock: {args.clock}.")
     table.notes.append("Targets: hasten / raw ≤ 1.02 on the tiny MLP; hasten / accelerate < 1.")
     if not with_accelerate:
-        table.notes.append("Accelerate column left out (not installed: `pip install -e '.[bench]'`).")
+        table.notes.append(ACCELERATE_LEFT_OUT)
     return [table]
 
 
@@ -194,6 +196,7 @@ def _cell(per_step: float, samples) -> str:
 
 def build_parser():
     parser = base_parser(__doc__.splitlines()[0])
+    add_clock_option(parser)
     parser.add_argument("--threads", type=int, default=1,
                         help="torch intra-op threads (default 1: steadier timings on a shared machine)")
     return parser
