@@ -82,7 +82,7 @@ def import_table(args) -> Table:
     if want_accelerate(args):
         commands["import accelerate"] = [py, "-c", "import accelerate"]
         commands["accelerate Accelerator"] = [py, "-c", "from accelerate import Accelerator"]
-    times, rss = _alternate(commands, clean_env(), repeats)
+    times, rss = _alternate(commands, clean_env(), repeats, warmup=0 if args.quick else 1)
     med = {name: median(values) for name, values in times.items()}
     table = Table("Import time (whole process)", ["command", "median wall time", "minus `import torch`",
                                                   "vs `import torch`", "peak RSS"])
@@ -90,7 +90,7 @@ def import_table(args) -> Table:
         extra = med[name] - med["import torch"]
         table.rows.append([f"`python -c \"{commands[name][2]}\"`", fmt_time(med[name]),
                            f"{extra * 1e3:+.0f} ms", ratio(med[name], med["import torch"]), fmt_mb(rss[name])])
-    table.notes.append(f"{repeats} runs per command after 1 warm-up round, interleaved.")
+    table.notes.append(f"{repeats} runs per command after {0 if args.quick else 1} warm-up round, interleaved.")
     table.notes.append("`import hasten` loads its public names on first use, so `from hasten import Accelerator` "
                        "(which loads torch) is the number to hold against the target: within 50 ms of `import torch`.")
     return table
@@ -113,7 +113,7 @@ def launch_table(args) -> Table:
                                          "--dynamo_backend", "no", "--main_process_port", str(free_port()), script]
     env = clean_env(OMP_NUM_THREADS="1", ACCELERATE_USE_CPU="true")
     try:
-        times, rss = _alternate(commands, env, repeats)
+        times, rss = _alternate(commands, env, repeats, warmup=0 if args.quick else 1)
     finally:
         os.remove(script)
         os.rmdir(workdir)
@@ -124,7 +124,8 @@ def launch_table(args) -> Table:
         table.rows.append([name, fmt_time(med[name]), ratio(med[name], med["torchrun"]), fmt_mb(rss[name])])
     shown = {name: " ".join(os.path.basename(part) if i == 0 else part for i, part in enumerate(command))
              for name, command in commands.items()}
-    table.notes.append(f"{repeats} launches per launcher after 1 warm-up round, interleaved; OMP_NUM_THREADS=1.")
+    table.notes.append(f"{repeats} launches per launcher after {0 if args.quick else 1} warm-up round, interleaved; "
+                       "OMP_NUM_THREADS=1.")
     table.notes.append("Commands: " + "; ".join(f"`{c.replace(script, 'noop.py')}`" for c in shown.values()))
     table.notes.append("Target: hasten launch within 10% of torchrun.")
     return table

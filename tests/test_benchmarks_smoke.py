@@ -13,8 +13,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parent.parent
 HAS_ACCELERATE = importlib.util.find_spec("accelerate") is not None
 
@@ -97,10 +95,13 @@ def test_save_load_state_measures_against_the_disk(tmp_path):
 def test_runner_writes_report_between_markers(tmp_path):
     report = tmp_path / "benchmarks.md"
     report.write_text("# Title\n\n<!-- benchmark results start -->\nold\n<!-- benchmark results end -->\n\nfooter\n")
-    out = run_benchmark("-m", "benchmarks", "--quick", "--only", "data_loader", "--output", str(report))
+    out = run_benchmark("-m", "benchmarks", "--quick", "--only", "data_loader", "--no-accelerate", "--output",
+                        str(report))
     text = report.read_text()
     assert text.startswith("# Title") and text.rstrip().endswith("footer") and "old" not in text
-    assert "python -m benchmarks --quick --only data_loader" in text
+    assert "python -m benchmarks --quick --only data_loader --no-accelerate" in text
+    header, *_ = table_rows(text, "Data loader overhead")
+    assert "accelerate" not in header and "Accelerate left out" in text
     assert "**torch**: " in text and "**cpu**: " in text
     assert "Data loader overhead" in text and "Data loader overhead" in out
 
@@ -109,11 +110,3 @@ def test_runner_rejects_unknown_benchmark():
     result = subprocess.run([sys.executable, "-m", "benchmarks", "--only", "nope"], cwd=REPO, capture_output=True,
                             text=True, timeout=120)
     assert result.returncode == 2 and "unknown benchmark(s) nope" in result.stderr
-
-
-@pytest.mark.skipif(not HAS_ACCELERATE, reason="checks the no-Accelerate path where Accelerate is installed")
-def test_no_accelerate_flag_leaves_the_column_out():
-    out = run_benchmark("-m", "benchmarks.data_loader", "--quick", "--no-accelerate")
-    header, *_ = table_rows(out, "Data loader overhead")
-    assert "accelerate" not in " ".join(header)
-    assert "Accelerate left out" in out
