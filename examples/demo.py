@@ -22,13 +22,13 @@ def main():
     accelerator = Accelerator(gradient_accumulation_steps=2)
     set_seed(42)
     model = torch.nn.Sequential(torch.nn.Linear(3, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    loader = DataLoader(make_data(), batch_size=64, shuffle=True)
-    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=40, gamma=0.7)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    loader = DataLoader(make_data(), batch_size=32, shuffle=True)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=100, gamma=0.7)
     model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
 
     accelerator.print(f"{accelerator.num_processes} processes, {accelerator.distributed_type}, device {accelerator.device}")
-    for epoch in range(5):
+    for epoch in range(6):
         model.train()
         total = torch.zeros((), device=accelerator.device)
         for x, y in loader:

@@ -29,10 +29,12 @@ _EXPORTS = {
     "ProjectConfiguration": "hasten.config.dataclasses",
     "GradientAccumulationPlugin": "hasten.config.dataclasses",
     "TorchDynamoPlugin": "hasten.config.dataclasses",
+    "FullyShardedDataParallelPlugin": "hasten.config.fsdp",
     "find_executable_batch_size": "hasten.memory",
     "synchronize_rng_states": "hasten.rng",
     "set_seed": "hasten.rng",
     "get_logger": "hasten.logging",
+    "load_checkpoint_in_model": "hasten.modeling",
 }
 
 __all__ = ["__version__", *_EXPORTS]

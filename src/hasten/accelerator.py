@@ -133,7 +133,10 @@ class Accelerator:
         self.device_placement = device_placement
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.rng_types = ["generator"] if rng_types is None else list(rng_types)
-        self.precision = MixedPrecision(self.state.mixed_precision, self.device, self.autocast_handler, self.scaler_handler)
+        backend_name = backend_name_for(self.distributed_type, self.num_processes)
+        self._backend = create_backend(backend_name, self.state, ddp_kwargs=self.ddp_handler, plugin=fsdp_plugin)
+        self.precision = MixedPrecision(self.state.mixed_precision, self.device, self.autocast_handler, self.scaler_handler,
+                                        scaler_factory=getattr(self._backend, "grad_scaler_factory", None))
         self.scaler = self.precision.scaler
         self.native_amp = self.precision.native_amp
         self.fp8_enabled = False
@@ -144,8 +147,6 @@ class Accelerator:
         self._custom_objects = []
         self._save_model_state_pre_hook = OrderedDict()
         self._load_model_state_pre_hook = OrderedDict()
-        backend_name = backend_name_for(self.distributed_type, self.num_processes)
-        self._backend = create_backend(backend_name, self.state, ddp_kwargs=self.ddp_handler, plugin=fsdp_plugin)
         self.log_with = log_with
         self._tracking = None
         if log_with is not None:
@@ -367,23 +368,17 @@ class Accelerator:
         self._backend.backward(loss, scaler=self.scaler, **kwargs)
 
     def _do_sync(self) -> None:
-        if self.gradient_state.sync_with_dataloader and self.gradient_state.end_of_dataloader:
+        state = self.gradient_state
+        if state.sync_with_dataloader and state.end_of_dataloader:
             self.step = 0
-            self.gradient_state._set_sync_gradients(True)
+            state.sync_gradients = True
         else:
             self.step += 1
-            self.gradient_state._set_sync_gradients(self.step % self.gradient_state.num_steps == 0)
+            state.sync_gradients = self.step % state.num_steps == 0
 
-    @contextlib.contextmanager
     def accumulate(self, *models):
         """One micro-step: gradients synchronise (and optimizers step) only on the last of each window."""
-        self._do_sync()
-        skip_sync = not self.sync_gradients and not (self.gradient_state.sync_each_batch and self.use_distributed)
-        with contextlib.ExitStack() as stack:
-            if skip_sync:
-                for model in models:
-                    stack.enter_context(self.no_sync(model))
-            yield
+        return _AccumulationStep(self, models)
 
     def no_sync(self, model):
         """Context in which backward accumulates gradients locally, without all-reducing them."""
@@ -612,6 +607,33 @@ class Accelerator:
 
     def __deepcopy__(self, memo):
         return self
+
+
+class _AccumulationStep:
+    """The `accumulate()` context. A plain class, not a generator: it runs on every training step."""
+
+    __slots__ = ("accelerator", "models", "entered")
+
+    def __init__(self, accelerator: Accelerator, models):
+        self.accelerator = accelerator
+        self.models = models
+        self.entered = ()
+
+    def __enter__(self):
+        accelerator = self.accelerator
+        accelerator._do_sync()
+        state = accelerator.gradient_state
+        if self.models and not state.sync_gradients and not (state.sync_each_batch and accelerator.use_distributed):
+            self.entered = [accelerator.no_sync(model) for model in self.models]
+            for context in self.entered:
+                context.__enter__()
+        return None
+
+    def __exit__(self, *exc_info):
+        for context in reversed(self.entered):
+            context.__exit__(*exc_info)
+        self.entered = ()
+        return False
 
 
 def _is_compiled(model) -> bool:

@@ -71,7 +71,11 @@ def parse_choice_from_env(key: str, default: str = "no") -> str:
 def get_int_from_env(env_keys, default: int) -> int:
     """The first non-negative integer among `env_keys`, else `default`."""
     for key in env_keys:
-        value = int(os.environ.get(key, -1))
+        text = os.environ.get(key, "-1")
+        try:
+            value = int(text)
+        except ValueError:
+            raise ConfigError(f"environment variable {key}={text!r} must be an integer") from None
         if value >= 0:
             return value
     return default
@@ -130,6 +134,8 @@ def detect_cluster(env: Mapping[str, str] | None = None) -> ClusterInfo:
     env = os.environ if env is None else env
     master_addr = env.get("MASTER_ADDR") or None
     master_port = _int_var(env, ["MASTER_PORT"])
+    if master_port is not None and master_port > 65535:
+        raise ConfigError(f"environment variable MASTER_PORT={master_port} is not a TCP port (0-65535)")
 
     if "LOCAL_RANK" in env and "WORLD_SIZE" in env and "RANK" in env:
         # torchrun / torchelastic (or anything that sets the same variables).
@@ -167,26 +173,32 @@ def detect_cluster(env: Mapping[str, str] | None = None) -> ClusterInfo:
         local_world = _int_var(
             env, ["OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "MV2_COMM_WORLD_LOCAL_SIZE"], world, minimum=1
         )
+        rank = _int_var(env, ["OMPI_COMM_WORLD_RANK", "PMI_RANK", "MV2_COMM_WORLD_RANK"], 0)
         info = ClusterInfo(
             launcher="mpi",
-            rank=_int_var(env, ["OMPI_COMM_WORLD_RANK", "PMI_RANK", "MV2_COMM_WORLD_RANK"], 0),
+            rank=rank,
             world_size=world,
             local_rank=_int_var(env, ["OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "MV2_COMM_WORLD_LOCAL_RANK"], 0),
             local_world_size=local_world,
-            node_rank=_int_var(env, ["OMPI_COMM_WORLD_NODE_RANK"], None) or 0,
+            # MPI gives no node index (OMPI_COMM_WORLD_NODE_RANK is a per-node rank, not a node number);
+            # mpirun places ranks by node by default, so the node is rank // ranks-per-node.
+            node_rank=rank // local_world,
             master_addr=master_addr or ("127.0.0.1" if local_world == world else None),
             master_port=master_port or 29500,
         )
     elif _int_var(env, ["WORLD_SIZE"], 1, minimum=1) > 1:
+        # Plain RANK/WORLD_SIZE (a hand-written launcher): without LOCAL_WORLD_SIZE, assume one machine.
         world = _int_var(env, ["WORLD_SIZE"], 1, minimum=1)
+        local_world = _int_var(env, ["LOCAL_WORLD_SIZE"], world, minimum=1)
         info = ClusterInfo(
             launcher="env",
             rank=_int_var(env, ["RANK"], 0),
             world_size=world,
             local_rank=_int_var(env, ["LOCAL_RANK", "RANK"], 0),
-            local_world_size=_int_var(env, ["LOCAL_WORLD_SIZE"], world, minimum=1),
-            master_addr=master_addr,
-            master_port=master_port,
+            local_world_size=local_world,
+            node_rank=_int_var(env, ["NODE_RANK", "GROUP_RANK"], 0),
+            master_addr=master_addr or ("127.0.0.1" if local_world == world else None),
+            master_port=master_port or 29500,
         )
     else:
         return ClusterInfo(launcher="single", master_addr=master_addr, master_port=master_port)
@@ -196,6 +208,11 @@ def detect_cluster(env: Mapping[str, str] | None = None) -> ClusterInfo:
     if info.local_rank >= info.local_world_size:
         raise ConfigError(
             f"local rank {info.local_rank} is not below the local world size {info.local_world_size} "
+            f"({info.launcher} variables)"
+        )
+    if info.local_world_size > info.world_size:
+        raise ConfigError(
+            f"local world size {info.local_world_size} is larger than the world size {info.world_size} "
             f"({info.launcher} variables)"
         )
     if info.world_size > 1 and info.master_addr is None:

@@ -13,6 +13,75 @@ from .enums import PrecisionType
 from .errors import ConfigError, LaunchError
 
 
+def _run_forked(record_dir, function, *args):
+    """Body of each forked process: forget the parent's state, run, then tear the process group down.
+
+    A failure is written to `record_dir/<rank>.json` with a precise time: torch's process context reports
+    only the first process it notices, which is often a rank that merely lost contact with the real culprit.
+    """
+    from .state import AcceleratorState, GradientState
+
+    # A fork copies the parent's shared state; this process is a different rank and must detect its own.
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    try:
+        return function(*args)
+    except BaseException as error:
+        _record_failure(record_dir, error)
+        raise
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _record_failure(record_dir: str, error: BaseException) -> None:
+    import json
+    import time
+
+    from .state import PEER_LOSS_MARKERS
+
+    message = (f"{type(error).__name__}: {error}".strip().splitlines() or [""])[0][:300]
+    record = {
+        "rank": int(os.environ.get("RANK", "0")),
+        "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
+        "time": time.time(),
+        "message": message,
+        "peer_loss": any(marker in message.lower() for marker in PEER_LOSS_MARKERS),
+    }
+    try:
+        with open(os.path.join(record_dir, f"{record['rank']}.json"), "w") as file:
+            json.dump(record, file)
+    except OSError:
+        pass
+
+
+def _describe_recorded_failures(record_dir: str) -> str | None:
+    """One line naming the rank that failed first, from the records `_run_forked` wrote."""
+    import json
+
+    records = []
+    for name in os.listdir(record_dir):
+        try:
+            with open(os.path.join(record_dir, name)) as file:
+                records.append(json.load(file))
+        except (OSError, ValueError):
+            continue
+    if not records:
+        return None
+    records.sort(key=lambda r: (r["peer_loss"], r["time"], r["rank"]))
+    root = records[0]
+    text = f"rank {root['rank']} (local rank {root['local_rank']}) failed: {root['message']}"
+    if root["peer_loss"]:
+        # Only consequences were recorded: the culprit died without a Python exception (killed, os._exit).
+        text = f"a process died without a Python error; rank {root['rank']} then lost contact with it"
+    others = [str(r["rank"]) for r in records[1:]]
+    if others:
+        text += f"; then rank{'s' if len(others) > 1 else ''} {', '.join(others)} failed too"
+    return text
+
+
 def _launch_function(function, args, nproc, env, *, master_addr, port, node_rank=0, num_nodes=1,
                      rdzv_backend="static", rdzv_endpoint="", rdzv_conf=None, rdzv_id="none",
                      max_restarts=0, monitor_interval=0.1, log_line_prefix_template=None):
@@ -37,15 +106,20 @@ def _launch_function(function, args, nproc, env, *, master_addr, port, node_rank
         start_method="fork",
         log_line_prefix_template=log_line_prefix_template,
     )
+    import tempfile
+
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
+    record_dir = tempfile.TemporaryDirectory(prefix="hasten-launch-")
     try:
-        return elastic_launch(config, function)(*args)
+        return elastic_launch(config, _run_forked)(record_dir.name, function, *args)
     except ChildFailedError as error:
         from .commands.launch import _describe_failures
 
-        raise LaunchError(f"launched function failed: {_describe_failures(error)}") from error
+        described = _describe_recorded_failures(record_dir.name) or _describe_failures(error)
+        raise LaunchError(f"launched function failed: {described}") from None
     finally:
+        record_dir.cleanup()
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
@@ -83,8 +157,16 @@ def notebook_launcher(function, args=(), num_processes=None, mixed_precision="no
             "An Accelerator already exists in this process; notebook_launcher must start before any "
             "`Accelerator()` is created. Restart the notebook kernel and launch first."
         )
+    try:
+        port = int(use_port)
+    except ValueError:
+        raise ConfigError(f"use_port={use_port!r} is not a port number (e.g. '29500', or '0' for any free port)") from None
+    if port == 0:
+        from .commands.launch import get_free_port
+
+        port = get_free_port()
     return _launch_function(
-        function, args, num_processes, env, master_addr=master_addr, port=int(use_port), node_rank=node_rank,
+        function, args, num_processes, env, master_addr=master_addr, port=port, node_rank=node_rank,
         num_nodes=num_nodes, rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint, rdzv_conf=rdzv_conf,
         rdzv_id=rdzv_id, max_restarts=max_restarts, monitor_interval=monitor_interval,
         log_line_prefix_template=log_line_prefix_template,

@@ -216,31 +216,49 @@ def _distributed(state: PartialState) -> bool:
 
 
 def _describe(data) -> list:
-    """Flat list of (shape, dtype) for every tensor leaf, comparable across ranks."""
+    """Flat list of (shape, dtype, device type) for every tensor leaf, comparable across ranks."""
     leaves = []
-    recursively_apply(lambda t: leaves.append((tuple(t.shape), str(t.dtype).replace("torch.", ""))), data)
+    recursively_apply(
+        lambda t: leaves.append((tuple(t.shape), str(t.dtype).replace("torch.", ""), t.device.type)), data
+    )
     return leaves
 
 
 def _check_same_across_ranks(operation: str, data, compare_shapes: bool = True) -> None:
+    """Raise the same DistributedOperationException on every rank when the ranks' inputs disagree.
+
+    The descriptions travel through `all_gather_object`, which works whatever the tensors look like, so
+    every rank sees every description and takes the same decision: all raise, or none does.
+    """
     import torch.distributed as dist
 
     state = PartialState()
     described = _describe(data)
     if not compare_shapes:
-        described = [(len(shape), dtype) for shape, dtype in described]
+        described = [(len(shape), dtype, device) for shape, dtype, device in described]
     everyone = [None] * state.num_processes
     dist.all_gather_object(everyone, described)
     reference = everyone[0]
     differing = [rank for rank, desc in enumerate(everyone) if desc != reference]
+
+    def shown(shape):
+        return str(list(shape)) if compare_shapes else f"{shape}-d"
+
     if differing:
         what = "shapes and dtypes" if compare_shapes else "number of dimensions and dtypes"
         listing = "; ".join(
-            f"rank {rank}: " + ", ".join(f"{list(s)} {d}" for s, d in desc) for rank, desc in enumerate(everyone)
+            f"rank {rank}: " + (", ".join(f"{shown(s)} {d} on {dev}" for s, d, dev in desc) or "no tensors")
+            for rank, desc in enumerate(everyone)
         )
         raise DistributedOperationException(
             f"`{operation}` got tensors whose {what} differ across processes (rank {differing[0]} differs "
             f"from rank 0): {listing}. Make them match on every rank (e.g. `pad_across_processes` first)."
+        )
+    wrong_device = sorted({dev for _, _, dev in reference if dev != state.device.type})
+    if wrong_device:
+        raise DistributedOperationException(
+            f"`{operation}` got tensors on {', '.join(wrong_device)} but this run's processes use "
+            f"{state.device.type}; move them first with `tensor.to(state.device)` or `send_to_device`."
         )
 
 

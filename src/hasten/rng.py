@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from .enums import RNGType
+from .errors import ConfigError
 from .state import PartialState
 
 _DEVICE_RNG_TYPES = ("cuda", "xpu", "npu", "mlu", "musa", "sdaa", "hpu")
@@ -28,14 +29,21 @@ def set_seed(seed: int, device_specific: bool = False, deterministic: bool = Fal
         torch.use_deterministic_algorithms(True)
 
 
+def _rng_type(value) -> RNGType:
+    try:
+        return RNGType(value)
+    except ValueError:
+        raise ConfigError(f"unknown RNG type {value!r}; choose from {RNGType.list()}") from None
+
+
 def synchronize_rng_state(rng_type=None, generator: torch.Generator | None = None) -> None:
     """Make this process's `rng_type` state equal to rank 0's."""
     import torch.distributed as dist
 
+    rng_type = _rng_type(rng_type) if rng_type is not None else RNGType.TORCH
     state = PartialState()
     if not state.use_distributed:
         return
-    rng_type = RNGType(rng_type) if rng_type is not None else RNGType.TORCH
     if rng_type == RNGType.TORCH:
         rng_state = torch.get_rng_state()
     elif rng_type == RNGType.GENERATOR:
@@ -63,7 +71,7 @@ def synchronize_rng_state(rng_type=None, generator: torch.Generator | None = Non
 
 def synchronize_rng_states(rng_types, generator: torch.Generator | None = None) -> None:
     for rng_type in rng_types:
-        synchronize_rng_state(RNGType(rng_type), generator=generator)
+        synchronize_rng_state(_rng_type(rng_type), generator=generator)
 
 
 def capture_rng_states() -> dict:

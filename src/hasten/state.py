@@ -41,7 +41,8 @@ class _SharedState:
 
     def __getattr__(self, name):
         # Only reached when normal lookup failed: after a reset, say why instead of a bare AttributeError.
-        if name in type(self)._known_attrs:
+        # A property whose field is gone also lands here (its AttributeError is swallowed by Python).
+        if name in type(self)._known_attrs or (not self._shared_state and hasattr(type(self), name)):
             raise StateResetError(
                 f"`{type(self).__name__}.{name}` is gone: the state was reset and not created again. "
                 f"Build a new `{type(self).__name__}()` (or `Accelerator()`) after `_reset_state()`."
@@ -77,6 +78,62 @@ def _init_process_group(cluster: environment.ClusterInfo, backend: str, kwargs: 
     # A gloo group left alive at interpreter exit aborts the process about half the time with torch 2.13;
     # tearing down what we set up makes a correct script exit 0 even if it never calls destroy_process_group.
     atexit.register(_destroy_default_group)
+    _record_uncaught_errors()
+
+
+# Substrings of the errors a rank sees when *another* rank died under it (gloo, NCCL, TCPStore).
+PEER_LOSS_MARKERS = (
+    "connection closed by peer", "connection reset by peer", "remote worker crash", "broken pipe",
+    "remote process exited", "communicator was aborted", "peer closed",
+)
+
+
+def _record_uncaught_errors() -> None:
+    """Under torchelastic, write an uncaught exception to the worker's error file with a precise time.
+
+    `hasten launch` reads these files to name the rank that failed *first*: when one rank dies, the others
+    fail a moment later inside a collective, and the exit order the agent observes is often the wrong way
+    round. torch's own `@record` writes the same file; a file it already wrote is left alone.
+    """
+    import sys
+
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not error_file or getattr(sys.excepthook, "_hasten_records", False):
+        return
+    previous = sys.excepthook
+
+    def excepthook(kind, value, tb):
+        try:
+            if not os.path.exists(error_file):
+                _write_error_file(error_file, kind, value, tb)
+        except Exception:  # noqa: BLE001 - never hide the user's error behind ours
+            pass
+        previous(kind, value, tb)
+
+    excepthook._hasten_records = True
+    sys.excepthook = excepthook
+
+
+def _write_error_file(path: str, kind, value, tb) -> None:
+    import json
+    import time
+    import traceback
+
+    now = time.time()
+    message = f"{kind.__name__}: {value}"
+    data = {
+        "message": {
+            "message": message,
+            "extraInfo": {
+                "py_callstack": "".join(traceback.format_exception(kind, value, tb)),
+                "timestamp": str(int(now)),
+                "hasten_time": repr(now),
+                "hasten_peer_loss": any(m in message.lower() for m in PEER_LOSS_MARKERS),
+            },
+        }
+    }
+    with open(path, "w") as file:
+        json.dump(data, file)
 
 
 def _destroy_default_group() -> None:
@@ -103,13 +160,23 @@ class PartialState(_SharedState):
         self.fork_launched = environment.parse_flag_from_env("FORK_LAUNCHED", False)
         if already:
             return
+        try:
+            self._initialize(cpu, kwargs)
+        except BaseException:
+            # A half-built state would look initialized to the next `PartialState()`; leave none instead.
+            self._shared_state.clear()
+            raise
+
+    def _initialize(self, cpu: bool, kwargs: dict) -> None:
         env = os.environ
         requested_backend = kwargs.pop("backend", None)
         kwargs.pop("_use_sagemaker_dp", None)
         cpu = bool(cpu) or environment.env_flag("USE_CPU", env=env)
         cluster = environment.detect_cluster(env)
         device_type = environment.detect_device_type(cpu, env)
-        launched = cluster.launcher != "single"
+        # Under torchrun even one process joins a group (its agent hosts the store, and scripts expect one);
+        # a lone `srun -n1` / `mpirun -n 1` task stays single instead of opening a port for itself.
+        launched = cluster.launcher == "torchrun" or cluster.world_size > 1
         distributed_type = environment.distributed_type_for(device_type, cluster.world_size, launched)
 
         self._cpu = cpu or device_type == "cpu"
@@ -231,32 +298,36 @@ class PartialState(_SharedState):
         yield split_for_process(inputs, self.process_index, self.num_processes, apply_padding, self.device)
 
     # -- decorators ---------------------------------------------------------------------------------------
-    def _only_on(self, selected: bool, function):
+    def _only_on(self, is_selected, function):
+        """`function` itself where `is_selected(self)` (or when not distributed), else a do-nothing function.
+
+        Decided once, when the decorator is applied, as in Accelerate.
+        """
         if not self.initialized:
             raise ValueError("The state is not initialized: build a `PartialState()` or `Accelerator()` first.")
-        if selected or not self.use_distributed:
+        if not self.use_distributed or is_selected(self):
             return function
         return _no_op
 
     def on_main_process(self, function=None):
         """Run `function` only on the main process (others get a function that does nothing)."""
-        return self._only_on(self.is_main_process, function)
+        return self._only_on(lambda s: s.is_main_process, function)
 
     def on_local_main_process(self, function=None):
-        return self._only_on(self.is_local_main_process, function)
+        return self._only_on(lambda s: s.is_local_main_process, function)
 
     def on_last_process(self, function=None):
-        return self._only_on(self.is_last_process, function)
+        return self._only_on(lambda s: s.is_last_process, function)
 
     def on_process(self, function=None, process_index=None):
         if function is None:
             return partial(self.on_process, process_index=process_index)
-        return self._only_on(self.process_index == process_index, function)
+        return self._only_on(lambda s: s.process_index == process_index, function)
 
     def on_local_process(self, function=None, local_process_index=None):
         if function is None:
             return partial(self.on_local_process, local_process_index=local_process_index)
-        return self._only_on(self.local_process_index == local_process_index, function)
+        return self._only_on(lambda s: s.local_process_index == local_process_index, function)
 
     def print(self, *args, **kwargs) -> None:
         """`print` once per machine (on the local main process)."""
@@ -323,6 +394,11 @@ class AcceleratorState(_SharedState):
         self.parallelism_config = parallelism_config
         self.device_mesh = None
         self.backend_name = "single" if partial_state.num_processes == 1 else "ddp"
+        if fsdp_plugin is not None:
+            # Unlike Accelerate, FSDP also runs on CPU processes (gloo) and on a single process (the backend then
+            # makes a one-process group), so that a sharded checkpoint resumes on any number of processes.
+            self.distributed_type = PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+            self.backend_name = "fsdp"
 
     @property
     def initialized(self) -> bool:
@@ -450,7 +526,10 @@ class GradientState(_SharedState):
 
     @property
     def end_of_dataloader(self) -> bool:
-        loader = self.active_dataloader
+        references = self._dataloader_references
+        if not references:  # the common case, checked on every step
+            return False
+        loader = references[-1]()
         return bool(loader is not None and loader.end_of_dataloader)
 
     @property

@@ -16,6 +16,7 @@ from .base import Backend
 REGISTRY = {
     "single": ("hasten.backends.single", "SingleBackend"),
     "ddp": ("hasten.backends.ddp", "DDPBackend"),
+    "fsdp": ("hasten.backends.fsdp", "FSDPBackend"),
 }
 
 # Which backend serves each distributed type (absent: not supported yet).

@@ -19,6 +19,9 @@ class Backend:
     name = "base"
     #: Whether `clip_grad_value_` is meaningful (not for sharded parameters).
     supports_clip_grad_value = True
+    #: Whether `save_state`/`load_state` leave model and optimizer files to `save_checkpoint_files` /
+    #: `load_checkpoint_files` (sharded checkpoints); False: hasten writes them from the state dicts below.
+    writes_own_checkpoint_files = False
 
     def __init__(self, state, ddp_kwargs=None, plugin=None):
         self.state = state
@@ -69,6 +72,15 @@ class Backend:
 
     def load_optimizer_state_dict(self, optimizer, state_dict: dict, model=None) -> None:
         optimizer.load_state_dict(state_dict)
+
+    def save_checkpoint_files(self, models: list, optimizers: list, folder: str, **kwargs) -> list:
+        """Write model and optimizer state into `folder` on every process (a collective); return the names of
+        the files or folders this process wrote, relative to `folder`. Only used when `writes_own_checkpoint_files`."""
+        raise NotImplementedError(f"the {self.name} backend does not write its own checkpoint files")
+
+    def load_checkpoint_files(self, models: list, optimizers: list, folder: str, **kwargs) -> None:
+        """Inverse of `save_checkpoint_files`."""
+        raise NotImplementedError(f"the {self.name} backend does not read its own checkpoint files")
 
     # -- unwrapping -----------------------------------------------------------------------------------------
     def unwrap_model(self, model, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True):

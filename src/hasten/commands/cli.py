@@ -9,6 +9,10 @@ import sys
 COMMANDS = {
     "launch": ("hasten.commands.launch", "Launch a script on one or more processes and machines."),
     "env": ("hasten.commands.env", "Print versions, platform, devices and config, for bug reports."),
+    "config": ("hasten.commands.config", "Write, update or explain the config file (`hasten config` asks questions)."),
+    "test": ("hasten.commands.test", "Run a short self-check of distributed training with your configuration."),
+    "estimate-memory": ("hasten.commands.estimate", "Estimate a model's memory for inference and training."),
+    "merge-weights": ("hasten.commands.merge_weights", "Merge a sharded FSDP checkpoint into model.safetensors."),
 }
 
 

@@ -37,13 +37,17 @@ def collect_info(config_file: str | None = None) -> dict:
 
 def _config_summary(config_file):
     try:
-        from ..config.file import default_config_path, load_config_file
+        from ..config import file as config_files
     except ImportError:
         return "Not found"
-    path = config_file or default_config_path()
-    if not path or not os.path.isfile(path):
-        return "Not found"
-    return load_config_file(path)
+    find = getattr(config_files, "find_config_file", None)
+    try:
+        path = find(config_file) if find else (config_file or config_files.default_config_path())
+        if not path or not os.path.isfile(path):
+            return "Not found"
+        return config_files.load_config_file(path)
+    except Exception as error:  # noqa: BLE001 - a bug report must still print when the config is broken
+        return f"{config_file or 'the default config file'} cannot be read: {error}"
 
 
 def main(argv=None) -> int:

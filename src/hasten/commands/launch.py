@@ -52,9 +52,12 @@ def _non_negative_int(text):
 
 
 def _positive_int(text):
-    value = _non_negative_int(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError("0 is not allowed; give 1 or more")
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is {'negative' if value < 0 else 'not allowed'}; give 1 or more")
     return value
 
 
@@ -80,12 +83,23 @@ def launch_command_parser(subparsers=None) -> argparse.ArgumentParser:
         parser = subparsers.add_parser("launch", description=description, allow_abbrev=False)
     else:
         parser = _Parser(prog="hasten launch", description=description, allow_abbrev=False)
+    add_launch_arguments(parser)
+    parser.add_argument("training_script", help="The script (or module with -m) to run.")
+    parser.add_argument("training_script_args", nargs=argparse.REMAINDER, help="Arguments for the script.")
+    if subparsers is not None:
+        parser.set_defaults(func=launch_command)
+    return parser
 
-    _add(parser, "--config_file", default=None, help="Config file to read defaults from.")
+
+def add_launch_arguments(parser) -> None:
+    """Every launch flag except the script (`hasten config explain` takes the same flags)."""
+    # Settings flags default to None so that "not typed" is known: the environment and the config file
+    # only fill settings whose flag was not typed.
+    _add(parser, "--config_file", default=None, help="Config file to read (default: $HF_HOME/hasten/default_config.yaml).")
     _add(parser, "--quiet", "-q", action="store_true", help="Do not print the launcher's own error details.")
     _add(parser, "--module", "-m", action="store_true", help="Run the target as a Python module (python -m).")
     _add(parser, "--no_python", action="store_true", help="Execute the target directly, without `python`.")
-    _add(parser, "--debug", action="store_true", help="Check shapes across ranks before collectives.")
+    _add(parser, "--debug", action="store_true", default=None, help="Check shapes across ranks before collectives.")
 
     hardware = parser.add_argument_group("Hardware selection")
     _add(hardware, "--cpu", action="store_true", default=None, help="Run on CPU even if a GPU is present.")
@@ -93,7 +107,7 @@ def launch_command_parser(subparsers=None) -> argparse.ArgumentParser:
     _add(hardware, "--tpu", action="store_true", default=None, help=argparse.SUPPRESS)
 
     resources = parser.add_argument_group("Resource selection")
-    _add(resources, "--mixed_precision", choices=PRECISIONS, default=None, help="Mixed precision mode.")
+    _add(resources, "--mixed_precision", choices=PRECISIONS, type=str.lower, default=None, help="Mixed precision mode.")
     _add(resources, "--num_processes", type=_positive_int, default=None, help="Total processes over all machines.")
     _add(resources, "--num_machines", type=_positive_int, default=None, help="Number of machines.")
     _add(resources, "--num_cpu_threads_per_process", type=_positive_int, default=None, help="OMP_NUM_THREADS.")
@@ -113,22 +127,58 @@ def launch_command_parser(subparsers=None) -> argparse.ArgumentParser:
     _add(distributed, "--rdzv_backend", choices=("static", "c10d", "etcd", "etcd-v2"), default=None)
     _add(distributed, "--rdzv_conf", default=None, help="Extra rendezvous settings: key1=value1,key2=value2.")
     _add(distributed, "--max_restarts", type=_non_negative_int, default=None, help="Restarts before failing.")
-    _add(distributed, "--monitor_interval", type=float, default=None, help="Seconds between health checks.")
+    _add(distributed, "--monitor_interval", type=_non_negative_float, default=None, help="Seconds between health checks.")
     _add(distributed, "--tee", "-t", default="0", help=argparse.SUPPRESS)
     _add(distributed, "--log_dir", default=None, help="Directory for each process's logs.")
     _add(distributed, "--role", default="default", help=argparse.SUPPRESS)
 
-    training = parser.add_argument_group("Training")
+    training = parser.add_argument_group("Training paradigm")
     _add(training, "--gradient_accumulation_steps", type=_positive_int, default=None)
-    _add(training, "--use_fsdp", action="store_true", default=None)
-    _add(training, "--use_deepspeed", action="store_true", default=None)
-    _add(training, "--use_megatron_lm", action="store_true", default=None)
+    _add(training, "--use_fsdp", action="store_true", default=None, help="Shard the model with FSDP.")
+    _add(training, "--use_deepspeed", action="store_true", default=None, help="DeepSpeed (not supported yet).")
+    _add(training, "--use_megatron_lm", action="store_true", default=None, help=argparse.SUPPRESS)
 
-    parser.add_argument("training_script", help="The script (or module with -m) to run.")
-    parser.add_argument("training_script_args", nargs=argparse.REMAINDER, help="Arguments for the script.")
-    if subparsers is not None:
-        parser.set_defaults(func=launch_command)
-    return parser
+    fsdp = parser.add_argument_group("FSDP (with --use_fsdp; exported as FSDP_* variables)")
+    _add(fsdp, "--fsdp_version", type=int, choices=(1, 2), default=None)
+    _add(fsdp, "--fsdp_offload_params", type=_bool_text, default=None, help="true/false")
+    _add(fsdp, "--fsdp_min_num_params", type=_non_negative_int, default=None)
+    _add(fsdp, "--fsdp_sharding_strategy", type=str.upper, default=None,
+         choices=("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2"))
+    _add(fsdp, "--fsdp_reshard_after_forward", type=_bool_or_strategy, default=None, help="true/false")
+    _add(fsdp, "--fsdp_auto_wrap_policy", type=str.upper, default=None,
+         choices=("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP"))
+    _add(fsdp, "--fsdp_transformer_layer_cls_to_wrap", default=None, help="Layer class names, comma-separated.")
+    _add(fsdp, "--fsdp_backward_prefetch", type=str.upper, default=None,
+         choices=("BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH"))
+    _add(fsdp, "--fsdp_state_dict_type", type=str.upper, default=None,
+         choices=("FULL_STATE_DICT", "LOCAL_STATE_DICT", "SHARDED_STATE_DICT"))
+    for name in ("forward_prefetch", "use_orig_params", "cpu_ram_efficient_loading", "sync_module_states",
+                 "activation_checkpointing", "activation_checkpointing_offload"):
+        _add(fsdp, f"--fsdp_{name}", type=_bool_text, default=None, help="true/false")
+
+    deepspeed = parser.add_argument_group("DeepSpeed (accepted for compatibility; hasten does not run DeepSpeed yet)")
+    for name in ("deepspeed_config_file", "zero_stage", "offload_optimizer_device", "offload_param_device",
+                 "offload_optimizer_nvme_path", "offload_param_nvme_path", "gradient_clipping", "zero3_init_flag",
+                 "zero3_save_16bit_model", "deepspeed_hostfile", "deepspeed_exclusion_filter",
+                 "deepspeed_inclusion_filter", "deepspeed_multinode_launcher", "deepspeed_moe_layer_cls_names"):
+        _add(deepspeed, f"--{name}", default=None, help=argparse.SUPPRESS)
+
+
+def _non_negative_float(text):
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative; give 0 or more")
+    return value
+
+
+def _bool_or_strategy(text):
+    upper = text.strip().upper()
+    if upper in ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2"):
+        return upper
+    return _bool_text(text)
 
 
 @dataclass
@@ -145,110 +195,31 @@ class LaunchPlan:
     max_restarts: int = 0
     monitor_interval: float = 0.1
     env: dict = field(default_factory=dict)
+    settings: object = None  # hasten.config.launch_settings.LaunchSettings: every value with its source
 
     @property
     def nproc_per_node(self) -> int:
         return self.num_processes // self.num_machines
 
 
-def _parse_rdzv_conf(text: str | None) -> dict:
-    result = {}
-    for item in filter(None, (text or "").split(",")):
-        if "=" not in item:
-            raise ConfigError(f"--rdzv_conf item {item!r} is not key=value (example: --rdzv_conf timeout=900,is_host=1)")
-        key, value = item.split("=", 1)
-        result[key.strip()] = value.strip()
-    return result
-
-
-def _gpu_count() -> int:
-    try:
-        import torch
-
-        return torch.cuda.device_count()
-    except Exception:  # noqa: BLE001
-        return 0
-
-
 def plan_launch(args: argparse.Namespace) -> LaunchPlan:
-    """Check the flags together and turn them into a plan; conflicting flags are errors, not warnings."""
-    paradigms = [name for name in ("cpu", "multi_gpu", "tpu", "use_deepspeed", "use_fsdp") if getattr(args, name, None)]
-    if len(paradigms) > 1:
-        raise ConfigError(f"--{paradigms[0]} and --{paradigms[1]} cannot be combined: pick one way to run")
-    if args.tpu:
-        raise ConfigError("--tpu is not supported by hasten yet")
-    if args.use_deepspeed or args.use_megatron_lm:
-        flag = "--use_deepspeed" if args.use_deepspeed else "--use_megatron_lm"
-        raise ConfigError(f"{flag} is not supported by hasten yet")
-    if args.module and args.no_python:
-        raise ConfigError("--module and --no_python cannot be combined")
+    """Resolve flags, environment and config file into a plan (precedence and checks: hasten.config)."""
+    from ..config.launch_settings import resolve_launch
 
-    num_machines = args.num_machines or 1
-    num_processes = args.num_processes
-    if num_processes is None:
-        gpus = 0 if args.cpu else _gpu_count()
-        num_processes = max(1, gpus) * num_machines if not args.multi_gpu else max(2, gpus)
-    if args.multi_gpu and num_processes < 2:
-        raise ConfigError("--multi_gpu needs --num_processes of 2 or more")
-    if num_processes % num_machines:
-        raise ConfigError(
-            f"--num_processes {num_processes} is the total over all machines and must divide evenly by "
-            f"--num_machines {num_machines}"
-        )
-    machine_rank = args.machine_rank or 0
-    if machine_rank >= num_machines:
-        raise ConfigError(f"--machine_rank {machine_rank} must be below --num_machines {num_machines}")
-    if num_machines > 1 and not args.main_process_ip:
-        raise ConfigError(
-            f"--num_machines {num_machines} needs --main_process_ip: the address of the machine with rank 0"
-        )
-
-    env = {}
-    if args.cpu:
-        env["HASTEN_USE_CPU"] = "true"
-    if args.mixed_precision:
-        env["HASTEN_MIXED_PRECISION"] = args.mixed_precision
-    if args.debug:
-        env["HASTEN_DEBUG_MODE"] = "true"
-    if args.gradient_accumulation_steps:
-        env["HASTEN_GRADIENT_ACCUMULATION_STEPS"] = str(args.gradient_accumulation_steps)
-    if args.dynamo_backend:
-        env["HASTEN_DYNAMO_BACKEND"] = args.dynamo_backend
-        env["HASTEN_DYNAMO_MODE"] = args.dynamo_mode or "default"
-        env["HASTEN_DYNAMO_USE_FULLGRAPH"] = str(bool(args.dynamo_use_fullgraph)).lower()
-        env["HASTEN_DYNAMO_USE_REGIONAL_COMPILATION"] = str(bool(args.dynamo_use_regional_compilation)).lower()
-        if args.dynamo_use_dynamic is not None:
-            env["HASTEN_DYNAMO_USE_DYNAMIC"] = "true"
-    if args.enable_cpu_affinity:
-        env["HASTEN_CPU_AFFINITY"] = "1"
-    if args.use_fsdp:
-        env["HASTEN_USE_FSDP"] = "true"
-    if args.gpu_ids and args.gpu_ids != "all":
-        ids = [g.strip() for g in args.gpu_ids.split(",") if g.strip()]
-        if not all(g.isdigit() for g in ids):
-            raise ConfigError(f"--gpu_ids {args.gpu_ids!r} must be comma-separated integers (e.g. 0,1) or 'all'")
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(ids)
-    nproc_per_node = num_processes // num_machines
-    threads = args.num_cpu_threads_per_process
-    if threads is None and "OMP_NUM_THREADS" not in os.environ:
-        # Without this every process starts one thread per core and they fight for the same cores.
-        import psutil
-
-        threads = max(1, (psutil.cpu_count(logical=False) or 1) // nproc_per_node)
-    if threads is not None:
-        env["OMP_NUM_THREADS"] = str(threads)
-
+    settings = resolve_launch(args)
+    values = {name: resolved.value for name, resolved in settings.values.items()}
     return LaunchPlan(
-        num_processes=num_processes,
-        num_machines=num_machines,
-        machine_rank=machine_rank,
-        main_process_ip=args.main_process_ip or "127.0.0.1",
-        main_process_port=args.main_process_port,
-        rdzv_backend=args.rdzv_backend or "static",
-        rdzv_conf=_parse_rdzv_conf(args.rdzv_conf),
-        max_restarts=args.max_restarts or 0,
-        monitor_interval=0.1 if args.monitor_interval is None else args.monitor_interval,
-        env=env,
+        num_processes=values["num_processes"],
+        num_machines=values["num_machines"],
+        machine_rank=values["machine_rank"],
+        main_process_ip=values["main_process_ip"] or "127.0.0.1",
+        main_process_port=values["main_process_port"],
+        rdzv_backend=values["rdzv_backend"],
+        rdzv_conf=settings.rdzv_conf,
+        max_restarts=values["max_restarts"],
+        monitor_interval=values["monitor_interval"],
+        env=settings.env,
+        settings=settings,
     )
 
 
@@ -311,14 +282,61 @@ def _run_in_place(args, plan: LaunchPlan) -> int:
     return 0
 
 
+def _failure_facts(failure) -> tuple[int, float, str]:
+    """(how likely this failure is the root cause: lower first, when it happened, what happened)."""
+    extra = {}
+    message = failure.message if isinstance(failure.message, str) else ""
+    data = failure.error_file_data.get("message") if isinstance(failure.error_file_data, dict) else None
+    if isinstance(data, dict):
+        message = str(data.get("message", ""))
+        extra = data.get("extraInfo", {}) or {}
+    code = failure.exitcode
+    when = float(extra.get("hasten_time", failure.timestamp))
+    if extra:
+        from ..state import PEER_LOSS_MARKERS  # torch is loaded by now
+
+        # Files written by torch's own `@record` (function launchers) carry no flag: read the message.
+        lost_peer = extra.get("hasten_peer_loss") or any(m in message.lower() for m in PEER_LOSS_MARKERS)
+        rank_kind = 3 if lost_peer else 0
+        if rank_kind == 3:
+            what = "lost contact with a failed process"
+        else:
+            what = "failed: " + (message.strip().splitlines() or [""])[0][:300]
+    elif code is not None and code < 0:
+        what = f"was killed by signal {-code}"
+        # SIGTERM is what the agent sends to the survivors; other signals (KILL by the OOM killer, SEGV,
+        # ABRT) are failures of their own.
+        rank_kind = 2 if -code == 15 else 1
+    else:
+        what = f"exited with code {code}"
+        rank_kind = 1
+    return rank_kind, when, what
+
+
 def _describe_failures(error) -> str:
+    """One line naming the rank that failed first, then what happened to the others.
+
+    The agent's own order is unreliable: when rank 1 dies, rank 0 often fails inside a collective and exits
+    before rank 1 has finished dying. Error files written by hasten's workers say which error was a
+    consequence of losing a peer (see `hasten.state._record_uncaught_errors`).
+    """
     failures = getattr(error, "failures", {}) or {}
-    parts = []
-    for local_rank, failure in sorted(failures.items()):
-        code = failure.exitcode
-        how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
-        parts.append(f"rank {failure.rank} (local rank {local_rank}) {how}")
-    return "; ".join(parts) or str(error)
+    if not failures:
+        return str(error).strip().splitlines()[0] if str(error).strip() else "a process failed"
+    facts = {rank: _failure_facts(failure) for rank, failure in failures.items()}
+    order = sorted(facts, key=lambda rank: (facts[rank][0], facts[rank][1], rank))
+    root = order[0]
+    parts = [f"rank {root} (local rank {failures[root].local_rank}) {facts[root][2]}"]
+    later = [
+        f"rank {rank} " + ("the same way" if facts[rank][2] == facts[root][2] else facts[rank][2])
+        for rank in order[1:] if facts[rank][0] != 2
+    ]
+    if later:
+        parts.append("then " + ", ".join(later))
+    stopped = [str(rank) for rank in order[1:] if facts[rank][0] == 2]
+    if stopped:
+        parts.append(f"rank{'s' if len(stopped) > 1 else ''} {', '.join(stopped)} stopped by the launcher")
+    return "; ".join(parts)
 
 
 def _logs_specs(args):
@@ -337,8 +355,12 @@ def _run_distributed(args, plan: LaunchPlan) -> int:
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     if not args.debug:
-        # The elastic agent's INFO/WARNING chatter buries the user's own output; our summary replaces it.
-        logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)
+        # The agent's chatter (and its guess at the failed rank, often wrong) buries the user's own output;
+        # the one-line summary below replaces it.
+        # torch gives each of its modules' loggers an explicit level, so setting the parent is not enough.
+        for name in ["torch.distributed.elastic", *logging.root.manager.loggerDict]:
+            if name.startswith(("torch.distributed.elastic", "torch.distributed.launcher")):
+                logging.getLogger(name).setLevel(logging.CRITICAL)
     if not args.no_python and not args.module and not os.path.exists(args.training_script):
         raise LaunchError(f"training script {args.training_script!r} does not exist")
     port = _resolve_port(plan)
@@ -368,16 +390,26 @@ def _run_distributed(args, plan: LaunchPlan) -> int:
         if not args.quiet:
             elapsed = time.monotonic() - started
             print(
-                f"hasten launch: {_describe_failures(error)} after {elapsed:.1f}s; the other processes were "
-                "stopped (the failing process's own error is printed above)",
+                f"hasten launch: {_describe_failures(error)} (after {elapsed:.1f}s; the failing process's own "
+                "error is printed above)",
                 file=sys.stderr,
             )
+        return 1
+    except Exception as error:  # noqa: BLE001 - rendezvous/agent errors: one line, not the agent's traceback
+        if args.debug:
+            raise
+        text = (str(error).strip().splitlines() or [""])[0]
+        print(f"hasten launch: error: the launcher's agent failed: {type(error).__name__}: {text} "
+              "(run with --debug for the full trace)", file=sys.stderr)
         return 1
     return 0
 
 
 def launch_command(args: argparse.Namespace) -> int:
     plan = plan_launch(args)
+    if not args.no_python and not args.module and not os.path.exists(args.training_script):
+        # Checked before torch is imported: the answer should not wait for it.
+        raise LaunchError(f"training script {args.training_script!r} does not exist")
     if plan.num_processes == 1 and plan.num_machines == 1 and not plan.max_restarts:
         return _run_in_place(args, plan)
     return _run_distributed(args, plan)

@@ -22,6 +22,8 @@ _SOURCES = {
         "InitProcessGroupKwargs", "ProfileKwargs", "GradientAccumulationPlugin", "ProjectConfiguration",
         "DataLoaderConfiguration", "TorchDynamoPlugin",
     ],
+    "hasten.config.fsdp": ["FullyShardedDataParallelPlugin"],
+    "hasten.backends.fsdp_checkpoint": ["merge_fsdp_weights"],
     "hasten.environment": [
         "str_to_bool", "parse_flag_from_env", "parse_choice_from_env", "get_int_from_env",
     ],
@@ -30,7 +32,9 @@ _SOURCES = {
         "find_executable_batch_size", "release_memory", "should_reduce_batch_size", "clear_device_cache",
     ],
     "hasten.launchers": ["notebook_launcher", "debug_launcher"],
+    "hasten.modeling": ["load_checkpoint_in_model"],
     "hasten.commands.launch": ["get_free_port"],
+    "hasten.config.file": ["write_basic_config"],
     "hasten.utils.other": [
         "is_port_in_use", "patch_environment", "clear_environment", "merge_dicts", "recursive_getattr",
         "convert_bytes", "get_pretty_name", "is_compiled_module", "extract_model_from_parallel", "save", "load",

@@ -97,9 +97,15 @@ def save(obj, f, save_on_each_node: bool = False, safe_serialization: bool = Fal
     if safe_serialization:
         from safetensors.torch import save_file
 
-        save_file(obj, f, metadata={"format": "pt"})
+        write = lambda path: save_file(obj, path, metadata={"format": "pt"})  # noqa: E731
     else:
-        torch.save(obj, f)
+        write = lambda path: torch.save(obj, path)  # noqa: E731
+    if isinstance(f, (str, os.PathLike)):
+        from ..checkpoint_io import atomic_write
+
+        atomic_write(os.fspath(f), write)  # readers see the old file or the new one, never half of one
+    else:
+        write(f)
 
 
 def load(f, map_location=None, **kwargs):

@@ -1,0 +1,485 @@
+"""Sharded data parallel with PyTorch FSDP: each process keeps only its shard of parameters, gradients and
+optimizer state, and gathers whole parameters just for the forward and backward of one block.
+
+FSDP2 (`fully_shard`, the default for new code) changes modules in place and turns parameters into
+DTensors, so optimizers built before `prepare` are re-pointed at the new parameters here (`prepare_together`).
+FSDP1 (`FullyShardedDataParallel`) wraps the module in a container. Both run on CPU processes with gloo.
+
+Checkpoints of sharded state go through torch.distributed.checkpoint (see `fsdp_checkpoint.py`), so a run
+saved by N processes loads into M.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+
+import torch
+import torch.distributed as dist
+from torch.utils.weak import WeakIdKeyDictionary
+
+from ..errors import ConfigError
+from . import fsdp_checkpoint
+from .base import Backend
+
+
+def _plain(optimizer):
+    """The torch optimizer inside hasten's `AcceleratedOptimizer` (or the optimizer itself)."""
+    return getattr(optimizer, "optimizer", optimizer)
+
+
+def _is_fsdp2(module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(module, FSDPModule)
+
+
+def _is_fsdp1(module) -> bool:
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    return isinstance(module, FullyShardedDataParallel)
+
+
+class FSDPBackend(Backend):
+    name = "fsdp"
+    supports_clip_grad_value = False  # a value clip on shards is fine, but Accelerate refuses it: keep one rule
+
+    def __init__(self, state, ddp_kwargs=None, plugin=None):
+        if plugin is None:
+            from ..config.fsdp import FullyShardedDataParallelPlugin
+
+            plugin = FullyShardedDataParallelPlugin()
+        super().__init__(state, ddp_kwargs=ddp_kwargs, plugin=plugin)
+        plugin.set_mixed_precision(state.mixed_precision)
+        self.version = plugin.fsdp_version
+        # user's module -> what prepare_model returns (the same module for FSDP2, the FSDP1 container for 1)
+        self._prepared = WeakIdKeyDictionary()
+        # parameter the user's optimizer may still hold -> the sharded parameter that replaced it
+        self._replacement = WeakIdKeyDictionary()
+        self._roots: list = []  # every sharded model, to find a parameter's owner (clipping, optimizer state)
+        self._mesh = None
+
+    @property
+    def grad_scaler_factory(self):
+        """fp16 loss scaling: FSDP1's local gradients need every process to agree on overflow (FSDP2's DTensor
+        gradients already make torch's GradScaler agree)."""
+        if self.version != 1:
+            return None
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+        return functools.partial(ShardedGradScaler, self.state.device.type)
+
+    # -- preparing ------------------------------------------------------------------------------------------
+    def prepare_together(self, models, optimizers):
+        """Shard every model of this `prepare` call, then point the optimizers at the sharded parameters."""
+        for model in models:
+            if model not in self._prepared and not getattr(model, "_is_accelerate_prepared", False):
+                self._prepared[model] = self._shard(model)
+        for optimizer in optimizers:
+            self._repoint(_plain(optimizer))
+
+    def prepare_model(self, model, device_placement, evaluation_mode):
+        if model not in self._prepared:
+            self._prepared[model] = self._shard(model)
+        return self._prepared[model]
+
+    def _check_device(self):
+        device = self.state.device
+        if self.plugin.offloads_params and device.type == "cpu":
+            raise ConfigError(
+                "fsdp cpu_offload (--fsdp_offload_params) keeps parameters in CPU memory between uses, but this run's "
+                "device is already the CPU, where torch's FSDP cannot offload; set fsdp_offload_params to false"
+            )
+
+    def _device_mesh(self):
+        if self._mesh is None:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            if not dist.is_initialized():
+                _init_single_process_group()
+
+            self._mesh = init_device_mesh(self.state.device.type, (dist.get_world_size(),))
+        return self._mesh
+
+    def _shard(self, model: torch.nn.Module) -> torch.nn.Module:
+        if not any(True for _ in model.parameters()):
+            return model.to(self.state.device)
+        self._check_device()
+        self._device_mesh()  # also makes a one-process group when the script was not launched
+        ram_efficient = self.plugin.cpu_ram_efficient_loading
+        if self.version == 2 and not ram_efficient and _on_any_rank(any(p.is_meta for p in model.parameters())):
+            raise ConfigError(
+                "prepare() got a model with parameters on the meta device; load its weights first, or build it on the "
+                "meta device on every process but rank 0 and set fsdp cpu_ram_efficient_loading=True"
+            )
+        if ram_efficient and _on_any_rank(dist.get_rank() == 0 and any(p.is_meta for p in model.parameters())):
+            raise ConfigError(
+                "fsdp cpu_ram_efficient_loading: rank 0 must build the model with its real weights (the others may use "
+                "the meta device), but rank 0's model has parameters on the meta device"
+            )
+        if self.version == 2:
+            sharded = self._shard_fsdp2(model, ram_efficient)
+        else:
+            sharded = self._shard_fsdp1(model)
+        self._roots.append(sharded)
+        return sharded
+
+    def _ignored_params(self, model) -> set:
+        ignored = self.plugin.ignored_modules
+        if ignored is None:
+            return set()
+        if isinstance(ignored, str):
+            import re
+
+            pattern = re.compile(ignored)
+            ignored = [m for name, m in model.named_modules() if pattern.fullmatch(name)]
+        return {p for module in ignored for p in module.parameters()}
+
+    def _shard_fsdp2(self, model, ram_efficient: bool):
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        plugin = self.plugin
+        wants_own_unit = plugin.wrap_predicate(model)
+        old_params = dict(model.named_parameters())
+        if ram_efficient:
+            # Everyone shards an empty (meta) model; rank 0 then streams its weights in tensor by tensor.
+            full = _named_tensors(model) if dist.get_rank() == 0 else {}
+            model.to("meta")
+        if plugin.activation_checkpointing:
+            _apply_activation_checkpointing(model, wants_own_unit, composable=True)
+        kwargs = dict(
+            mesh=self._device_mesh(),
+            reshard_after_forward=plugin.reshard_after_forward,
+            mp_policy=plugin.mixed_precision_policy or MixedPrecisionPolicy(),
+            offload_policy=plugin.cpu_offload,
+        )
+        ignored = self._ignored_params(model)
+        if ignored:
+            kwargs["ignored_params"] = ignored
+
+        def shard(module):
+            replaced = list(module.parameters())
+            fully_shard(module, **kwargs)
+            if ram_efficient:
+                return
+            # Free each whole parameter once its shard exists (the user's optimizer still holds the old
+            # object until it is re-pointed), so the peak is one copy plus a block, not one and a half copies.
+            still_used = {id(p) for _, p in model.named_parameters(remove_duplicate=False)}
+            for old in replaced:
+                if id(old) not in still_used:
+                    old.data = torch.empty(0, dtype=old.dtype, device=old.device)
+
+        if wants_own_unit is not None:
+            # Bottom-up: a block's parameters belong to the innermost unit that claims them.
+            for module in reversed(list(model.modules())):
+                if module is not model and _can_be_unit(module) and wants_own_unit(module):
+                    shard(module)
+        shard(model)
+        if ram_efficient:
+            model.to_empty(device=self.state.device)
+            _stream_weights_from_rank0(model, full)
+        new_params = dict(model.named_parameters())
+        for name, old in old_params.items():
+            if name in new_params and new_params[name] is not old:
+                self._replacement[old] = new_params[name]
+        return model
+
+    def _shard_fsdp1(self, model):
+        from torch.distributed.fsdp import FullyShardedDataParallel
+        from torch.distributed.fsdp.wrap import lambda_auto_wrap_policy
+
+        plugin = self.plugin
+        device = self.state.device
+        if _on_any_rank(any(p.is_meta for p in model.parameters())):
+            # FSDP1 materialises meta modules through sync_module_states, which fails on CPU processes.
+            if device.type == "cpu":
+                raise ConfigError(
+                    "fsdp cpu_ram_efficient_loading with fsdp_version=1 cannot fill models built on the meta device on "
+                    "CPU processes (FSDP1's sync_module_states needs an accelerator); use fsdp_version=2"
+                )
+            raise ConfigError(
+                "FSDP1 in hasten does not load models built on the meta device yet; use fsdp_version=2 with "
+                "cpu_ram_efficient_loading=True"
+            )
+        model = model.to(device)
+        if plugin.sync_module_states:
+            # FSDP1's own sync_module_states fails on CPU processes; broadcasting before wrapping is the same.
+            with torch.no_grad():
+                for tensor in _named_tensors(model).values():
+                    dist.broadcast(tensor, src=0)
+        policy = plugin.auto_wrap_policy
+        if policy is not None and not callable(policy):
+            predicate = plugin.wrap_predicate(model)
+            if predicate is not None:
+                policy = functools.partial(lambda_auto_wrap_policy,
+                                           lambda_fn=lambda module: _can_be_unit(module) and predicate(module))
+            else:
+                policy = None
+        if plugin.activation_checkpointing:
+            _apply_activation_checkpointing(model, plugin.wrap_predicate(model), composable=False)
+        ignored = plugin.ignored_modules
+        if isinstance(ignored, str):
+            import re
+
+            pattern = re.compile(ignored)
+            ignored = [m for name, m in model.named_modules() if pattern.fullmatch(name)]
+        old_params = list(model.parameters())
+        wrapped = FullyShardedDataParallel(
+            model,
+            sharding_strategy=plugin.sharding_strategy,
+            cpu_offload=plugin.cpu_offload,
+            auto_wrap_policy=policy,
+            mixed_precision=plugin.mixed_precision_policy,
+            backward_prefetch=plugin.backward_prefetch,
+            forward_prefetch=bool(plugin.forward_prefetch),
+            limit_all_gathers=plugin.limit_all_gathers,
+            use_orig_params=bool(plugin.use_orig_params),
+            ignored_modules=ignored,
+            param_init_fn=plugin.param_init_fn,
+            device_id=device,
+        )
+        if not plugin.use_orig_params:
+            # The user's parameters now live inside flat parameters; remember which optimizer lists to rebuild.
+            flat = list(wrapped.parameters())
+            for old in old_params:
+                self._replacement[old] = flat
+        return wrapped
+
+    def _repoint(self, optimizer) -> None:
+        """Make an optimizer built on the unsharded model update the sharded parameters instead."""
+        for group in optimizer.param_groups:
+            params = group["params"]
+            found = [self._replacement.get(p) for p in params]
+            if not any(r is not None for r in found):
+                continue
+            if any(p in optimizer.state and optimizer.state[p] for p in params):
+                raise ConfigError(
+                    f"{type(optimizer).__name__} already has state for the unsharded parameters (it stepped before "
+                    "prepare); with FSDP create or reset the optimizer before calling prepare()"
+                )
+            if isinstance(found[0], list):  # FSDP1 flat parameters replace the whole group
+                if len(optimizer.param_groups) > 1:
+                    raise ConfigError(
+                        f"{type(optimizer).__name__} has {len(optimizer.param_groups)} parameter groups, which FSDP1 "
+                        "with use_orig_params=False cannot keep apart; set fsdp use_orig_params=True or use fsdp_version=2"
+                    )
+                group["params"] = list(found[0])
+                continue
+            missing = [i for i, r in enumerate(found) if r is None and not any(p is params[i] for p in self._all_params())]
+            if missing:
+                raise ConfigError(
+                    f"{len(missing)} parameters of {type(optimizer).__name__} do not belong to any prepared model "
+                    "after sharding (tied weights shared across FSDP units?); tie them inside one wrapped block, "
+                    "or create the optimizer after prepare()"
+                )
+            group["params"] = [r if r is not None else p for p, r in zip(params, found)]
+
+    def _all_params(self):
+        for root in self._roots:
+            yield from root.parameters()
+
+    def owner_of(self, optimizer):
+        """The sharded model whose parameters `optimizer` updates."""
+        params = {id(p) for group in _plain(optimizer).param_groups for p in group["params"]}
+        for root in self._roots:
+            if any(id(p) in params for p in root.parameters()):
+                return root
+        raise ConfigError(
+            f"{type(_plain(optimizer)).__name__} updates no parameter of a model prepared with FSDP; pass the model "
+            "to prepare() as well"
+        )
+
+    # -- the training step ----------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _gradient_sync(self, model, enabled: bool):
+        if _is_fsdp2(model):
+            model.set_requires_gradient_sync(enabled)
+            try:
+                yield
+            finally:
+                model.set_requires_gradient_sync(not enabled)
+        elif _is_fsdp1(model) and not enabled:
+            with model.no_sync():
+                yield
+        else:
+            yield
+
+    def no_sync(self, model):
+        """Backward keeps whole (unsharded) gradients locally; the next synced backward reduces their sum."""
+        return self._gradient_sync(model, enabled=False)
+
+    def trigger_sync_in_backward(self, model):
+        return self._gradient_sync(model, enabled=True)
+
+    def clip_grad_norm_(self, parameters, max_norm, norm_type=2.0):
+        """Clip by the norm over all shards on all processes; returns that global norm (the same on every rank)."""
+        params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+        if self.version == 1:
+            ids = {id(p) for p in params}
+            for root in self._roots:
+                if _is_fsdp1(root) and ids == {id(p) for p in root.parameters()}:
+                    return root.clip_grad_norm_(max_norm, norm_type)
+        return _clip_sharded_grad_norm(params, float(max_norm), float(norm_type), self.version == 1)
+
+    # -- state for checkpoints ------------------------------------------------------------------------------
+    def model_state_dict(self, model):
+        """The whole model's state on the main process (empty elsewhere); used when a checkpoint wants one file."""
+        return fsdp_checkpoint.full_model_state_dict(model)
+
+    def load_model_state_dict(self, model, state_dict, strict=True):
+        return fsdp_checkpoint.load_full_model_state_dict(model, state_dict, strict=strict)
+
+    def full_state_dict(self, model, unwrap=True):
+        return fsdp_checkpoint.full_model_state_dict(model)
+
+    def optimizer_state_dict(self, optimizer, model=None):
+        model = model if model is not None else self.owner_of(optimizer)
+        return fsdp_checkpoint.full_optimizer_state_dict(model, _plain(optimizer))
+
+    def load_optimizer_state_dict(self, optimizer, state_dict, model=None):
+        model = model if model is not None else self.owner_of(optimizer)
+        fsdp_checkpoint.load_full_optimizer_state_dict(model, _plain(optimizer), state_dict)
+
+    # The checkpoint module lets this backend write the model and optimizer files itself.
+    writes_own_checkpoint_files = True
+
+    def save_model_and_optimizer(self, output_dir, models, optimizers) -> list:
+        """Write the models' and optimizers' state into `output_dir` with Accelerate's FSDP names.
+
+        SHARDED_STATE_DICT: every process writes its own shard into `pytorch_model_fsdp_<i>/` and `optimizer_<i>/`
+        (torch.distributed.checkpoint); FULL_STATE_DICT: the main process writes `pytorch_model_fsdp[_<i>].bin`
+        and `optimizer[_<i>].bin`, gathered one tensor at a time. Returns the names this process wrote.
+        """
+        sharded = fsdp_checkpoint.is_sharded(self.plugin)
+        written = [fsdp_checkpoint.save_model(model, output_dir, index, sharded) for index, model in enumerate(models)]
+        written += [
+            fsdp_checkpoint.save_optimizer(self.owner_of(optimizer), _plain(optimizer), output_dir, index, sharded)
+            for index, optimizer in enumerate(optimizers)
+        ]
+        return [name for name in written if name is not None]
+
+    def load_model_and_optimizer(self, input_dir, models, optimizers) -> None:
+        """Read what `save_model_and_optimizer` wrote, whatever number of processes wrote it."""
+        for index, model in enumerate(models):
+            fsdp_checkpoint.load_model(model, input_dir, index)
+        for index, optimizer in enumerate(optimizers):
+            fsdp_checkpoint.load_optimizer(self.owner_of(optimizer), _plain(optimizer), input_dir, index)
+
+    def save_checkpoint_files(self, models, optimizers, output_dir, **save_model_func_kwargs) -> list:
+        return self.save_model_and_optimizer(output_dir, models, optimizers)
+
+    def load_checkpoint_files(self, models, optimizers, input_dir, **load_model_func_kwargs) -> None:
+        self.load_model_and_optimizer(input_dir, models, optimizers)
+
+    # -- unwrapping -----------------------------------------------------------------------------------------
+    def unwrap_model(self, model, keep_fp32_wrapper=True, keep_torch_compile=True):
+        # FSDP2 modules are the user's own objects (sharded in place); FSDP1 containers are stripped by the base.
+        return super().unwrap_model(model, keep_fp32_wrapper=keep_fp32_wrapper, keep_torch_compile=keep_torch_compile)
+
+
+def _on_any_rank(flag: bool) -> bool:
+    """Whether `flag` holds on some process: decisions that raise must be taken by all processes together."""
+    value = torch.tensor([int(flag)])
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())
+
+
+def _can_be_unit(module) -> bool:
+    """fully_shard needs a module that runs (not a ModuleList/ModuleDict container) and has parameters."""
+    has_forward = type(module).forward is not torch.nn.Module.forward
+    return has_forward and any(True for _ in module.parameters())
+
+
+def _init_single_process_group() -> None:
+    """A one-process group, so that a plain `python train.py` can run (and resume) FSDP models too."""
+    import atexit
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
+
+
+def _named_tensors(model) -> dict:
+    """Every parameter and buffer by its state-dict name (the tensors themselves, not copies)."""
+    tensors = dict(model.named_parameters())
+    tensors.update(model.named_buffers())
+    return tensors
+
+
+def _stream_weights_from_rank0(model, full: dict) -> None:
+    """Fill a freshly sharded (empty) model from rank 0's tensors, one tensor at a time.
+
+    Rank 0 drops each whole tensor as soon as it is sent, so its memory goes from one whole copy down to its
+    shard while the others grow from nothing to theirs: no process ever holds two copies.
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
+    is_source = dist.get_rank() == 0
+    for name, param in list(model.named_parameters()):
+        tensor = full.pop(name, None)
+        piece = {name: tensor.detach()} if tensor is not None else {}
+        set_model_state_dict(model, piece, options=options)
+        if tensor is not None:
+            tensor.data = torch.empty(0, dtype=tensor.dtype)  # the user's optimizer may still reference it
+        del piece, tensor
+    # Buffers are not sharded, and non-persistent ones are in no state dict: broadcast them all.
+    with torch.no_grad():
+        for name, buffer in model.named_buffers():
+            if is_source:
+                buffer.copy_(full.pop(name))
+            dist.broadcast(buffer, src=0)
+
+
+def _apply_activation_checkpointing(model, predicate, composable: bool) -> None:
+    """Recompute the activations of each wrapped block in backward instead of keeping them."""
+    if predicate is None:
+        raise ConfigError(
+            "fsdp activation_checkpointing needs an auto_wrap_policy (TRANSFORMER_BASED_WRAP or SIZE_BASED_WRAP) to "
+            "know which blocks to recompute"
+        )
+    blocks = [m for m in model.modules() if m is not model and predicate(m)]
+    if composable:
+        from torch.distributed._composable import checkpoint
+
+        for block in blocks:
+            checkpoint(block)  # in place: parameter names (and checkpoints) stay the same
+        return
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        CheckpointImpl, apply_activation_checkpointing, checkpoint_wrapper,
+    )
+
+    chosen = {id(b) for b in blocks}
+    apply_activation_checkpointing(
+        model, checkpoint_wrapper_fn=functools.partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT),
+        check_fn=lambda m: id(m) in chosen,
+    )
+
+
+def _clip_sharded_grad_norm(params, max_norm: float, norm_type: float, flat_shards: bool):
+    """`clip_grad_norm_` where gradients are DTensor shards (FSDP2) or flat-parameter shards (FSDP1)."""
+    from torch.distributed.tensor import DTensor
+
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return torch.tensor(0.0)
+    sharded = [g for g in grads if isinstance(g, DTensor)]
+    local = [g for g in grads if not isinstance(g, DTensor)]
+    parts = []
+    if sharded:
+        norm = torch.nn.utils.get_total_norm(sharded, norm_type)
+        parts.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+    if local:
+        norm = torch.nn.utils.get_total_norm(local, norm_type)
+        if flat_shards and dist.is_initialized():  # FSDP1 shards: every element lives on exactly one process
+            norm = norm.clone()
+            if norm_type == float("inf"):
+                dist.all_reduce(norm, op=dist.ReduceOp.MAX)
+            else:
+                norm = norm ** norm_type
+                dist.all_reduce(norm)
+                norm = norm ** (1.0 / norm_type)
+        parts.append(norm)
+    parts = torch.stack([p.float() for p in parts])
+    total = parts.max() if norm_type == float("inf") else parts.norm(norm_type)
+    torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+    return total

@@ -1,0 +1,255 @@
+"""Reading and writing FSDP model/optimizer state, with Accelerate's file names.
+
+Sharded state goes through torch.distributed.checkpoint (DCP): every process writes only its own shard, and
+DCP reshards on load, so N processes can resume what M processes saved. A whole ("full") state dict is
+gathered one tensor at a time and kept on the main process only, so the other processes never hold more
+than their shard plus one gathered tensor.
+
+Layout inside a `save_state` folder (i = index of the model/optimizer in prepare order):
+
+    SHARDED_STATE_DICT   pytorch_model_fsdp_<i>/   (DCP, key "model")   optimizer_<i>/  (DCP, key "optimizer")
+    FULL_STATE_DICT      pytorch_model_fsdp.bin, pytorch_model_fsdp_<i>.bin    optimizer.bin, optimizer_<i>.bin
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import torch
+import torch.distributed as dist
+
+from ..errors import CheckpointError
+
+MODEL_NAME = "pytorch_model_fsdp"
+OPTIMIZER_NAME = "optimizer"
+DCP_METADATA = ".metadata"
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def is_sharded(plugin) -> bool:
+    from torch.distributed.fsdp import StateDictType
+
+    return plugin.state_dict_type != StateDictType.FULL_STATE_DICT
+
+
+def sharded_name(stem: str, index: int) -> str:
+    return f"{stem}_{index}"
+
+
+def full_name(stem: str, index: int) -> str:
+    return f"{stem}.bin" if index == 0 else f"{stem}_{index}.bin"
+
+
+def _is_dcp_dir(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, DCP_METADATA))
+
+
+# -- whole state dicts, gathered tensor by tensor ---------------------------------------------------------------
+def _full_options(**extra):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    # cpu_offload also means "only rank 0 keeps the gathered tensors": torch drops each one elsewhere right away.
+    return StateDictOptions(full_state_dict=True, cpu_offload=True, **extra)
+
+
+def _fsdp1_full_context(model):
+    """FSDP1's own rank-0-only gathering; its CPU offload of the result fails when the device is the CPU."""
+    from torch.distributed.fsdp import (
+        FullOptimStateDictConfig, FullStateDictConfig, FullyShardedDataParallel, StateDictType,
+    )
+
+    offload = next(model.parameters()).device.type != "cpu"
+    return FullyShardedDataParallel.state_dict_type(
+        model, StateDictType.FULL_STATE_DICT, FullStateDictConfig(offload_to_cpu=offload, rank0_only=True),
+        FullOptimStateDictConfig(offload_to_cpu=offload, rank0_only=True),
+    )
+
+
+def _is_fsdp1(model) -> bool:
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    return isinstance(model, FullyShardedDataParallel)
+
+
+def full_model_state_dict(model) -> dict:
+    """The whole model (unsharded names, e.g. `layers.0.weight`) on the main process; `{}` on the others."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    if _is_fsdp1(model):
+        with _fsdp1_full_context(model):
+            state = model.state_dict()
+        return state if _rank() == 0 else {}
+    return get_model_state_dict(model, options=_full_options())
+
+
+def load_full_model_state_dict(model, state_dict: dict, strict: bool = True):
+    """Load a whole state dict that every process has read; each keeps its shard."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    return set_model_state_dict(model, state_dict, options=StateDictOptions(full_state_dict=True, strict=strict))
+
+
+def full_optimizer_state_dict(model, optimizer) -> dict:
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    if _is_fsdp1(model):
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        with _fsdp1_full_context(model):
+            state = FullyShardedDataParallel.optim_state_dict(model, optimizer)
+        return state if _rank() == 0 else {}
+    return get_optimizer_state_dict(model, optimizer, options=_full_options())
+
+
+def load_full_optimizer_state_dict(model, optimizer, state_dict: dict) -> None:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    set_optimizer_state_dict(model, optimizer, state_dict, options=StateDictOptions(full_state_dict=True))
+
+
+# -- save_state / load_state -----------------------------------------------------------------------------------
+def save_model(model, output_dir: str, index: int, sharded: bool):
+    """Write one model's state; returns the file/folder name this process wrote (None if it wrote nothing)."""
+    if sharded:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        name = sharded_name(MODEL_NAME, index)
+        dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=os.path.join(output_dir, name))
+        return name
+    name = full_name(MODEL_NAME, index)
+    state = full_model_state_dict(model)
+    if _rank() != 0:
+        return None
+    torch.save(state, os.path.join(output_dir, name))
+    return name
+
+
+def save_optimizer(model, optimizer, output_dir: str, index: int, sharded: bool):
+    if sharded:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        name = sharded_name(OPTIMIZER_NAME, index)
+        dcp.save({"optimizer": get_optimizer_state_dict(model, optimizer)}, checkpoint_id=os.path.join(output_dir, name))
+        return name
+    name = full_name(OPTIMIZER_NAME, index)
+    state = full_optimizer_state_dict(model, optimizer)
+    if _rank() != 0:
+        return None
+    torch.save(state, os.path.join(output_dir, name))
+    return name
+
+
+def _find(input_dir: str, stem: str, index: int) -> tuple[str, bool]:
+    """(path, is_sharded) of what was saved for model/optimizer `index`, whichever state dict type wrote it."""
+    directory = os.path.join(input_dir, sharded_name(stem, index))
+    if _is_dcp_dir(directory):
+        return directory, True
+    file = os.path.join(input_dir, full_name(stem, index))
+    if os.path.isfile(file):
+        return file, False
+    raise CheckpointError(
+        f"{input_dir} has no FSDP state for {stem} {index}: expected the folder {sharded_name(stem, index)}/ "
+        f"(sharded) or the file {full_name(stem, index)} (full); was it saved with the same models and optimizers?"
+    )
+
+
+def load_model(model, input_dir: str, index: int) -> None:
+    path, sharded = _find(input_dir, MODEL_NAME, index)
+    if sharded:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+        # DCP reads into the tensors it is given: this process's shards, however many processes saved them.
+        state = {"model": get_model_state_dict(model)}
+        dcp.load(state, checkpoint_id=path)
+        set_model_state_dict(model, state["model"])
+        return
+    load_full_model_state_dict(model, torch.load(path, map_location="cpu", weights_only=True))
+
+
+def load_optimizer(model, optimizer, input_dir: str, index: int) -> None:
+    path, sharded = _find(input_dir, OPTIMIZER_NAME, index)
+    if sharded:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+        # get_optimizer_state_dict creates the (zero) state tensors of a fresh optimizer for DCP to fill.
+        state = {"optimizer": get_optimizer_state_dict(model, optimizer)}
+        dcp.load(state, checkpoint_id=path)
+        set_optimizer_state_dict(model, optimizer, state["optimizer"])
+        return
+    load_full_optimizer_state_dict(model, optimizer, torch.load(path, map_location="cpu", weights_only=True))
+
+
+# -- merge-weights ---------------------------------------------------------------------------------------------
+def _check_dcp_dir(checkpoint_dir: str) -> None:
+    if _is_dcp_dir(checkpoint_dir):
+        return
+    if not os.path.isdir(checkpoint_dir):
+        raise CheckpointError(f"{checkpoint_dir} does not exist or is not a folder")
+    inside = sorted(name for name in os.listdir(checkpoint_dir) if _is_dcp_dir(os.path.join(checkpoint_dir, name)))
+    models = [name for name in inside if name.startswith(MODEL_NAME)]
+    inside = models or inside
+    if inside:
+        hint = os.path.join(checkpoint_dir, inside[0])
+        raise CheckpointError(
+            f"{checkpoint_dir} is the folder that holds the checkpoints, not a sharded checkpoint; point at one of its "
+            f"sharded model folders ({', '.join(inside)}), e.g. {hint}"
+        )
+    raise CheckpointError(
+        f"{checkpoint_dir} is not a sharded (torch.distributed.checkpoint) checkpoint: it has no {DCP_METADATA} file; "
+        "save with fsdp state_dict_type=SHARDED_STATE_DICT"
+    )
+
+
+def load_sharded_state_dict(checkpoint_dir: str) -> dict:
+    """Every tensor of a DCP model checkpoint, whole, in one process (no process group needed)."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.format_utils import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    _check_dcp_dir(checkpoint_dir)
+    state: dict = {}
+    _load_state_dict(state, storage_reader=FileSystemReader(checkpoint_dir), planner=_EmptyStateDictLoadPlanner(),
+                     no_dist=True)
+    if set(state) == {"optimizer"}:
+        raise CheckpointError(
+            f"{checkpoint_dir} holds optimizer state, not model weights; point at the pytorch_model_fsdp_<i> folder"
+        )
+    if set(state) == {"model"} and isinstance(state["model"], dict):
+        state = state["model"]
+    return state
+
+
+def merge_fsdp_weights(checkpoint_dir: str, output_path: str, safe_serialization: bool = True,
+                       remove_checkpoint_dir: bool = False) -> str:
+    """Turn a sharded model checkpoint (`.../pytorch_model_fsdp_0`) into one `model.safetensors` (or `.bin`).
+
+    Returns the written file. Under a process group only the main process writes.
+    """
+    checkpoint_dir = os.path.expanduser(str(checkpoint_dir))
+    output_path = os.path.expanduser(str(output_path))
+    _check_dcp_dir(checkpoint_dir)
+    name = "model.safetensors" if safe_serialization else "pytorch_model.bin"
+    target = os.path.join(output_path, name)
+    if _rank() == 0:
+        state = load_sharded_state_dict(checkpoint_dir)
+        tensors = {key: value.contiguous() for key, value in state.items() if isinstance(value, torch.Tensor)}
+        os.makedirs(output_path, exist_ok=True)
+        if safe_serialization:
+            from safetensors.torch import save_file
+
+            save_file(tensors, target, metadata={"format": "pt"})
+        else:
+            torch.save(tensors, target)
+        if remove_checkpoint_dir:
+            shutil.rmtree(checkpoint_dir)
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+    return target

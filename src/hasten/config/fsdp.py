@@ -1,0 +1,442 @@
+"""`FullyShardedDataParallelPlugin`: the settings of a sharded (FSDP) run, with Accelerate's field names.
+
+One precedence rule for every field: a value passed to the constructor wins, else the `FSDP_*` environment
+variable (written by `hasten launch --use_fsdp --fsdp_*` or a config file), else the default. Every value is
+checked once, here, and a bad one is a `ConfigError` naming the field, the value, where it came from and the
+allowed values. The backend (`hasten.backends.fsdp`) only reads the resolved fields.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Optional, Union
+
+import torch
+from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy, StateDictType
+
+from ..environment import str_to_bool
+from ..errors import ConfigError
+
+_AUTO_WRAP_NAMES = ("transformer_based_wrap", "size_based_wrap", "no_wrap")
+_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.bfloat16, "fp32": torch.float32, "no": None}
+
+
+def _env(field_name: str) -> tuple[Optional[str], Optional[str]]:
+    """(value, variable name) of the `FSDP_*` variable backing `field_name`, or (None, None)."""
+    name = "FSDP_" + field_name.upper()
+    value = os.environ.get(name)
+    return (value, name) if value not in (None, "") else (None, None)
+
+
+def _source(variable: Optional[str]) -> str:
+    return f"environment variable {variable}" if variable else "FullyShardedDataParallelPlugin(...)"
+
+
+def _bool(value, field_name: str, variable: Optional[str]) -> bool:
+    if isinstance(value, bool):
+        return value
+    try:
+        return str_to_bool(value, to_bool=True)
+    except ValueError:
+        raise ConfigError(
+            f"fsdp {field_name}={value!r} (from {_source(variable)}) is not a boolean; use true or false"
+        ) from None
+
+
+def _enum(enum_cls, value, field_name: str, variable: Optional[str]):
+    """An enum member from itself, its name (any case) or its 1-based position, as Accelerate accepts."""
+    if isinstance(value, enum_cls):
+        return value
+    text = str(value).strip().upper()
+    members = list(enum_cls)
+    if text.isdigit() and 1 <= int(text) <= len(members):
+        return members[int(text) - 1]
+    if text in enum_cls.__members__:
+        return enum_cls[text]
+    raise ConfigError(
+        f"fsdp {field_name}={value!r} (from {_source(variable)}) is not valid; choose one of "
+        f"{', '.join(enum_cls.__members__)}"
+    )
+
+
+@dataclass
+class FullyShardedDataParallelPlugin:
+    """How to shard models with PyTorch FSDP (`fully_shard` for version 2, `FullyShardedDataParallel` for 1).
+
+    On hasten, FSDP also runs on CPU processes (gloo), which Accelerate never selects; options the device cannot
+    honour there (parameter offload to CPU when the parameters already live on CPU) fail at `prepare` with
+    a message saying which setting to change.
+    """
+
+    fsdp_version: Optional[int] = None
+    sharding_strategy: Union[str, ShardingStrategy, None] = None
+    reshard_after_forward: Union[bool, str, ShardingStrategy, None] = None
+    backward_prefetch: Union[str, BackwardPrefetch, None] = None
+    mixed_precision_policy: Any = None
+    auto_wrap_policy: Union[str, Callable, None] = None
+    cpu_offload: Any = None
+    ignored_modules: Union[Iterable[torch.nn.Module], str, None] = None
+    state_dict_type: Union[str, StateDictType, None] = None
+    state_dict_config: Any = None
+    optim_state_dict_config: Any = None
+    limit_all_gathers: bool = True
+    use_orig_params: Optional[bool] = None
+    param_init_fn: Optional[Callable[[torch.nn.Module], None]] = None
+    sync_module_states: Optional[bool] = None
+    forward_prefetch: Optional[bool] = None
+    activation_checkpointing: Optional[bool] = None
+    activation_checkpointing_offload: Optional[bool] = None
+    cpu_ram_efficient_loading: Optional[bool] = None
+    transformer_cls_names_to_wrap: Optional[list] = None
+    min_num_params: Optional[int] = None
+    #: Where each field's value came from ("argument", "environment variable FSDP_X" or "default").
+    sources: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self):
+        self._resolve_version()
+        self._resolve_sharding()
+        self._resolve_simple_flags()
+        self._resolve_auto_wrap()
+        self._resolve_state_dict_type()
+        self._resolve_prefetch()
+        self._resolve_ignored_modules()
+        self.cpu_offload = self._offload_policy(self.cpu_offload)
+        if self.mixed_precision_policy is not None:
+            self.mixed_precision_policy = self._mixed_precision(self.mixed_precision_policy)
+
+    # -- resolution: argument > FSDP_* variable > default -------------------------------------------------
+    def _pick(self, field_name: str, default, env_name: Optional[str] = None):
+        """(value, variable) for a field: the argument if given, else the variable, else the default."""
+        value = getattr(self, field_name)
+        if value is not None:
+            self.sources[field_name] = "argument"
+            return value, None
+        text, variable = _env(env_name or field_name)
+        if text is not None:
+            self.sources[field_name] = f"environment variable {variable}"
+            return text, variable
+        self.sources[field_name] = "default"
+        return default, None
+
+    def _resolve_version(self):
+        value, variable = self._pick("fsdp_version", 1, "version")
+        try:
+            version = int(value)
+        except (TypeError, ValueError):
+            version = None
+        if version not in (1, 2):
+            raise ConfigError(f"fsdp_version={value!r} (from {_source(variable)}) must be 1 or 2")
+        self.fsdp_version = version
+
+    def _resolve_sharding(self):
+        explicit_strategy = self.sharding_strategy is not None
+        if explicit_strategy:
+            warnings.warn(
+                "FullyShardedDataParallelPlugin(sharding_strategy=...) is deprecated (as in Accelerate); use "
+                "reshard_after_forward=True/False for FSDP2 or a ShardingStrategy there for FSDP1",
+                FutureWarning, stacklevel=4,
+            )
+            if self.fsdp_version == 2:
+                raise ConfigError(
+                    "fsdp sharding_strategy is an FSDP1 setting but fsdp_version is 2; pass "
+                    "reshard_after_forward=True (FULL_SHARD) or False (SHARD_GRAD_OP) instead"
+                )
+            self.sharding_strategy = _enum(ShardingStrategy, self.sharding_strategy, "sharding_strategy", None)
+            self.sources["sharding_strategy"] = "argument"
+        if self.reshard_after_forward is None and not explicit_strategy:
+            text, variable = _env("reshard_after_forward")
+            if text is None and self.fsdp_version == 1:
+                text, variable = _env("sharding_strategy")
+            source = f"environment variable {variable}" if variable else "default"
+            default = True if self.fsdp_version == 2 else "FULL_SHARD"
+            self.reshard_after_forward = default if text is None else text
+            self.sources["reshard_after_forward"] = source
+        else:
+            variable = None
+            self.sources.setdefault("reshard_after_forward", "argument")
+        value = self.reshard_after_forward
+        if self.fsdp_version == 2:
+            if isinstance(value, ShardingStrategy) or (
+                isinstance(value, str) and value.strip().upper() in ShardingStrategy.__members__
+            ):
+                raise ConfigError(
+                    f"fsdp reshard_after_forward={value!r} (from {_source(variable)}) is an FSDP1 sharding "
+                    "strategy; with fsdp_version=2 use true (like FULL_SHARD) or false (like SHARD_GRAD_OP)"
+                )
+            self.reshard_after_forward = _bool(value, "reshard_after_forward", variable)
+        elif value is not None:
+            if isinstance(value, bool):
+                raise ConfigError(
+                    f"fsdp reshard_after_forward={value!r} is an FSDP2 setting; with fsdp_version=1 give a "
+                    f"sharding strategy ({', '.join(ShardingStrategy.__members__)})"
+                )
+            self.reshard_after_forward = _enum(ShardingStrategy, value, "reshard_after_forward", variable)
+            if self.sharding_strategy is None:
+                self.sharding_strategy = self.reshard_after_forward
+
+    def _resolve_simple_flags(self):
+        v1_only = {"use_orig_params": False, "sync_module_states": False, "forward_prefetch": False}
+        for name, default in v1_only.items():
+            value, variable = self._pick(name, default)
+            value = _bool(value, name, variable)
+            if self.fsdp_version == 2:
+                if value and self.sources[name] == "argument":
+                    if name == "forward_prefetch":
+                        raise ConfigError(
+                            "fsdp forward_prefetch is an FSDP1 setting; FSDP2 prefetches on its own, so leave it unset "
+                            "with fsdp_version=2"
+                        )
+                    warnings.warn(f"fsdp {name} is an FSDP1 setting and is ignored with fsdp_version=2", stacklevel=4)
+                value = None  # FSDP2 has no such knob; values from an FSDP1 config file must not be errors
+            setattr(self, name, value)
+        for name in ("activation_checkpointing", "activation_checkpointing_offload", "cpu_ram_efficient_loading"):
+            value, variable = self._pick(name, False)
+            setattr(self, name, _bool(value, name, variable))
+        if self.activation_checkpointing_offload and not self.activation_checkpointing:
+            raise ConfigError(
+                "fsdp activation_checkpointing_offload=True needs activation_checkpointing=True as well"
+            )
+        if self.activation_checkpointing_offload:
+            raise ConfigError(
+                "fsdp activation_checkpointing_offload moves saved activations to CPU memory, where they already "
+                "are on a CPU run and which hasten does not implement yet; set it to false"
+            )
+        if self.fsdp_version == 1 and self.cpu_ram_efficient_loading and not self.sync_module_states:
+            # Accelerate forces this on too: the other ranks start from empty weights and need rank 0's.
+            self.sync_module_states = True
+        if self.sources.get("cpu_ram_efficient_loading") == "argument":
+            # transformers' from_pretrained reads this variable to build the model on the meta device.
+            os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] = str(self.cpu_ram_efficient_loading).lower()
+
+    def _resolve_auto_wrap(self):
+        value, variable = self._pick("auto_wrap_policy", "no_wrap")
+        if isinstance(value, str):
+            name = value.strip().lower()
+            if name not in _AUTO_WRAP_NAMES:
+                raise ConfigError(
+                    f"fsdp auto_wrap_policy={value!r} (from {_source(variable)}) is not valid; choose one of "
+                    f"{', '.join(n.upper() for n in _AUTO_WRAP_NAMES)} or pass a callable"
+                )
+            value = None if name == "no_wrap" else name
+        elif not callable(value):
+            raise ConfigError(f"fsdp auto_wrap_policy must be a name or a callable, got {type(value).__name__}")
+        self.auto_wrap_policy = value
+
+        names, variable = self._pick("transformer_cls_names_to_wrap", None, "transformer_cls_to_wrap")
+        if isinstance(names, str):
+            names = [n.strip() for n in names.split(",") if n.strip()]
+        self.transformer_cls_names_to_wrap = list(names) if names is not None else None
+
+        count, variable = self._pick("min_num_params", 0)
+        try:
+            self.min_num_params = int(count)
+        except (TypeError, ValueError):
+            raise ConfigError(
+                f"fsdp min_num_params={count!r} (from {_source(variable)}) must be an integer"
+            ) from None
+        if self.min_num_params < 0:
+            raise ConfigError(f"fsdp min_num_params={count!r} must not be negative")
+
+    def _resolve_state_dict_type(self):
+        default = "FULL_STATE_DICT" if self.fsdp_version == 1 else "SHARDED_STATE_DICT"
+        value, variable = self._pick("state_dict_type", default)
+        self.set_state_dict_type(_enum(StateDictType, value, "state_dict_type", variable))
+
+    def _resolve_prefetch(self):
+        value, variable = self._pick("backward_prefetch", None)
+        if value is not None and str(value).strip().upper() == "NO_PREFETCH":
+            value = None
+        if value is not None:
+            value = _enum(BackwardPrefetch, value, "backward_prefetch", variable)
+            if self.fsdp_version == 2:
+                if self.sources["backward_prefetch"] == "argument":
+                    warnings.warn("fsdp backward_prefetch is ignored with fsdp_version=2 (FSDP2 prefetches itself)",
+                                  stacklevel=4)
+                value = None
+        self.backward_prefetch = value
+
+    def _resolve_ignored_modules(self):
+        value, _ = self._pick("ignored_modules", None)
+        if value is not None and not isinstance(value, str):
+            value = list(value)
+            bad = [type(m).__name__ for m in value if not isinstance(m, torch.nn.Module)]
+            if bad:
+                raise ConfigError(f"fsdp ignored_modules must be modules or a regex string; got {', '.join(bad)}")
+        elif isinstance(value, str):
+            try:
+                re.compile(value)
+            except re.error as error:
+                raise ConfigError(f"fsdp ignored_modules={value!r} is not a valid regular expression: {error}") from None
+        self.ignored_modules = value
+
+    # -- converters ---------------------------------------------------------------------------------------
+    def _offload_policy(self, value):
+        """The version's offload object from a bool (or from FSDP_OFFLOAD_PARAMS)."""
+        from torch.distributed.fsdp import CPUOffload, CPUOffloadPolicy, OffloadPolicy
+
+        variable = None
+        if value is None:
+            text, variable = _env("offload_params")
+            value = False if text is None else _bool(text, "offload_params", variable)
+            self.sources["cpu_offload"] = _source(variable) if variable else "default"
+        else:
+            self.sources["cpu_offload"] = "argument"
+        if isinstance(value, bool):
+            if self.fsdp_version == 1:
+                return CPUOffload(offload_params=value)
+            return CPUOffloadPolicy() if value else OffloadPolicy()
+        expected = CPUOffload if self.fsdp_version == 1 else OffloadPolicy
+        if not isinstance(value, expected):
+            raise ConfigError(
+                f"fsdp cpu_offload={value!r} does not fit fsdp_version={self.fsdp_version}; pass a bool or a "
+                f"{expected.__name__}"
+            )
+        return value
+
+    @property
+    def offloads_params(self) -> bool:
+        from torch.distributed.fsdp import CPUOffloadPolicy
+
+        if self.fsdp_version == 1:
+            return bool(getattr(self.cpu_offload, "offload_params", False))
+        return isinstance(self.cpu_offload, CPUOffloadPolicy)
+
+    def _mixed_precision(self, value):
+        """The version's mixed-precision object from a name, a dict of dtypes or the object itself."""
+        from torch.distributed.fsdp import MixedPrecision, MixedPrecisionPolicy
+
+        target = MixedPrecision if self.fsdp_version == 1 else MixedPrecisionPolicy
+        if isinstance(value, target):
+            return value
+        if isinstance(value, (MixedPrecision, MixedPrecisionPolicy)):
+            raise ConfigError(
+                f"fsdp mixed_precision_policy is a {type(value).__name__} but fsdp_version={self.fsdp_version} "
+                f"needs a {target.__name__} (or a name such as 'bf16', or a dict of dtypes)"
+            )
+        if isinstance(value, str):
+            key = value.strip().lower()
+            if key not in _DTYPES:
+                raise ConfigError(
+                    f"fsdp mixed_precision_policy={value!r} is not valid; choose one of fp32, bf16, fp16, fp8 or "
+                    "pass a dict of dtypes"
+                )
+            dtype = _DTYPES[key]
+            value = {"param_dtype": dtype, "reduce_dtype": dtype}
+            if self.fsdp_version == 1:
+                value["buffer_dtype"] = dtype
+        if not isinstance(value, dict):
+            raise ConfigError(f"fsdp mixed_precision_policy must be a name, a dict or a {target.__name__}")
+        allowed = {"param_dtype", "reduce_dtype"} | ({"buffer_dtype"} if self.fsdp_version == 1 else {"output_dtype"})
+        unknown = set(value) - allowed
+        if unknown:
+            raise ConfigError(
+                f"fsdp mixed_precision_policy keys {sorted(unknown)} are not valid for fsdp_version="
+                f"{self.fsdp_version}; allowed: {sorted(allowed)}"
+            )
+        for key, dtype in value.items():
+            if dtype is not None and not isinstance(dtype, torch.dtype):
+                raise ConfigError(f"fsdp mixed_precision_policy[{key!r}] must be a torch.dtype, got {dtype!r}")
+        return target(**value)
+
+    # -- Accelerate's methods -----------------------------------------------------------------------------
+    def set_state_dict_type(self, state_dict_type=None):
+        """Choose FULL / SHARDED (/ LOCAL for FSDP1) checkpoints and the matching configs."""
+        from torch.distributed.fsdp import (
+            FullOptimStateDictConfig, FullStateDictConfig, ShardedOptimStateDictConfig, ShardedStateDictConfig,
+        )
+
+        if state_dict_type is not None:
+            self.state_dict_type = _enum(StateDictType, state_dict_type, "state_dict_type", None)
+        if self.state_dict_type == StateDictType.LOCAL_STATE_DICT and self.fsdp_version == 2:
+            raise ConfigError(
+                "fsdp state_dict_type=LOCAL_STATE_DICT does not exist for fsdp_version=2; use SHARDED_STATE_DICT "
+                "(resharding checkpoints) or FULL_STATE_DICT"
+            )
+        # CPU offload of the gathered state is what we want on any device; rank0_only keeps the other
+        # processes from each holding a whole copy.
+        if self.state_dict_type == StateDictType.FULL_STATE_DICT:
+            self.state_dict_config = self.state_dict_config or FullStateDictConfig(offload_to_cpu=True, rank0_only=True)
+            self.optim_state_dict_config = self.optim_state_dict_config or FullOptimStateDictConfig(
+                offload_to_cpu=True, rank0_only=True)
+        elif self.state_dict_type == StateDictType.SHARDED_STATE_DICT:
+            self.state_dict_config = self.state_dict_config or ShardedStateDictConfig(offload_to_cpu=True)
+            self.optim_state_dict_config = self.optim_state_dict_config or ShardedOptimStateDictConfig(offload_to_cpu=True)
+
+    def set_mixed_precision(self, mixed_precision, buffer_autocast: bool = False, override: bool = False):
+        """Fill the policy from the run's mixed precision ("bf16"/"fp16"), unless one was given (or `override`)."""
+        if self.mixed_precision_policy is not None and not override:
+            return
+        if isinstance(mixed_precision, torch.dtype):
+            dtype = mixed_precision
+        else:
+            key = str(mixed_precision).lower()
+            if key not in _DTYPES:
+                raise ConfigError(f"mixed precision {mixed_precision!r} is not valid for FSDP; choose one of "
+                                  f"{', '.join(_DTYPES)}")
+            dtype = _DTYPES[key]
+        if dtype is None or dtype == torch.float32:
+            if override:
+                self.mixed_precision_policy = None
+            return
+        # Gradients are reduced in fp32: summing bf16 gradients across ranks loses bits for nothing on CPU.
+        policy = {"param_dtype": dtype, "reduce_dtype": torch.float32}
+        if self.fsdp_version == 1:
+            policy["buffer_dtype"] = dtype if buffer_autocast else torch.float32
+        self.mixed_precision_policy = self._mixed_precision(policy)
+
+    def validate_mixed_precision_policy(self):
+        if self.mixed_precision_policy is not None:
+            self.mixed_precision_policy = self._mixed_precision(self.mixed_precision_policy)
+
+    def set_cpu_offload(self):
+        self.cpu_offload = self._offload_policy(self.offloads_params)
+
+    def validate_cpu_offload(self):
+        self.cpu_offload = self._offload_policy(self.cpu_offload)
+
+    # -- which submodules form their own shard group --------------------------------------------------------
+    def wrap_predicate(self, model: torch.nn.Module) -> Optional[Callable[[torch.nn.Module], bool]]:
+        """`module -> bool`: whether a submodule gets its own FSDP unit; None when only the root is wrapped."""
+        policy = self.auto_wrap_policy
+        if policy is None:
+            return None
+        if callable(policy):
+            return functools.partial(_call_user_policy, policy)
+        if policy == "transformer_based_wrap":
+            names = self.transformer_cls_names_to_wrap or list(getattr(model, "_no_split_modules", None) or [])
+            if not names:
+                raise ConfigError(
+                    "fsdp auto_wrap_policy=TRANSFORMER_BASED_WRAP needs transformer_cls_names_to_wrap (or "
+                    "--fsdp_transformer_layer_cls_to_wrap), e.g. 'Block'; the model has no _no_split_modules"
+                )
+            present = {type(m).__name__ for m in model.modules()}
+            missing = [n for n in names if n not in present]
+            if missing:
+                raise ConfigError(
+                    f"fsdp transformer_cls_names_to_wrap names {missing} but the model has no module of that class; "
+                    f"its classes are: {', '.join(sorted(present))}"
+                )
+            wanted = set(names)
+            return lambda module: type(module).__name__ in wanted
+        threshold = self.min_num_params
+        if threshold <= 0:
+            return None  # Accelerate: min_num_params=0 turns the size policy off
+        return lambda module: sum(p.numel() for p in module.parameters()) >= threshold
+
+
+def _call_user_policy(policy, module: torch.nn.Module) -> bool:
+    """Ask a user policy about one module: FSDP1-style `(module, recurse, nonwrapped_numel)` or `(module)`."""
+    import inspect
+
+    try:
+        takes_one = len(inspect.signature(policy).parameters) == 1
+    except (TypeError, ValueError):  # builtins and some C callables have no signature
+        takes_one = False
+    if takes_one:
+        return bool(policy(module))
+    numel = sum(p.numel() for p in module.parameters())
+    return bool(policy(module=module, recurse=False, nonwrapped_numel=numel))

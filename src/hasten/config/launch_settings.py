@@ -1,0 +1,251 @@
+"""What `hasten launch` will do, from its flags, the environment and the config file.
+
+`resolve_launch(args)` applies the one precedence (flag > environment > file > default, see
+`hasten.config.resolve`), rejects combinations that cannot work (conflicting flags are errors, never
+warnings), and returns the variables to export to the training processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from ..errors import ConfigError
+from . import file as config_file
+from .resolve import FSDP_ENV, PARADIGM_FLAGS, SETTINGS, SOURCES_VARIABLE, Resolved, _text, resolve, slurm_values
+
+DEEPSPEED_FLAGS = (
+    "deepspeed_config_file", "zero_stage", "offload_optimizer_device", "offload_param_device",
+    "offload_optimizer_nvme_path", "offload_param_nvme_path", "gradient_clipping", "zero3_init_flag",
+    "zero3_save_16bit_model", "deepspeed_hostfile", "deepspeed_exclusion_filter", "deepspeed_inclusion_filter",
+    "deepspeed_multinode_launcher", "deepspeed_moe_layer_cls_names",
+)
+DYNAMO_DETAIL_FLAGS = ("dynamo_mode", "dynamo_use_fullgraph", "dynamo_use_dynamic", "dynamo_use_regional_compilation")
+UNSUPPORTED_TYPES = {"DEEPSPEED": "DeepSpeed", "XLA": "TPU (XLA)", "MEGATRON_LM": "Megatron-LM"}
+
+
+@dataclass
+class LaunchSettings:
+    """The resolved launch: every setting with its source, the file read, and the variables to export."""
+
+    values: dict  # name -> Resolved
+    config_path: str | None
+    env: dict = field(default_factory=dict)
+    rdzv_conf: dict = field(default_factory=dict)
+    slurm_per_task: bool = False
+
+    def __getitem__(self, name):
+        return self.values[name].value
+
+
+def parse_rdzv_conf(text: str | None, origin: str = "--rdzv_conf") -> dict:
+    result = {}
+    for item in filter(None, (text or "").split(",")):
+        if "=" not in item or not item.split("=", 1)[0].strip():
+            raise ConfigError(f"{origin} item {item!r} is not key=value; fix: e.g. --rdzv_conf timeout=900,is_host=1")
+        key, value = item.split("=", 1)
+        result[key.strip()] = value.strip()
+    return result
+
+
+def _gpu_count() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count()
+    except Exception:  # noqa: BLE001
+        return 0
+
+
+def _where(resolved: Resolved) -> str:
+    return {"flag": resolved.origin, "environment": f"environment {resolved.origin}",
+            "file": resolved.origin, "default": "default"}.get(resolved.source, resolved.origin)
+
+
+def _check_flags(args) -> None:
+    """Flags that contradict each other, or ask for something hasten does not do."""
+    given = [name for name in PARADIGM_FLAGS if getattr(args, name, None)]
+    if len(given) > 1:
+        raise ConfigError(f"--{given[0]} and --{given[1]} cannot be combined: pick one way to run")
+    if getattr(args, "tpu", None):
+        raise ConfigError("--tpu is not supported by hasten yet; run on CPU or GPU")
+    if getattr(args, "use_megatron_lm", None):
+        raise ConfigError("--use_megatron_lm is not supported by hasten yet; use --use_fsdp to shard the model")
+    deepspeed = [name for name in DEEPSPEED_FLAGS if getattr(args, name, None) is not None]
+    if getattr(args, "use_deepspeed", None) or deepspeed:
+        flag = "--use_deepspeed" if getattr(args, "use_deepspeed", None) else f"--{deepspeed[0]}"
+        raise ConfigError(
+            f"{flag}: DeepSpeed is not supported by hasten yet; fix: use --use_fsdp (with --fsdp_offload_params "
+            "true for CPU offload) or run with Accelerate"
+        )
+    if getattr(args, "module", False) and getattr(args, "no_python", False):
+        raise ConfigError("--module and --no_python cannot be combined: -m runs `python -m`, --no_python runs no python")
+    if args.cpu and args.gpu_ids is not None and args.gpu_ids != "all":
+        raise ConfigError(f"--cpu and --gpu_ids {args.gpu_ids} cannot be combined: a CPU run uses no GPU")
+    if getattr(args, "dynamo_backend", None) in (None, "no"):
+        for name in DYNAMO_DETAIL_FLAGS:
+            if getattr(args, name, None) is not None:
+                raise ConfigError(f"--{name} has no effect without --dynamo_backend; fix: add e.g. --dynamo_backend inductor")
+    if not args.use_fsdp:
+        fsdp = [name for name in FSDP_ENV if getattr(args, name, None) is not None]
+        if fsdp:
+            raise ConfigError(f"--{fsdp[0]} needs --use_fsdp (FSDP settings do nothing without FSDP)")
+
+
+def _check_file_type(values, path, args) -> None:
+    kind = (values or {}).get("distributed_type")
+    if kind in UNSUPPORTED_TYPES and not any(getattr(args, name, None) for name in PARADIGM_FLAGS):
+        raise ConfigError(
+            f"{path}: distributed_type {kind} asks for {UNSUPPORTED_TYPES[kind]}, which hasten does not support yet; "
+            "fix: set `distributed_type: MULTI_GPU` or `FSDP` in the file, or pass --multi_gpu/--use_fsdp/--cpu"
+        )
+
+
+def resolve_launch(args, env: Mapping[str, str] | None = None) -> LaunchSettings:
+    """Resolve a parsed `hasten launch` command line against the environment and the config file."""
+    env = os.environ if env is None else env
+    _check_flags(args)
+    path = config_file.find_config_file(getattr(args, "config_file", None), env)
+    file_values = config_file.validate(config_file.read_raw(path), path, fill_defaults=False) if path else None
+    _check_file_type(file_values, path, args)
+    flags = vars(args)
+    values = resolve(flags=flags, env=env, file_values=file_values, file_path=path)
+
+    # A paradigm typed on the command line replaces the file's distributed_type entirely.
+    if any(getattr(args, name, None) for name in PARADIGM_FLAGS):
+        for name in ("use_fsdp", "multi_gpu"):
+            if values[name].source == "file":
+                values[name] = Resolved(name, False, "default", "built-in default")
+        if not args.use_fsdp:
+            for name in FSDP_ENV:
+                if values[name].source == "file":
+                    values[name] = Resolved(name, None, "default", "built-in default")
+
+    slurm = slurm_values(env)
+    per_task = bool(slurm.get("slurm_per_task"))
+    _fill_num_processes(values, per_task, env)
+    _check_values(values)
+
+    rdzv = values["rdzv_conf"]
+    rdzv_conf = parse_rdzv_conf(rdzv.value, "--rdzv_conf" if rdzv.source == "flag" else _where(rdzv))
+    settings = LaunchSettings(values, path, rdzv_conf=rdzv_conf, slurm_per_task=per_task)
+    settings.env = _exports(values, env)
+    return settings
+
+
+def _fill_num_processes(values: dict, per_task: bool, env: Mapping[str, str]) -> None:
+    current = values["num_processes"]
+    if per_task:
+        # Inside `srun` with one task per process: each task runs the script itself.
+        if current.source == "flag":
+            tasks = env.get("SLURM_NTASKS") or env.get("SLURM_STEP_NUM_TASKS")
+            if tasks and int(tasks) != current.value:
+                raise ConfigError(
+                    f"--num_processes {current.value} disagrees with the SLURM step's {tasks} tasks; fix: drop the "
+                    "flag (srun starts one process per task) or change srun's --ntasks"
+                )
+        values["num_processes"] = Resolved("num_processes", 1, "environment", "SLURM: one process per srun task")
+        values["num_machines"] = Resolved("num_machines", 1, "environment", "SLURM: one process per srun task")
+        values["machine_rank"] = Resolved("machine_rank", 0, "environment", "SLURM: one process per srun task")
+        return
+    if current.value is not None:
+        return
+    machines = values["num_machines"].value
+    gpus = 0 if values["use_cpu"].value else _gpu_count()
+    if values["multi_gpu"].value:
+        count, why = max(2, gpus), f"--multi_gpu: one per GPU ({gpus} found), at least 2"
+    else:
+        count, why = max(1, gpus) * machines, f"one per GPU ({gpus} found) on each machine, at least 1"
+    values["num_processes"] = Resolved("num_processes", count, "default", f"built-in default ({why})")
+
+
+def _check_values(values: dict) -> None:
+    """Combinations that cannot work, whatever source each value came from."""
+    v = {name: r.value for name, r in values.items()}
+    if v["use_cpu"] and v["use_fsdp"]:
+        raise ConfigError(
+            f"use_cpu (from {_where(values['use_cpu'])}) and use_fsdp (from {_where(values['use_fsdp'])}) cannot "
+            "both be on; fix: drop one of them"
+        )
+    if v["multi_gpu"] and v["num_processes"] < 2:
+        raise ConfigError(
+            f"multi-GPU (from {_where(values['multi_gpu'])}) needs 2 or more processes but num_processes is "
+            f"{v['num_processes']} (from {_where(values['num_processes'])}); fix: --num_processes 2"
+        )
+    machines, rank, processes = v["num_machines"], v["machine_rank"], v["num_processes"]
+    if processes % machines:
+        raise ConfigError(
+            f"num_processes {processes} (from {_where(values['num_processes'])}) is the total over all machines and "
+            f"must divide evenly by num_machines {machines} (from {_where(values['num_machines'])}); fix: use a "
+            f"multiple of {machines}"
+        )
+    if rank >= machines:
+        raise ConfigError(
+            f"machine_rank {rank} (from {_where(values['machine_rank'])}) must be below num_machines {machines} "
+            f"(from {_where(values['num_machines'])}); fix: use 0 to {machines - 1}"
+        )
+    if machines > 1 and not v["main_process_ip"]:
+        raise ConfigError(
+            f"num_machines {machines} (from {_where(values['num_machines'])}) needs --main_process_ip: the address "
+            "of the machine with machine_rank 0"
+        )
+    if v["rdzv_backend"] not in config_file.RDZV_BACKENDS:
+        raise ConfigError(f"rdzv_backend {v['rdzv_backend']!r} is not one of {', '.join(config_file.RDZV_BACKENDS)}")
+    gpu_ids = v["gpu_ids"]
+    if gpu_ids is not None and str(gpu_ids).lower() != "all":
+        parts = [p.strip() for p in str(gpu_ids).split(",")]
+        if not all(p.isdigit() for p in parts):
+            raise ConfigError(
+                f"gpu_ids {gpu_ids!r} (from {_where(values['gpu_ids'])}) must be comma-separated integers such as "
+                "0,1 or 'all'"
+            )
+    if v["fsdp_cpu_ram_efficient_loading"] and v["fsdp_sync_module_states"] is False:
+        raise ConfigError(
+            "fsdp_cpu_ram_efficient_loading is true but fsdp_sync_module_states is false, so ranks other than 0 "
+            "would keep empty weights; fix: --fsdp_sync_module_states true"
+        )
+
+
+def _exports(values: dict, env: Mapping[str, str]) -> dict:
+    """Variables for the training processes: winners from a flag, the file or a computed default only."""
+    exports, sources = {}, {}
+    dynamo_on = values["dynamo_backend"].value not in (None, "no")
+    fsdp_on = bool(values["use_fsdp"].value)
+    for setting in SETTINGS:
+        if setting.export is None:
+            continue
+        resolved = values[setting.name]
+        if resolved.value is None:
+            continue
+        if setting.name.startswith("dynamo_") and setting.name != "dynamo_backend" and not dynamo_on:
+            continue
+        if setting.name in FSDP_ENV and not fsdp_on:
+            continue
+        if setting.name == "gpu_ids":
+            if str(resolved.value).lower() == "all":
+                continue
+            value = ",".join(p.strip() for p in str(resolved.value).split(","))
+        else:
+            value = _text(resolved.value)
+        if resolved.source != "default":
+            sources[setting.name] = [resolved.source, resolved.origin]
+        if resolved.source == "environment":
+            continue  # the user's own variable reaches the processes unchanged
+        if resolved.source == "default" and setting.name not in ("num_cpu_threads_per_process",):
+            continue
+        exports[setting.export] = value
+    if values["num_cpu_threads_per_process"].value is None and "OMP_NUM_THREADS" not in env:
+        # Without a limit every process starts one thread per core and they fight for the same cores.
+        import psutil
+
+        per_node = max(1, values["num_processes"].value // max(1, values["num_machines"].value))
+        threads = max(1, (psutil.cpu_count(logical=False) or 1) // per_node)
+        exports["OMP_NUM_THREADS"] = str(threads)
+        sources["num_cpu_threads_per_process"] = ["default", "built-in default (physical cores / processes)"]
+        values["num_cpu_threads_per_process"] = Resolved(
+            "num_cpu_threads_per_process", threads, "default", "built-in default (physical cores / processes)"
+        )
+    exports[SOURCES_VARIABLE] = json.dumps(sources, separators=(",", ":"))
+    return exports

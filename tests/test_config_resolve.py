@@ -1,0 +1,182 @@
+"""One precedence: code > flag > environment > config file > default, and every value knows its source."""
+
+import itertools
+import subprocess
+import sys
+
+import pytest
+
+from hasten.commands import config as config_command
+from hasten.commands.launch import launch_command_parser, plan_launch
+from hasten.config.resolve import SOURCES_VARIABLE, explain_values, resolve
+
+# One value of mixed_precision per source, all different, so the winner shows which source won.
+VALUE = {"code": "fp8", "flag": "bf16", "environment": "fp16", "file": "no", "default": "no"}
+FILE_VALUE = "fp16"  # used when the file is one of the two sources compared
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    return tmp_path
+
+
+def write_config(home, text):
+    path = home / "hf" / "hasten" / "default_config.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return str(path)
+
+
+def plan(*flags):
+    return plan_launch(launch_command_parser().parse_args([*flags, "train.py"]))
+
+
+@pytest.mark.parametrize("higher,lower", list(itertools.combinations(["code", "flag", "environment", "file", "default"], 2)))
+def test_each_pair_of_sources_the_higher_wins(higher, lower, home, monkeypatch):
+    values = {"code": "fp8", "flag": "bf16", "environment": "fp16", "file": "bf16", "default": "no"}
+    if higher == "flag" and lower == "file":
+        values["file"] = "fp16"
+    code = {"mixed_precision": values["code"]} if "code" in (higher, lower) else None
+    flags = {"mixed_precision": values["flag"]} if "flag" in (higher, lower) else None
+    env = {"ACCELERATE_MIXED_PRECISION": values["environment"]} if "environment" in (higher, lower) else {}
+    file_values = {"mixed_precision": values["file"]} if "file" in (higher, lower) else None
+    result = resolve(code=code, flags=flags, env=env, file_values=file_values, file_path="/c.yaml")["mixed_precision"]
+    assert result.source == higher
+    assert result.value == values[higher]
+
+
+@pytest.mark.parametrize("higher,lower", [("flag", "environment"), ("flag", "file"), ("flag", "default"),
+                                          ("environment", "file"), ("environment", "default"), ("file", "default")])
+def test_launch_and_config_explain_report_the_winner(higher, lower, home, monkeypatch, capsys):
+    values = {"flag": "bf16", "environment": "fp8", "file": "fp16"}
+    flags = []
+    if "flag" in (higher, lower):
+        flags = ["--mixed_precision", values["flag"]]
+    if "environment" in (higher, lower):
+        monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", values["environment"])
+    if "file" in (higher, lower):
+        write_config(home, f"distributed_type: NO\nmixed_precision: {values['file']}\n")
+    launch = plan(*flags)
+    resolved = launch.settings.values["mixed_precision"]
+    assert resolved.source == higher
+    assert resolved.value == values.get(higher, "no")
+    # The launcher exports only values that came from a flag or the file, never over the user's variable.
+    exported = launch.env.get("HASTEN_MIXED_PRECISION")
+    assert exported == (resolved.value if higher in ("flag", "file") else None)
+
+    assert config_command.main(["explain", *flags]) == 0
+    line = next(l for l in capsys.readouterr().out.splitlines() if l.startswith("mixed_precision "))
+    assert line.split()[1:3] == [resolved.value, higher]
+
+
+def test_file_value_does_not_clobber_the_users_variable_end_to_end(home, tmp_path):
+    """File says bf16, the user exported ACCELERATE_MIXED_PRECISION=fp16: the script runs with fp16."""
+    config = write_config(home, "distributed_type: NO\nmixed_precision: bf16\ndebug: true\n")
+    script = tmp_path / "show.py"
+    script.write_text(
+        "from hasten.accelerator import Accelerator\n"
+        "from hasten.config.resolve import explain_values\n"
+        "acc = Accelerator()\n"
+        "print('PRECISION', acc.mixed_precision)\n"
+        "for name, r in explain_values(code={'gradient_accumulation_steps': 4}).items():\n"
+        "    print('SOURCE', name, str(r.value).lower(), r.source)\n"
+    )
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith(("HASTEN_", "ACCELERATE_"))}
+    env.update(ACCELERATE_MIXED_PRECISION="fp16", HF_HOME=str(home / "hf"))
+    out = subprocess.run([sys.executable, "-m", "hasten", "launch", "--cpu", str(script)], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "PRECISION fp16" in out.stdout
+    sources = {line.split()[1]: line.split()[2:] for line in out.stdout.splitlines() if line.startswith("SOURCE")}
+    assert sources["mixed_precision"] == ["fp16", "environment"]
+    assert sources["debug"] == ["true", "file"]          # from the config file, through the launcher
+    assert sources["use_cpu"] == ["true", "flag"]        # --cpu
+    assert sources["gradient_accumulation_steps"] == ["4", "code"]  # nothing else sets it
+    assert sources["dynamo_backend"] == ["no", "default"]
+    assert config.endswith("default_config.yaml")
+
+
+def test_in_script_explain_reads_the_launchers_record(monkeypatch):
+    env = {"HASTEN_MIXED_PRECISION": "bf16", "HASTEN_DEBUG_MODE": "true", "ACCELERATE_USE_CPU": "1",
+           SOURCES_VARIABLE: '{"mixed_precision":["flag","--mixed_precision"],"debug":["file","/c.yaml: debug"]}'}
+    values = explain_values(code={"debug": False}, env=env)
+    assert (values["mixed_precision"].source, values["mixed_precision"].origin) == ("flag", "--mixed_precision")
+    assert values["debug"].source == "code" and values["debug"].value is False
+    assert (values["use_cpu"].source, values["use_cpu"].origin) == ("environment", "ACCELERATE_USE_CPU")
+
+
+def test_hasten_variable_beats_accelerate_variable(home, monkeypatch):
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp16")
+    monkeypatch.setenv("HASTEN_MIXED_PRECISION", "bf16")
+    resolved = plan().settings.values["mixed_precision"]
+    assert (resolved.value, resolved.origin) == ("bf16", "HASTEN_MIXED_PRECISION")
+
+
+def test_fsdp_flags_and_file_are_exported_as_fsdp_variables(home, monkeypatch):
+    write_config(home, "distributed_type: FSDP\nnum_processes: 2\nfsdp_config:\n  fsdp_version: 2\n"
+                       "  fsdp_offload_params: true\n  fsdp_state_dict_type: SHARDED_STATE_DICT\n")
+    monkeypatch.setenv("FSDP_STATE_DICT_TYPE", "FULL_STATE_DICT")  # the user's own variable wins over the file
+    launch = plan("--fsdp_auto_wrap_policy", "size_based_wrap", "--use_fsdp", "--fsdp_min_num_params", "1000")
+    assert launch.env["HASTEN_USE_FSDP"] == "true"
+    assert launch.env["FSDP_AUTO_WRAP_POLICY"] == "SIZE_BASED_WRAP"
+    assert launch.env["FSDP_MIN_NUM_PARAMS"] == "1000"
+    assert launch.env["FSDP_VERSION"] == "2"  # flags and the file's fsdp block combine
+    assert "FSDP_STATE_DICT_TYPE" not in launch.env
+    # --cpu replaces the file's distributed_type, and its fsdp block with it.
+    launch = plan("--cpu")
+    assert "HASTEN_USE_FSDP" not in launch.env and "FSDP_VERSION" not in launch.env
+    launch = plan()
+    assert launch.env["HASTEN_USE_FSDP"] == "true"
+    assert (launch.env["FSDP_VERSION"], launch.env["FSDP_OFFLOAD_PARAMS"]) == ("2", "true")
+    assert "FSDP_STATE_DICT_TYPE" not in launch.env
+    assert launch.settings.values["fsdp_state_dict_type"].source == "environment"
+    assert launch.num_processes == 2
+
+
+def test_file_supplies_multi_machine_settings(home):
+    write_config(home, "distributed_type: MULTI_CPU\nuse_cpu: true\nnum_processes: 4\nnum_machines: 2\n"
+                       "machine_rank: 1\nmain_process_ip: 10.1.2.3\nmain_process_port: 29600\nrdzv_backend: c10d\n"
+                       "rdzv_conf: timeout=90\nmax_restarts: 3\nmonitor_interval: 0.5\n")
+    launch = plan("--machine_rank", "0")
+    assert (launch.num_processes, launch.num_machines, launch.machine_rank) == (4, 2, 0)
+    assert (launch.main_process_ip, launch.main_process_port, launch.rdzv_backend) == ("10.1.2.3", 29600, "c10d")
+    assert (launch.rdzv_conf, launch.max_restarts, launch.monitor_interval) == ({"timeout": "90"}, 3, 0.5)
+    assert launch.nproc_per_node == 2
+    assert launch.settings.values["machine_rank"].source == "flag"
+
+
+def test_slurm_step_needs_no_flags(home, monkeypatch):
+    slurm = {"SLURM_PROCID": "0", "SLURM_STEP_ID": "0", "SLURM_NNODES": "3", "SLURM_NTASKS": "3",
+             "SLURM_NODEID": "2", "SLURM_STEP_NODELIST": "gpu[07-09]", "SLURM_STEP_TASKS_PER_NODE": "1(x3)",
+             "SLURM_GPUS_ON_NODE": "4"}
+    for key, value in slurm.items():
+        monkeypatch.setenv(key, value)
+    launch = plan()
+    assert (launch.num_machines, launch.machine_rank, launch.main_process_ip) == (3, 2, "gpu07")
+    assert launch.num_processes == 12 and launch.nproc_per_node == 4
+    assert launch.settings.values["num_machines"].source == "environment"
+    # One srun task per process: every task runs the script in place and reads SLURM itself.
+    monkeypatch.setenv("SLURM_NTASKS", "8")
+    monkeypatch.setenv("SLURM_NNODES", "2")
+    monkeypatch.setenv("SLURM_STEP_TASKS_PER_NODE", "4(x2)")
+    launch = plan()
+    assert (launch.num_processes, launch.num_machines) == (1, 1)
+
+
+def test_paradigm_flag_replaces_the_files_distributed_type(home):
+    write_config(home, "distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 2\n")
+    with pytest.raises(ValueError, match="DeepSpeed"):
+        plan()
+    launch = plan("--cpu")
+    assert launch.env["HASTEN_USE_CPU"] == "true"
+
+
+def test_the_two_documented_exceptions_to_code_wins():
+    env = {"HASTEN_GRADIENT_ACCUMULATION_STEPS": "8", "ACCELERATE_USE_CPU": "true"}
+    values = resolve(code={"gradient_accumulation_steps": 2, "cpu": False, "mixed_precision": "bf16"}, env=env)
+    assert (values["gradient_accumulation_steps"].value, values["gradient_accumulation_steps"].source) == (8, "environment")
+    assert (values["use_cpu"].value, values["use_cpu"].source) == (True, "environment")
+    values = resolve(code={"cpu": True}, env={"ACCELERATE_USE_CPU": "false"})
+    assert (values["use_cpu"].value, values["use_cpu"].source) == (True, "code")

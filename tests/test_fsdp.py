@@ -1,0 +1,213 @@
+"""FSDP: the plugin's settings (unit tests) and sharded training/checkpoints in real processes (gloo, CPU)."""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from launching import launch
+
+from hasten.config.fsdp import FullyShardedDataParallelPlugin
+from hasten.errors import ConfigError
+
+
+@pytest.fixture(autouse=True)
+def no_fsdp_env():
+    """FSDP_* variables from outside (or written by a plugin) must not leak between tests."""
+    saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("FSDP_")}
+    yield
+    for key in [k for k in os.environ if k.startswith("FSDP_")]:
+        del os.environ[key]
+    os.environ.update(saved)
+
+
+# -- the plugin ------------------------------------------------------------------------------------------------
+def test_defaults_follow_accelerate_per_version():
+    from torch.distributed.fsdp import CPUOffload, OffloadPolicy, ShardingStrategy, StateDictType
+
+    v1 = FullyShardedDataParallelPlugin()
+    assert v1.fsdp_version == 1
+    assert v1.sharding_strategy == ShardingStrategy.FULL_SHARD
+    assert v1.state_dict_type == StateDictType.FULL_STATE_DICT
+    assert v1.cpu_offload == CPUOffload(offload_params=False)
+    assert (v1.use_orig_params, v1.sync_module_states, v1.auto_wrap_policy) == (False, False, None)
+    v2 = FullyShardedDataParallelPlugin(fsdp_version=2)
+    assert v2.reshard_after_forward is True
+    assert v2.state_dict_type == StateDictType.SHARDED_STATE_DICT
+    assert type(v2.cpu_offload) is OffloadPolicy
+    assert (v2.use_orig_params, v2.sync_module_states, v2.backward_prefetch) == (None, None, None)
+
+
+def test_argument_beats_environment_beats_default(monkeypatch):
+    monkeypatch.setenv("FSDP_VERSION", "2")
+    monkeypatch.setenv("FSDP_RESHARD_AFTER_FORWARD", "false")
+    monkeypatch.setenv("FSDP_AUTO_WRAP_POLICY", "TRANSFORMER_BASED_WRAP")
+    monkeypatch.setenv("FSDP_TRANSFORMER_CLS_TO_WRAP", "Block, Head")
+    monkeypatch.setenv("FSDP_MIN_NUM_PARAMS", "100")
+    monkeypatch.setenv("FSDP_STATE_DICT_TYPE", "FULL_STATE_DICT")
+    from_env = FullyShardedDataParallelPlugin()
+    assert (from_env.fsdp_version, from_env.reshard_after_forward) == (2, False)
+    assert from_env.auto_wrap_policy == "transformer_based_wrap"
+    assert from_env.transformer_cls_names_to_wrap == ["Block", "Head"]
+    assert from_env.min_num_params == 100
+    assert from_env.sources["fsdp_version"] == "environment variable FSDP_VERSION"
+    explicit = FullyShardedDataParallelPlugin(reshard_after_forward=True, min_num_params=5)
+    assert (explicit.reshard_after_forward, explicit.min_num_params) == (True, 5)
+    assert explicit.sources["min_num_params"] == "argument"
+
+
+def test_launcher_defaults_do_not_break_fsdp2(monkeypatch):
+    # `hasten launch --use_fsdp` exports FSDP1-only settings by default (as Accelerate does); FSDP2 ignores them.
+    for name, value in {"FSDP_VERSION": "2", "FSDP_USE_ORIG_PARAMS": "true", "FSDP_SYNC_MODULE_STATES": "true",
+                        "FSDP_FORWARD_PREFETCH": "false", "FSDP_BACKWARD_PREFETCH": "BACKWARD_PRE"}.items():
+        monkeypatch.setenv(name, value)
+    plugin = FullyShardedDataParallelPlugin()
+    assert (plugin.use_orig_params, plugin.sync_module_states, plugin.backward_prefetch) == (None, None, None)
+
+
+@pytest.mark.parametrize("kwargs, env, message", [
+    ({"fsdp_version": 3}, {}, "fsdp_version=3 (from FullyShardedDataParallelPlugin(...)) must be 1 or 2"),
+    ({}, {"FSDP_VERSION": "x"}, "from environment variable FSDP_VERSION"),
+    ({"fsdp_version": 2, "sharding_strategy": "FULL_SHARD"}, {}, "reshard_after_forward=True"),
+    ({"fsdp_version": 2, "reshard_after_forward": "SHARD_GRAD_OP"}, {}, "use true"),
+    ({"fsdp_version": 1, "reshard_after_forward": True}, {}, "give a sharding strategy"),
+    ({"fsdp_version": 2, "state_dict_type": "LOCAL_STATE_DICT"}, {}, "use SHARDED_STATE_DICT"),
+    ({}, {"FSDP_STATE_DICT_TYPE": "HALF"}, "choose one of FULL_STATE_DICT"),
+    ({"auto_wrap_policy": "by_magic"}, {}, "TRANSFORMER_BASED_WRAP, SIZE_BASED_WRAP, NO_WRAP"),
+    ({}, {"FSDP_MIN_NUM_PARAMS": "1e8x"}, "min_num_params='1e8x' (from environment variable FSDP_MIN_NUM_PARAMS)"),
+    ({}, {"FSDP_OFFLOAD_PARAMS": "maybe"}, "offload_params='maybe'"),
+    ({"fsdp_version": 2, "forward_prefetch": True}, {}, "FSDP1 setting"),
+    ({"activation_checkpointing_offload": True}, {}, "needs activation_checkpointing=True"),
+    ({"mixed_precision_policy": "fp64"}, {}, "choose one of fp32, bf16"),
+    ({"fsdp_version": 2, "mixed_precision_policy": {"buffer_dtype": torch.float16}}, {}, "allowed: ['output_dtype'"),
+    ({"ignored_modules": "("}, {}, "not a valid regular expression"),
+])
+def test_bad_values_name_the_setting_and_its_source(monkeypatch, kwargs, env, message):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        FullyShardedDataParallelPlugin(**kwargs)
+
+
+def test_mixed_precision_policy_forms():
+    from torch.distributed.fsdp import MixedPrecision, MixedPrecisionPolicy
+
+    v2 = FullyShardedDataParallelPlugin(fsdp_version=2, mixed_precision_policy="bf16")
+    assert v2.mixed_precision_policy == MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
+    v1 = FullyShardedDataParallelPlugin(mixed_precision_policy={"param_dtype": torch.float16})
+    assert isinstance(v1.mixed_precision_policy, MixedPrecision)
+    # The run's precision fills the policy only when none was given.
+    unset = FullyShardedDataParallelPlugin(fsdp_version=2)
+    unset.set_mixed_precision("bf16")
+    assert unset.mixed_precision_policy.param_dtype == torch.bfloat16
+    assert unset.mixed_precision_policy.reduce_dtype == torch.float32
+    v2.set_mixed_precision("fp16")
+    assert v2.mixed_precision_policy.param_dtype == torch.bfloat16
+    with pytest.raises(ConfigError, match="needs a MixedPrecisionPolicy"):
+        FullyShardedDataParallelPlugin(fsdp_version=2, mixed_precision_policy=MixedPrecision())
+
+
+def test_wrap_policies_pick_blocks():
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(10, 10)
+
+    model = torch.nn.Sequential(Block(), Block(), torch.nn.Linear(10, 2))
+    by_class = FullyShardedDataParallelPlugin(auto_wrap_policy="transformer_based_wrap",
+                                              transformer_cls_names_to_wrap="Block").wrap_predicate(model)
+    assert [by_class(m) for m in model] == [True, True, False]
+    by_size = FullyShardedDataParallelPlugin(auto_wrap_policy="size_based_wrap", min_num_params=100)
+    assert [by_size.wrap_predicate(model)(m) for m in model] == [True, True, False]
+    assert FullyShardedDataParallelPlugin(auto_wrap_policy="size_based_wrap").wrap_predicate(model) is None
+    assert FullyShardedDataParallelPlugin().wrap_predicate(model) is None
+    with pytest.raises(ConfigError, match=r"names \['Layer'\] but the model has no module of that class"):
+        FullyShardedDataParallelPlugin(auto_wrap_policy="transformer_based_wrap",
+                                       transformer_cls_names_to_wrap=["Layer"]).wrap_predicate(model)
+    with pytest.raises(ConfigError, match="needs transformer_cls_names_to_wrap"):
+        FullyShardedDataParallelPlugin(auto_wrap_policy="transformer_based_wrap").wrap_predicate(model)
+
+
+def test_ram_efficient_loading_is_exported_for_transformers():
+    FullyShardedDataParallelPlugin(fsdp_version=2, cpu_ram_efficient_loading=True)
+    assert os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] == "true"
+    assert FullyShardedDataParallelPlugin(cpu_ram_efficient_loading=True).sync_module_states is True  # FSDP1 needs it
+
+
+def test_accelerator_selects_fsdp_from_a_plugin_or_the_environment(monkeypatch):
+    from hasten import Accelerator
+    from hasten.enums import DistributedType
+    from hasten.state import AcceleratorState
+
+    accelerator = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2))
+    assert accelerator.distributed_type == DistributedType.FSDP and accelerator.is_fsdp2
+    assert accelerator._backend.name == "fsdp"
+    AcceleratorState._reset_state(reset_partial_state=True)
+    monkeypatch.setenv("HASTEN_USE_FSDP", "true")
+    monkeypatch.setenv("FSDP_VERSION", "1")
+    accelerator = Accelerator()
+    assert accelerator.state.fsdp_plugin.fsdp_version == 1 and not accelerator.is_fsdp2
+    assert accelerator.distributed_type == DistributedType.FSDP
+
+
+# -- real processes --------------------------------------------------------------------------------------------
+def test_fsdp_training_matches_ddp():
+    """FSDP2/FSDP1 vs DDP vs one process (fp32 1e-5, bf16 5e-3), accumulation, clipping, optimizers, errors."""
+    result = launch("fsdp_train.py", timeout=300)
+    assert result.stdout.count("fsdp training checks passed") == 2, result.stdout
+
+
+@pytest.fixture(scope="module")
+def resumed(tmp_path_factory):
+    """Save on 2 processes, resume on 1 and save again, resume that on 2 (each phase checks the losses)."""
+    root = tmp_path_factory.mktemp("fsdp_resume")
+    # The last phase configures FSDP with launch flags only, as `hasten launch --use_fsdp` users do.
+    flags = ["--use_fsdp", "--fsdp_version", "2", "--fsdp_auto_wrap_policy", "TRANSFORMER_BASED_WRAP",
+             "--fsdp_transformer_layer_cls_to_wrap", "Block"]
+    outputs = [launch("fsdp_resume.py", phase, root, num_processes=n, flags=f, timeout=300).stdout
+               for phase, n, f in (("save2", 2, ()), ("load1", 1, ()), ("load2", 2, flags))]
+    return root, outputs
+
+
+def test_sharded_checkpoints_resume_on_another_process_count(resumed):
+    root, (save2, load1, load2) = resumed
+    assert save2.count("save2: rank") == 2 and "load1: rank 0 ok" in load1 and load2.count("load2: rank") == 2
+    # Each process wrote its own shard; nothing was gathered into one file.
+    assert sorted(os.listdir(root / "ckpt_a" / "pytorch_model_fsdp_0")) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    assert sorted(os.listdir(root / "ckpt_a" / "optimizer_0")) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+
+
+def test_merge_weights_cli(resumed, tmp_path):
+    from safetensors.torch import load_file
+
+    root, _ = resumed
+    command = [sys.executable, "-m", "hasten", "merge-weights"]
+    parent = subprocess.run([*command, str(root / "ckpt_a"), str(tmp_path)], capture_output=True, text=True)
+    assert parent.returncode == 1
+    assert "is the folder that holds the checkpoints" in parent.stderr and "pytorch_model_fsdp_0" in parent.stderr
+    done = subprocess.run([*command, str(root / "ckpt_a" / "pytorch_model_fsdp_0"), str(tmp_path)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    merged = load_file(tmp_path / "model.safetensors")
+    expected = load_file(root / "params_a.safetensors")  # the whole model when ckpt_a was saved
+    assert merged.keys() == expected.keys()
+    assert all(torch.equal(merged[k], expected[k]) for k in merged)
+
+
+def test_cpu_ram_efficient_loading_keeps_one_copy():
+    result = launch("fsdp_memory.py", timeout=300)
+    assert result.stdout.count("memory checks passed") == 2, result.stdout
+    print(result.stdout.splitlines()[0])
+
+
+def test_accelerate_import_paths():
+    import hasten
+    import hasten.utils
+    from hasten.backends.fsdp_checkpoint import merge_fsdp_weights
+
+    assert hasten.FullyShardedDataParallelPlugin is FullyShardedDataParallelPlugin
+    assert hasten.utils.FullyShardedDataParallelPlugin is FullyShardedDataParallelPlugin
+    assert hasten.utils.merge_fsdp_weights is merge_fsdp_weights

@@ -1,0 +1,129 @@
+"""`hasten launch`: bad command lines, busy ports, failing ranks, restarts and clean exits, in real processes."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from launching import SCRIPTS, launch
+
+FAILURES = SCRIPTS / "core_failures.py"
+
+
+def hasten_launch(*argv, timeout=120, env=None):
+    """Run `python -m hasten launch ARGV` and return the CompletedProcess (text)."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("HASTEN_", "ACCELERATE_"))}
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, "-m", "hasten", "launch", *map(str, argv)], capture_output=True,
+                          text=True, timeout=timeout, env=full_env)
+
+
+def launcher_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("hasten launch")]
+
+
+# -- bad command lines: one line, no traceback, before anything starts ------------------------------------------
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--no_such_flag", "x.py"], "unrecognized arguments: --no_such_flag"),
+        (["--num_processes", "-2", "x.py"], "-2 is negative"),
+        (["--num_processes", "0", "x.py"], "0 is not allowed; give 1 or more"),
+        (["--num_processes", "two", "x.py"], "'two' is not an integer"),
+        (["--main_process_port", "70000", "x.py"], "not a TCP port"),
+        (["--num_processes", "3", "--num_machines", "2", "--main_process_ip", "10.0.0.1", "x.py"], "divide evenly"),
+        (["--num_processes", "2", "/no/such/script.py"], "does not exist"),
+    ],
+)
+def test_bad_command_line_is_one_line(argv, needle):
+    result = hasten_launch(*argv)
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    lines = launcher_lines(result.stderr)
+    assert len(lines) == 1 and needle in lines[0], result.stderr
+
+
+def test_busy_main_process_port_is_refused():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen(1)
+        port = holder.getsockname()[1]
+        result = hasten_launch("--num_processes", "2", "--main_process_port", port, FAILURES, "no-destroy")
+    assert result.returncode != 0
+    lines = launcher_lines(result.stderr)
+    assert len(lines) == 1 and f"port {port} is already in use" in lines[0], result.stderr
+    assert "NO-DESTROY" not in result.stdout  # nothing was started
+    assert "Traceback" not in result.stderr
+
+
+# -- one process runs in place ------------------------------------------------------------------------------
+
+def test_single_process_exit_code_passes_through():
+    result = hasten_launch("--num_processes", "1", FAILURES, "exit", "4")
+    assert result.returncode == 4, result.stderr
+
+
+# -- failing ranks ------------------------------------------------------------------------------------------
+
+def test_crashing_rank_is_named_and_launcher_exits_non_zero():
+    result = launch(FAILURES, "crash", check=False)
+    assert result.returncode != 0
+    lines = launcher_lines(result.stderr)
+    assert len(lines) == 1, result.stderr
+    # The rank that raised is named first, with its error, even when rank 0 exits before it.
+    assert lines[0].startswith("hasten launch: rank 1 (local rank 1) failed: ValueError: rank 1 fails on purpose")
+    assert "ValueError: rank 1 fails on purpose" in result.stderr  # the process's own traceback is kept
+    # No torch elastic agent chatter or launcher traceback around it.
+    assert "ChildFailedError" not in result.stderr and "elastic" not in result.stderr
+
+
+def test_rank_killed_without_a_python_error_is_named():
+    result = launch(FAILURES, "killed", check=False)
+    assert result.returncode != 0
+    lines = launcher_lines(result.stderr)
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("hasten launch: rank 1 (local rank 1) was killed by signal 9"), lines[0]
+
+
+def test_debug_mode_mismatch_fails_with_a_clear_error():
+    result = launch(FAILURES, "mismatch", flags=["--debug"], check=False)
+    assert result.returncode != 0
+    lines = launcher_lines(result.stderr)
+    assert len(lines) == 1, result.stderr
+    assert "DistributedOperationException: `gather` got tensors whose shapes" in lines[0]
+    assert "rank 1 differs from rank 0" in lines[0] and "rank 0: [1, 4]" in lines[0] and "rank 1: [2, 4]" in lines[0]
+
+
+# -- restarts and clean exits -------------------------------------------------------------------------------
+
+def test_max_restarts_recovers_from_a_crash():
+    """Attempt 0 crashes on rank 1; torchelastic restarts both ranks and attempt 1 must rendezvous cleanly."""
+    result = launch(FAILURES, "restart", flags=["--max_restarts", "1"], check=False)
+    assert result.returncode == 0, result.stderr
+    assert "attempt 0 fails on purpose" in result.stderr
+    for rank in range(2):
+        assert f"ATTEMPT 1 RANK {rank} OK" in result.stdout
+    assert "ATTEMPT 0" not in result.stdout
+
+
+def test_exit_without_destroy_process_group_is_clean():
+    """torch 2.13 + gloo aborts at exit about half the time when a group is left alive; hasten tears it down.
+
+    Five whole launches (two as `-m module`), each must exit 0 on every rank.
+    """
+    env = {"PYTHONPATH": os.pathsep.join([str(SCRIPTS), os.environ.get("PYTHONPATH", "")])}
+    outcomes = []
+    for attempt in range(5):
+        if attempt % 2:
+            result = hasten_launch("--num_processes", "2", "-m", "core_failures", "no-destroy",
+                                   env={**env, "PYTHONUNBUFFERED": "1"})
+        else:
+            result = launch(FAILURES, "no-destroy", check=False)
+        outcomes.append((result.returncode, result.stderr[-500:]))
+        assert result.stdout.count("NO-DESTROY RANK") == 2, result.stdout + result.stderr
+    assert [code for code, _ in outcomes] == [0] * 5, outcomes
