@@ -135,6 +135,10 @@ class Library:
         AcceleratorState._reset_state(True)
         GradientState._reset_state()
         self.accelerator = Accelerator(cpu=True)
+        # Both libraries mark what they prepared with the same attribute; the other library's mark would make
+        # this one take the shared model as already prepared (and, in hasten, leave it out of save_state).
+        for obj in (model, optimizer):
+            obj.__dict__.pop("_is_accelerate_prepared", None)
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
 
     def save(self, folder: str) -> None:
