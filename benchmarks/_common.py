@@ -255,11 +255,17 @@ class PeakRSS:
         return self.peak - self.baseline
 
 
-def max_rss_bytes() -> int:
-    """Peak resident memory of this process so far (Linux reports ru_maxrss in KiB)."""
-    import resource
+def peak_rss_bytes() -> int:
+    """Peak resident memory of the program running in this process (VmHWM), in bytes.
 
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    Not `ru_maxrss`: the kernel carries that high-water mark over from the parent through fork and exec, so
+    a small child of a large process would report the parent's peak.
+    """
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
 
 
 def timed(fn) -> float:

@@ -31,8 +31,8 @@ from benchmarks._common import (
     fmt_mb,
     free_port,
     median,
+    peak_rss_bytes,
     ratio,
-    spread,
     want_accelerate,
 )
 
@@ -94,12 +94,11 @@ def worker(impl: str, steps: int, warmup: int, width: int, depth: int, batch: in
     dist.barrier()
     elapsed = time.perf_counter() - start
 
-    import resource
-
-    rss = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024], dtype=torch.float64)
+    rss = torch.tensor([peak_rss_bytes()], dtype=torch.float64)
     dist.all_reduce(rss, op=dist.ReduceOp.MAX)
     if rank == 0:
-        print(RESULT_TAG + json.dumps({"steps_per_s": steps / elapsed, "max_rss": rss.item()}), flush=True)
+        result = {"steps_per_s": steps / elapsed, "max_rss": rss.item(), "threads": torch.get_num_threads()}
+        print(RESULT_TAG + json.dumps(result), flush=True)
     dist.barrier()
     # Leave without tearing down: with torch 2.13, freeing a DDP model after its gloo group can deadlock
     # (the group's destructor joins a worker thread that waits for the GIL the destructor holds).
@@ -159,11 +158,12 @@ def run(args) -> list[Table]:
     rss = {side: max(r["max_rss"] for r in results[side]) for side in sides}
     params = sum(p.numel() for p in _model(width, depth).parameters())
     table = Table(f"DDP throughput, {NUM_PROCESSES} CPU processes (gloo)",
-                  ["side", "steps/s (median)", "± (IQR/2)", "vs raw", "peak RSS per process"])
+                  ["side", "steps/s (median)", "min – max", "vs raw", "peak RSS per process", "torch threads"])
     for side in sides:
-        rel = spread([r["steps_per_s"] for r in results[side]])
-        table.rows.append([side, f"{rate[side]:.1f}", "—" if rel != rel else f"{rel * 100:.1f}%",
-                           ratio(rate[side], rate[RAW]), fmt_mb(rss[side])])
+        rates = [r["steps_per_s"] for r in results[side]]
+        table.rows.append([side, f"{rate[side]:.1f}", f"{min(rates):.1f} – {max(rates):.1f}",
+                           ratio(rate[side], rate[RAW]), fmt_mb(rss[side]),
+                           ", ".join(sorted({str(r["threads"]) for r in results[side]}))])
     table.notes.append(
         f"MLP {depth}x{width} ({params / 1e6:.2f} M parameters), batch 32 per process, AdamW, fp32, "
         f"OMP_NUM_THREADS=1; {steps} timed steps after warm-up, {repeats} launches per side, interleaved."

@@ -32,41 +32,41 @@ from benchmarks._common import (
 )
 
 
-def _run_child(command: list[str], env: dict, timeout: float = 300) -> tuple[float, int]:
-    """Wall time of one command and the peak RSS of its largest descendant (bytes)."""
+# Appended to each `python -c` import line: the program's own peak RSS (VmHWM), printed after the import.
+# (ru_maxrss of a child would carry over this large parent's peak through fork and exec.)
+PEAK_RSS_EPILOGUE = (";import sys;sys.stdout.write([l for l in open('/proc/self/status') "
+                     "if l.startswith('VmHWM')][0])")
+
+
+def _run_child(command: list[str], env: dict, timeout: float = 300) -> tuple[float, int | None]:
+    """Wall time of one command, and the peak RSS (bytes) it printed, if it printed one."""
     start = time.perf_counter()
-    # A fresh wait4() per command gives the rusage of exactly this child tree.
-    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        _, status, usage = os.wait4(process.pid, 0)
-    except BaseException:
-        process.kill()
-        raise
+    out = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
     elapsed = time.perf_counter() - start
-    process.returncode = os.waitstatus_to_exitcode(status)
-    stdout, stderr = process.stdout.read(), process.stderr.read()
-    process.stdout.close()
-    process.stderr.close()
-    if process.returncode != 0:
+    if out.returncode != 0:
         raise RuntimeError(
-            f"`{' '.join(command)}` exited {process.returncode}\n--- stdout\n{stdout.decode()[-2000:]}\n"
-            f"--- stderr\n{stderr.decode()[-2000:]}"
+            f"`{' '.join(command)}` exited {out.returncode}\n--- stdout\n{out.stdout[-2000:]}\n"
+            f"--- stderr\n{out.stderr[-2000:]}"
         )
-    # ru_maxrss of a waited child is the largest of it and its own waited descendants (KiB on Linux).
-    return elapsed, usage.ru_maxrss * 1024
+    peak = None
+    for line in out.stdout.splitlines():
+        if line.startswith("VmHWM:"):
+            peak = int(line.split()[1]) * 1024
+    return elapsed, peak
 
 
 def _alternate(commands: dict[str, list[str]], env: dict, repeats: int, warmup: int = 1):
     names = list(commands)
     times = {n: [] for n in names}
-    rss = {n: 0 for n in names}
+    rss = {n: None for n in names}
     for round_index in range(warmup + repeats):
         shift = round_index % len(names)
         for name in names[shift:] + names[:shift]:
             elapsed, peak = _run_child(commands[name], env)
             if round_index >= warmup:
                 times[name].append(elapsed)
-                rss[name] = max(rss[name], peak)
+                if peak is not None:
+                    rss[name] = max(rss[name] or 0, peak)
     return times, rss
 
 
@@ -82,7 +82,8 @@ def import_table(args) -> Table:
     if want_accelerate(args):
         commands["import accelerate"] = [py, "-c", "import accelerate"]
         commands["accelerate Accelerator"] = [py, "-c", "from accelerate import Accelerator"]
-    times, rss = _alternate(commands, clean_env(), repeats, warmup=0 if args.quick else 1)
+    measured = {name: [*command[:-1], command[-1] + PEAK_RSS_EPILOGUE] for name, command in commands.items()}
+    times, rss = _alternate(measured, clean_env(), repeats, warmup=0 if args.quick else 1)
     med = {name: median(values) for name, values in times.items()}
     table = Table("Import time (whole process)", ["command", "median wall time", "minus `import torch`",
                                                   "vs `import torch`", "peak RSS"])
@@ -113,15 +114,16 @@ def launch_table(args) -> Table:
                                          "--dynamo_backend", "no", "--main_process_port", str(free_port()), script]
     env = clean_env(OMP_NUM_THREADS="1", ACCELERATE_USE_CPU="true")
     try:
-        times, rss = _alternate(commands, env, repeats, warmup=0 if args.quick else 1)
+        times, _ = _alternate(commands, env, repeats, warmup=0 if args.quick else 1)
     finally:
         os.remove(script)
         os.rmdir(workdir)
     med = {name: median(values) for name, values in times.items()}
     table = Table("Launch time of a no-op script on 2 processes (whole command)",
-                  ["launcher", "median wall time", "vs torchrun", "peak RSS (largest process)"])
-    for name, command in commands.items():
-        table.rows.append([name, fmt_time(med[name]), ratio(med[name], med["torchrun"]), fmt_mb(rss[name])])
+                  ["launcher", "median wall time", "min – max", "vs torchrun"])
+    for name in commands:
+        table.rows.append([name, fmt_time(med[name]), f"{fmt_time(min(times[name]))} – {fmt_time(max(times[name]))}",
+                           ratio(med[name], med["torchrun"])])
     shown = {name: " ".join(os.path.basename(part) if i == 0 else part for i, part in enumerate(command))
              for name, command in commands.items()}
     table.notes.append(f"{repeats} launches per launcher after {0 if args.quick else 1} warm-up round, interleaved; "
