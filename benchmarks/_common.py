@@ -127,7 +127,7 @@ def machine_info() -> dict[str, str]:
         "os": f"{platform.system()} {platform.release()}",
         "python": platform.python_version(),
         "torch": torch.__version__,
-        "torch threads": str(torch.get_num_threads()),
+        "torch default threads": str(torch.get_num_threads()),
     }
     try:
         from importlib.metadata import version
