@@ -1,0 +1,245 @@
+"""Checkpoint I/O: `save_state` / `load_state` of a model with its AdamW state, against raw
+`torch.save` / `torch.load` and Accelerate, with the disk's own bandwidth as the floor.
+
+Every save is timed until its files are durable (each file fsynced; hasten does that itself, the others
+get it added), and before every load the files are dropped from the page cache (posix_fadvise DONTNEED) so
+loads read the disk. The floor is one large file of the same size written and fsynced, then read back cold.
+Sides alternate (ABCABC...); one model and optimizer are shared by all sides to keep memory bounded.
+Outputs go to a temporary folder (default: the system temp dir; `--dir` to choose the disk) and are deleted.
+Run: `python -m benchmarks.save_load_state [--quick] [--size-mb 1024]`.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+if __package__ in (None, ""):  # run as `python benchmarks/save_load_state.py`: make `benchmarks` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch
+
+from benchmarks._common import (
+    ACCELERATE,
+    ACCELERATE_LEFT_OUT,
+    HASTEN,
+    RAW,
+    PeakRSS,
+    Table,
+    base_parser,
+    fmt_mb,
+    fmt_time,
+    hasten_module_available,
+    median,
+    want_accelerate,
+)
+
+DISK = "disk floor (one file)"
+CHUNK = 64 * 2**20
+
+
+def _model(size_mb: int) -> torch.nn.Module:
+    width = 2048 if size_mb >= 64 else 256
+    per_layer = width * width * 4
+    layers = max(1, round(size_mb * 2**20 / per_layer))
+    return torch.nn.Sequential(*[torch.nn.Linear(width, width, bias=False) for _ in range(layers)])
+
+
+def _files(folder: str) -> list[str]:
+    return [os.path.join(root, name) for root, _, names in os.walk(folder) for name in names]
+
+
+def _fsync_tree(folder: str) -> None:
+    for path in _files(folder):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _drop_cache(folder: str) -> None:
+    """Evict the folder's (clean, fsynced) files from the page cache so the next read comes from disk."""
+    for path in _files(folder):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def _tree_bytes(folder: str) -> int:
+    return sum(os.path.getsize(p) for p in _files(folder))
+
+
+class DiskFloor:
+    """Write `nbytes` to one file in big chunks and fsync; read it back after dropping it from the cache."""
+
+    def __init__(self, nbytes: int):
+        self.nbytes = nbytes
+        self.block = os.urandom(min(CHUNK, nbytes))
+        self.buffer = bytearray(len(self.block))
+
+    def save(self, folder: str) -> None:
+        os.makedirs(folder)
+        fd = os.open(os.path.join(folder, "blob"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            left = self.nbytes
+            view = memoryview(self.block)
+            while left > 0:
+                left -= os.write(fd, view[: min(left, len(view))])
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def load(self, folder: str) -> None:
+        with open(os.path.join(folder, "blob"), "rb", buffering=0) as f:
+            while f.readinto(self.buffer):
+                pass
+
+
+class RawTorch:
+    def __init__(self, model, optimizer):
+        self.model, self.optimizer = model, optimizer
+
+    def save(self, folder: str) -> None:
+        os.makedirs(folder)
+        torch.save(self.model.state_dict(), os.path.join(folder, "model.pt"))
+        torch.save(self.optimizer.state_dict(), os.path.join(folder, "optimizer.pt"))
+        _fsync_tree(folder)
+
+    def load(self, folder: str) -> None:
+        self.model.load_state_dict(torch.load(os.path.join(folder, "model.pt"), weights_only=True))
+        self.optimizer.load_state_dict(torch.load(os.path.join(folder, "optimizer.pt"), weights_only=True))
+
+
+class Library:
+    """hasten or Accelerate: `Accelerator.save_state` / `load_state` on the shared model and optimizer."""
+
+    def __init__(self, name, model, optimizer):
+        if name == HASTEN:
+            from hasten import Accelerator
+            from hasten.state import AcceleratorState, GradientState
+        else:
+            from accelerate import Accelerator
+            from accelerate.state import AcceleratorState, GradientState
+        AcceleratorState._reset_state(True)
+        GradientState._reset_state()
+        self.accelerator = Accelerator(cpu=True)
+        # Both libraries mark what they prepared with the same attribute; the other library's mark would make
+        # this one take the shared model as already prepared (and, in hasten, leave it out of save_state).
+        for obj in (model, optimizer):
+            obj.__dict__.pop("_is_accelerate_prepared", None)
+        self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
+
+    def save(self, folder: str) -> None:
+        self.accelerator.save_state(folder)
+        _fsync_tree(folder)
+
+    def load(self, folder: str) -> None:
+        self.accelerator.load_state(folder)
+
+
+def run(args) -> list[Table]:
+    torch.set_num_threads(min(4, os.cpu_count() or 1))
+    size_mb = args.size_mb or (8 if args.quick else 1024)
+    repeats = args.repeats or (1 if args.quick else 3)
+    base = args.dir or tempfile.gettempdir()
+    free = shutil.disk_usage(base).free
+    model = _model(size_mb)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    # One step so that AdamW holds its two moment buffers: the checkpoint is ~3x the weights.
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    expected = 3 * weights
+    if free < 3 * expected:
+        raise SystemExit(f"save_load_state: {base} has {free / 2**30:.1f} GiB free; need about "
+                         f"{3 * expected / 2**30:.1f} GiB for --size-mb {size_mb} (pass a smaller --size-mb or --dir)")
+
+    sides = {DISK: DiskFloor(expected), RAW: RawTorch(model, optimizer)}
+    notes = []
+    if want_accelerate(args):
+        sides[ACCELERATE] = Library(ACCELERATE, model, optimizer)
+    else:
+        notes.append(ACCELERATE_LEFT_OUT)
+    if hasten_module_available("checkpointing"):
+        sides[HASTEN] = Library(HASTEN, model, optimizer)
+    else:
+        notes.append("hasten skipped: this checkout has no `hasten.checkpointing` yet.")
+
+    workdir = tempfile.mkdtemp(prefix="hasten-bench-ckpt-", dir=base)
+    results = {name: {"save": [], "load": [], "bytes": 0, "save_rss": 0, "load_rss": 0} for name in sides}
+    gc.collect()
+    try:
+        names = list(sides)
+        for round_index in range(repeats):
+            shift = round_index % len(names)
+            for name in names[shift:] + names[:shift]:
+                side, out = sides[name], os.path.join(workdir, "ckpt")
+                with PeakRSS() as rss:
+                    start = time.perf_counter()
+                    side.save(out)
+                    results[name]["save"].append(time.perf_counter() - start)
+                results[name]["save_rss"] = max(results[name]["save_rss"], rss.growth)
+                results[name]["bytes"] = _tree_bytes(out)
+                _drop_cache(out)
+                with PeakRSS() as rss:
+                    start = time.perf_counter()
+                    side.load(out)
+                    results[name]["load"].append(time.perf_counter() - start)
+                results[name]["load_rss"] = max(results[name]["load_rss"], rss.growth)
+                shutil.rmtree(out)
+                gc.collect()
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+    floor = {op: results[DISK]["bytes"] / median(results[DISK][op]) for op in ("save", "load")}
+    table = Table(f"Checkpoint I/O: model of {weights / 2**20:.0f} MB + AdamW state",
+                  ["side", "written", "save", "save MB/s", "save vs disk", "load", "load MB/s", "load vs disk",
+                   "peak RSS growth save / load"])
+    for name in names:
+        r = results[name]
+        row = [name, fmt_mb(r["bytes"])]
+        for op in ("save", "load"):
+            seconds = median(r[op])
+            rate = r["bytes"] / seconds
+            row += [fmt_time(seconds), f"{rate / 2**20:.0f}", f"{rate / floor[op]:.2f}"]
+        row.append(f"{fmt_mb(r['save_rss'])} / {fmt_mb(r['load_rss'])}")
+        table.rows.append(row)
+    table.notes.append(
+        f"{repeats} save+load rounds per side, interleaved; saves are timed until fsynced, loads read cold files "
+        f"(evicted with posix_fadvise). Folder on the disk of {base}. Target: hasten ≥ 0.80 × disk, faster "
+        "than Accelerate."
+    )
+    table.notes.extend(notes)
+    return [table]
+
+
+def build_parser():
+    parser = base_parser(__doc__.splitlines()[0])
+    parser.add_argument("--size-mb", type=int, default=None, help="model weights in MB (default 1024; 8 with --quick)")
+    parser.add_argument("--dir", default=None, help="folder on the disk to measure (default: the temp dir)")
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    for table in run(args):
+        print(table.render())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
