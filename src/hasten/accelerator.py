@@ -269,8 +269,8 @@ class Accelerator:
         return result[0] if len(result) == 1 else tuple(result)
 
     def _prepare_one(self, obj, device_placement=None):
-        if getattr(obj, "_is_accelerate_prepared", False):
-            return obj
+        # Objects prepared before (here or by another Accelerator) are registered, not wrapped again, by
+        # the prepare_* methods, so that save_state still finds them.
         if _is_dataloader(obj):
             return self.prepare_data_loader(obj, device_placement=device_placement)
         if isinstance(obj, torch.nn.Module):
@@ -362,7 +362,7 @@ class Accelerator:
     # -- the training step ----------------------------------------------------------------------------------
     def backward(self, loss, **kwargs):
         """`loss.backward()`, divided by the accumulation steps and scaled for fp16."""
-        steps = self.gradient_accumulation_steps
+        steps = self.gradient_state.num_steps
         if steps != 1:
             loss = loss / steps
         self._backend.backward(loss, scaler=self.scaler, **kwargs)
@@ -623,7 +623,9 @@ class _AccumulationStep:
         accelerator = self.accelerator
         accelerator._do_sync()
         state = accelerator.gradient_state
-        if self.models and not state.sync_gradients and not (state.sync_each_batch and accelerator.use_distributed):
+        if state.sync_gradients or not self.models:
+            return None
+        if not (state.sync_each_batch and accelerator.use_distributed):
             self.entered = [accelerator.no_sync(model) for model in self.models]
             for context in self.entered:
                 context.__enter__()

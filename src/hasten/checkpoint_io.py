@@ -76,12 +76,15 @@ def fsync_tree(path: str) -> None:
         fsync_dir(root)
 
 
-def write_file(path: str, writer, rank: int = 0) -> int:
-    """Call `writer(path)`, flush the file to disk and return its size; crash points surround it."""
+def write_file(path: str, writer, rank: int = 0, sync: bool = True) -> int:
+    """Call `writer(path)`, flush the file to disk (unless `sync=False`: the caller fsyncs a batch of files
+    later, so that writing one file overlaps with the disk flushing the last) and return its size; crash
+    points surround it."""
     crash_point(rank)
     writer(path)
     crash_point(rank, partial_file=path)
-    fsync_file(path)
+    if sync:
+        fsync_file(path)
     crash_point(rank)
     return os.path.getsize(path)
 

@@ -258,6 +258,8 @@ class DataLoaderShard(_ResumableLoader):
         _reject_unsupported(use_stateful_dataloader, torch_device_mesh)
         super().__init__(dataset, **kwargs)
         self.device = device
+        # Batches from a CPU loader already live on the CPU: skip the per-batch walk of the structure.
+        self._places_batches = device is not None and torch.device(device).type != "cpu"
         self.rng_types = rng_types
         self.synchronized_generator = synchronized_generator
         self._drop_last = _drop_last
@@ -294,7 +296,7 @@ class DataLoaderShard(_ResumableLoader):
             current = next(batches, _END)
             while current is not _END:
                 keep = position >= skip_in_loop
-                if keep and self.device is not None:
+                if keep and self._places_batches:
                     current = send_to_device(current, self.device, non_blocking=self._non_blocking)
                 following = next(batches, _END)
                 if keep:

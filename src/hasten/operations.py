@@ -185,6 +185,8 @@ def convert_to_fp32(tensor):
     def _is_half(t):
         return isinstance(t, torch.Tensor) and t.dtype in (torch.float16, torch.bfloat16)
 
+    if isinstance(tensor, torch.Tensor):  # the usual model output: skip the structure walk
+        return tensor.float() if tensor.dtype in (torch.float16, torch.bfloat16) else tensor
     return recursively_apply(lambda t: t.float(), tensor, test_type=_is_half)
 
 

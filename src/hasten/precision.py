@@ -48,9 +48,9 @@ class MixedPrecision:
         """A context manager running the block in the policy's precision (a no-op for 'no')."""
         if not self.native_amp:
             return contextlib.nullcontext()
-        kwargs = dict(self.autocast_kwargs)
+        kwargs = self.autocast_kwargs
         if autocast_handler is not None:
-            kwargs.update(autocast_handler.to_kwargs())
+            kwargs = {**kwargs, **autocast_handler.to_kwargs()}
         return torch.autocast(device_type=self.device_type, dtype=self.dtype, **kwargs)
 
     def wrap_forward(self, model: torch.nn.Module) -> None:

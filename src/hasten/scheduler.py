@@ -23,6 +23,7 @@ class AcceleratedScheduler:
         self.split_batches = split_batches
         self.step_with_optimizer = step_with_optimizer
         self.gradient_state = GradientState()
+        self._num_processes = None  # read once, on the first real step (the state exists by then)
 
     def step(self, *args, **kwargs):
         if not self.step_with_optimizer:
@@ -32,13 +33,19 @@ class AcceleratedScheduler:
             if self.gradient_state.adjust_scheduler:
                 self.scheduler._step_count += 1
             return
-        if any(getattr(opt, "step_was_skipped", False) for opt in self.optimizers):
-            return
+        for optimizer in self.optimizers:  # a plain loop: this runs on every optimizer step
+            if getattr(optimizer, "step_was_skipped", False):
+                return
         if self.split_batches:
             self.scheduler.step(*args, **kwargs)
             return
+        if self._num_processes is None:
+            self._num_processes = AcceleratorState().num_processes
         total_steps = getattr(self.scheduler, "total_steps", None)
-        for _ in range(AcceleratorState().num_processes):
+        if self._num_processes == 1 and total_steps is None:
+            self.scheduler.step(*args, **kwargs)
+            return
+        for _ in range(self._num_processes):
             if total_steps is not None and self.scheduler._step_count > total_steps:
                 break
             self.scheduler.step(*args, **kwargs)
