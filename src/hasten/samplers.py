@@ -60,7 +60,28 @@ class SeedableRandomSampler(RandomSampler):
         self.epoch = epoch
 
 
-class BatchSamplerShard(BatchSampler):
+class _WrappedBatchSampler(BatchSampler):
+    """A batch sampler built over another one: exposes its sampler and length, forwards `set_epoch`.
+    (BatchSampler.__init__ validates a sampler we do not have, so subclasses set their attributes themselves.)"""
+
+    batch_sampler: BatchSampler
+
+    @property
+    def sampler(self):
+        return getattr(self.batch_sampler, "sampler", None)
+
+    @property
+    def total_length(self) -> int:
+        return len(self.batch_sampler)
+
+    def set_epoch(self, epoch: int) -> None:
+        for target in (self.batch_sampler, self.sampler):
+            if hasattr(target, "set_epoch"):
+                target.set_epoch(epoch)
+                return
+
+
+class BatchSamplerShard(_WrappedBatchSampler):
     """This process's share of the batches of `batch_sampler`.
 
     Without `split_batches`, batches are dealt round-robin (batch k to process k % num_processes). With
@@ -83,20 +104,6 @@ class BatchSamplerShard(BatchSampler):
         self.even_batches = even_batches
         self.batch_size = batch_size
         self.drop_last = getattr(batch_sampler, "drop_last", False)
-
-    @property
-    def sampler(self):
-        return getattr(self.batch_sampler, "sampler", None)
-
-    @property
-    def total_length(self) -> int:
-        return len(self.batch_sampler)
-
-    def set_epoch(self, epoch: int) -> None:
-        for target in (self.batch_sampler, self.sampler):
-            if hasattr(target, "set_epoch"):
-                target.set_epoch(epoch)
-                return
 
     def __len__(self) -> int:
         total = len(self.batch_sampler)
@@ -228,7 +235,7 @@ class IterableDatasetShard(IterableDataset):
             yield from group[start:start + per_process]
 
 
-class SkipBatchSampler(BatchSampler):
+class SkipBatchSampler(_WrappedBatchSampler):
     """`batch_sampler` without its first `skip_batches` batches; the indices are skipped, no data is read."""
 
     def __init__(self, batch_sampler, skip_batches: int = 0):
@@ -236,20 +243,6 @@ class SkipBatchSampler(BatchSampler):
         self.skip_batches = skip_batches
         self.batch_size = getattr(batch_sampler, "batch_size", None)
         self.drop_last = getattr(batch_sampler, "drop_last", False)
-
-    @property
-    def sampler(self):
-        return getattr(self.batch_sampler, "sampler", None)
-
-    @property
-    def total_length(self) -> int:
-        return len(self.batch_sampler)
-
-    def set_epoch(self, epoch: int) -> None:
-        for target in (self.batch_sampler, self.sampler):
-            if hasattr(target, "set_epoch"):
-                target.set_epoch(epoch)
-                return
 
     def __iter__(self):
         for index, batch in enumerate(self.batch_sampler):
