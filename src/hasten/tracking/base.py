@@ -88,6 +88,42 @@ class GeneralTracker:
         """Flush and close the run."""
 
 
+class ProjectRunTracker(GeneralTracker):
+    """A library that starts one run with `<library>.init(project=run_name, **init_kwargs)`, logs with
+    `run.log(values, step=...)`, keeps hyperparameters in `run.config` and ends with `run.finish()`
+    (wandb, trackio and swanlab share this shape). Subclasses set `name` and may extend `start`."""
+
+    requires_logging_directory = False
+
+    def __init__(self, run_name: str, **kwargs):
+        super().__init__()
+        self.run_name = run_name
+        self.init_kwargs = kwargs
+        self.run = None
+
+    @property
+    def tracker(self):
+        return self.run
+
+    @on_main_process
+    def start(self):
+        self.run = import_library(self.name).init(project=self.run_name, **self.init_kwargs)
+
+    @on_main_process
+    def store_init_configuration(self, values: dict):
+        self.run.config.update(to_plain(values))
+
+    @on_main_process
+    def log(self, values: dict, step: int | None = None, **kwargs):
+        self.run.log({key: simplify(value) for key, value in values.items()}, step=step, **kwargs)
+
+    @on_main_process
+    def finish(self):
+        if self.run is not None:
+            self.run.finish()
+            self.run = None
+
+
 def _tracker_property_missing(cls) -> bool:
     for klass in cls.__mro__:
         if klass is GeneralTracker:

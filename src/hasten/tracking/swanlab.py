@@ -3,36 +3,16 @@ written under `log_dir` (default `./swanlog`); view it with `swanlab watch <log_
 
 from __future__ import annotations
 
-from .base import GeneralTracker, import_library, on_main_process, simplify, to_plain
+from .base import ProjectRunTracker, import_library, on_main_process
 
 
-class SwanLabTracker(GeneralTracker):
+class SwanLabTracker(ProjectRunTracker):
     name = "swanlab"
-    requires_logging_directory = False
-
-    def __init__(self, run_name: str, **kwargs):
-        super().__init__()
-        self.run_name = run_name
-        self.init_kwargs = kwargs
-        self.run = None
-
-    @property
-    def tracker(self):
-        return self.run
 
     @on_main_process
     def start(self):
-        swanlab = import_library(self.name)
-        self.run = swanlab.init(project=self.run_name, **self.init_kwargs)
+        super().start()
         self.run.config.update({"FRAMEWORK": "hasten"})
-
-    @on_main_process
-    def store_init_configuration(self, values: dict):
-        self.run.config.update(to_plain(values))
-
-    @on_main_process
-    def log(self, values: dict, step: int | None = None, **kwargs):
-        self.run.log({key: simplify(value) for key, value in values.items()}, step=step, **kwargs)
 
     @on_main_process
     def log_images(self, values: dict, step: int | None = None, **kwargs):
@@ -40,9 +20,3 @@ class SwanLabTracker(GeneralTracker):
         swanlab = import_library(self.name)
         images = {key: [swanlab.Image(image, **kwargs) for image in items] for key, items in values.items()}
         self.run.log(images, step=step)
-
-    @on_main_process
-    def finish(self):
-        if self.run is not None:
-            self.run.finish()
-            self.run = None

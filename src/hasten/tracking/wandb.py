@@ -3,35 +3,15 @@ variable `WANDB_MODE=offline`) to write the run under `./wandb` without an accou
 
 from __future__ import annotations
 
-from .base import GeneralTracker, import_library, on_main_process, simplify, to_plain
+from .base import ProjectRunTracker, import_library, on_main_process, to_plain
 
 
-class WandBTracker(GeneralTracker):
+class WandBTracker(ProjectRunTracker):
     name = "wandb"
-    requires_logging_directory = False
-
-    def __init__(self, run_name: str, **kwargs):
-        super().__init__()
-        self.run_name = run_name
-        self.init_kwargs = kwargs
-        self.run = None
-
-    @property
-    def tracker(self):
-        return self.run
-
-    @on_main_process
-    def start(self):
-        wandb = import_library(self.name)
-        self.run = wandb.init(project=self.run_name, **self.init_kwargs)
 
     @on_main_process
     def store_init_configuration(self, values: dict):
         self.run.config.update(to_plain(values), allow_val_change=True)
-
-    @on_main_process
-    def log(self, values: dict, step: int | None = None, **kwargs):
-        self.run.log({key: simplify(value) for key, value in values.items()}, step=step, **kwargs)
 
     @on_main_process
     def log_images(self, values: dict, step: int | None = None, **kwargs):
@@ -46,9 +26,3 @@ class WandBTracker(GeneralTracker):
         wandb = import_library(self.name)
         table = wandb.Table(columns=columns, data=data, dataframe=dataframe)
         self.run.log({table_name: table}, step=step, **kwargs)
-
-    @on_main_process
-    def finish(self):
-        if self.run is not None:
-            self.run.finish()
-            self.run = None
