@@ -6,7 +6,7 @@ from launching import launch
 def test_ddp_training_matches_one_process_and_accumulates():
     result = launch("train_ddp_checks.py")
     for check in ("equivalence no", "equivalence bf16", "no_sync accumulation scheduler", "sync_each_batch",
-                  "facade collectives"):
+                  "facade collectives", "comm hook tied weights"):
         assert result.stdout.count(f"OK {check}") == 2, result.stdout
     assert result.stdout.count("ALL DONE") == 2
 
