@@ -393,12 +393,10 @@ class AcceleratorState(_SharedState):
         self.torch_tp_plugin = torch_tp_plugin
         self.parallelism_config = parallelism_config
         self.device_mesh = None
-        self.backend_name = "single" if partial_state.num_processes == 1 else "ddp"
         if fsdp_plugin is not None:
             # Unlike Accelerate, FSDP also runs on CPU processes (gloo) and on a single process (the backend then
             # makes a one-process group), so that a sharded checkpoint resumes on any number of processes.
             self.distributed_type = PartialState._shared_state["distributed_type"] = DistributedType.FSDP
-            self.backend_name = "fsdp"
 
     @property
     def initialized(self) -> bool:
