@@ -175,6 +175,13 @@ def base_parser(description: str) -> argparse.ArgumentParser:
     return parser
 
 
+def print_tables(tables) -> int:
+    """The body of every benchmark's `main`: print each table it measured."""
+    for table in tables:
+        print(table.render())
+    return 0
+
+
 CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
 
 

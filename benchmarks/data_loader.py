@@ -18,6 +18,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from benchmarks._common import (
+    print_tables,
     ACCELERATE,
     ACCELERATE_LEFT_OUT,
     CLOCKS,
@@ -122,10 +123,7 @@ def build_parser():
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    for table in run(args):
-        print(table.render())
-    return 0
+    return print_tables(run(build_parser().parse_args(argv)))
 
 
 if __name__ == "__main__":

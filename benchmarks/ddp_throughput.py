@@ -20,6 +20,7 @@ if __package__ in (None, ""):  # run as a script (by the launchers): make `bench
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks._common import (
+    print_tables,
     ACCELERATE,
     ACCELERATE_LEFT_OUT,
     HASTEN,
@@ -197,9 +198,7 @@ def main(argv=None) -> int:
     if args.worker:
         worker(args.worker, args.steps or 100, args.warmup, args.width, args.depth, args.batch)
         return 0
-    for table in run(args):
-        print(table.render())
-    return 0
+    return print_tables(run(args))
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ if __package__ in (None, ""):  # run as `python benchmarks/save_load_state.py`: 
 import torch
 
 from benchmarks._common import (
+    print_tables,
     ACCELERATE,
     ACCELERATE_LEFT_OUT,
     HASTEN,
@@ -235,10 +236,7 @@ def build_parser():
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    for table in run(args):
-        print(table.render())
-    return 0
+    return print_tables(run(build_parser().parse_args(argv)))
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ if __package__ in (None, ""):  # run as `python benchmarks/startup.py`: make `be
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks._common import (
+    print_tables,
     ACCELERATE_LEFT_OUT,
     Table,
     base_parser,
@@ -148,10 +149,7 @@ def build_parser():
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    for table in run(args):
-        print(table.render())
-    return 0
+    return print_tables(run(build_parser().parse_args(argv)))
 
 
 if __name__ == "__main__":
