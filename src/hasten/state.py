@@ -290,7 +290,7 @@ class PartialState(_SharedState):
     @contextmanager
     def split_between_processes(self, inputs, apply_padding: bool = False):
         """Yield this process's contiguous share of a list, tuple, tensor or dict of equal-length values."""
-        from .operations import split_for_process
+        from .nested import split_for_process
 
         if self.num_processes == 1:
             yield inputs

@@ -20,9 +20,9 @@ from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy, StateDict
 
 from ..environment import str_to_bool
 from ..errors import ConfigError
+from ..precision import DTYPES as _DTYPES
 
 _AUTO_WRAP_NAMES = ("transformer_based_wrap", "size_based_wrap", "no_wrap")
-_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.bfloat16, "fp32": torch.float32, "no": None}
 
 
 def _env(field_name: str) -> tuple[Optional[str], Optional[str]]:
