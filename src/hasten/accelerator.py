@@ -138,8 +138,10 @@ class Accelerator:
                                        plugin=fsdp_plugin)
         self.scaler = self._backend.make_grad_scaler()
         self.native_amp = self.precision.native_amp
-        # Without a scaler or a backend that owns backward, `backward` is `loss.backward()` itself (the hot path).
+        # Decided once, read on every micro-step: without a scaler or a backend that owns backward, `backward` is
+        # `loss.backward()` itself; in one process, `accumulate` has no gradient sync to hold back.
         self._plain_backward = self.scaler is None and self._backend.plain_backward
+        self._holds_back_sync = self.use_distributed
         self.fp8_enabled = False
         self.has_lomo_optimizer = False
         self.flag_tensor = None
@@ -370,8 +372,10 @@ class Accelerator:
         self._backend.backward(loss, accumulation_steps=steps, scaler=self.scaler, **kwargs)
 
     def _do_sync(self) -> None:
+        """Decide, once per micro-step, whether this one synchronises gradients; the prepared optimizers and
+        schedulers only read the answer (`gradient_state.sync_gradients`)."""
         state = self.gradient_state
-        if state.sync_with_dataloader and state.end_of_dataloader:
+        if state._dataloader_references and state.sync_with_dataloader and state.end_of_dataloader:
             self.step = 0
             state.sync_gradients = True
         else:
@@ -640,19 +644,22 @@ class _AccumulationStep:
     def __enter__(self):
         accelerator = self.accelerator
         accelerator._do_sync()
-        state = accelerator.gradient_state
-        if state.sync_gradients or not self.models:
+        # Only several processes have a gradient sync to hold back (no_sync is a no-op in one).
+        if not accelerator._holds_back_sync or not self.models:
             return None
-        if not (state.sync_each_batch and accelerator.use_distributed):
-            self.entered = [accelerator.no_sync(model) for model in self.models]
-            for context in self.entered:
-                context.__enter__()
+        state = accelerator.gradient_state
+        if state.sync_gradients or state.sync_each_batch:
+            return None
+        self.entered = [accelerator.no_sync(model) for model in self.models]
+        for context in self.entered:
+            context.__enter__()
         return None
 
     def __exit__(self, *exc_info):
-        for context in reversed(self.entered):
-            context.__exit__(*exc_info)
-        self.entered = ()
+        if self.entered:
+            for context in reversed(self.entered):
+                context.__exit__(*exc_info)
+            self.entered = ()
         return False
 
 

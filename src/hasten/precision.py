@@ -108,9 +108,12 @@ class _AutocastForward:
         self.__wrapped__ = forward
         self.policy = policy
         functools.update_wrapper(self, forward)
+        # Read once: this runs on every forward.
+        self._autocast_args = (policy.device_type, policy.autocast_dtype, dict(policy.autocast_kwargs))
 
     def __call__(self, *args, **kwargs):
-        with self.policy.autocast():
+        device_type, dtype, autocast_kwargs = self._autocast_args
+        with torch.autocast(device_type, dtype=dtype, **autocast_kwargs):
             return self.__wrapped__(*args, **kwargs)
 
 
