@@ -23,6 +23,12 @@ RUNS = {
     "fsdp2": ("fsdp", 2, [*FSDP, "--fsdp_version", "2"]),
     "fsdp1": ("fsdp", 2, [*FSDP, "--fsdp_version", "1"]),
 }
+# Known failures, with the reason; strict, so a fix shows up as an unexpected pass.
+KNOWN_BROKEN = {
+    "fsdp1": "FSDP1 + SHARDED_STATE_DICT: loading optimizer_0/ into a fresh optimizer fails in "
+             "torch.distributed.checkpoint ('Missing key in checkpoint state_dict: optimizer.param_groups'); "
+             "found by this test, present before the checkpoint protocol change",
+}
 CHECKS = ("training", "clip_grad_norm_", "save_state load_state", "unwrap_model get_state_dict")
 
 
@@ -32,7 +38,10 @@ def test_every_registered_backend_has_a_contract_run():
     assert not missing, f"add a row to RUNS in {__file__} for the backend(s) {missing}"
 
 
-@pytest.mark.parametrize("run", sorted(RUNS))
+@pytest.mark.parametrize("run", [
+    pytest.param(run, marks=pytest.mark.xfail(reason=KNOWN_BROKEN[run], strict=True)) if run in KNOWN_BROKEN else run
+    for run in sorted(RUNS)
+])
 def test_backend_keeps_the_contract(run, tmp_path):
     backend, processes, flags = RUNS[run]
     result = launch("backend_contract.py", backend, tmp_path, num_processes=processes, flags=flags, timeout=300)
