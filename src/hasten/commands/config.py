@@ -13,6 +13,7 @@ import os
 import sys
 
 from ..config import file as config_file
+from ..environment import parse_int
 from ..errors import ConfigError
 
 
@@ -104,21 +105,12 @@ def _show(value) -> str:
     return str(value)
 
 
-def _int_at_least(minimum):
-    def parse(text):
-        try:
-            value = int(text)
-        except ValueError:
-            raise ValueError(f"{text!r} is not a whole number") from None
-        if value < minimum:
-            raise ValueError(f"give {minimum} or more")
-        return value
-
-    return parse
+def _at_least(minimum):
+    return lambda text: parse_int(text, minimum)
 
 
 def _port(text):
-    value = _int_at_least(0)(text)
+    value = _at_least(0)(text)
     if value > 65535:
         raise ValueError("a TCP port is 0-65535")
     return value
@@ -150,7 +142,7 @@ def questionnaire(questions: Questions, machine: dict, existing: dict | None = N
     if kind == "NO":
         config["num_processes"] = 1
     else:
-        machines = questions.ask("How many machines (nodes) take part?", existing.get("num_machines", 1), _int_at_least(1))
+        machines = questions.ask("How many machines (nodes) take part?", existing.get("num_machines", 1), _at_least(1))
         config["num_machines"] = machines
         if machines > 1:
             config["machine_rank"] = questions.ask(
@@ -195,14 +187,14 @@ def questionnaire(questions: Questions, machine: dict, existing: dict | None = N
 
 
 def _rank(text, machines):
-    value = _int_at_least(0)(text)
+    value = _at_least(0)(text)
     if value >= machines:
         raise ValueError(f"give 0 to {machines - 1}")
     return value
 
 
 def _total(text, machines):
-    value = _int_at_least(1)(text)
+    value = _at_least(1)(text)
     if value % machines:
         raise ValueError(f"the total must divide evenly over {machines} machines")
     return value
@@ -227,7 +219,7 @@ def _fsdp_questions(questions: Questions, existing: dict) -> dict:
             existing.get("fsdp_transformer_layer_cls_to_wrap", ""), str) or None
     elif policy == "SIZE_BASED_WRAP":
         fsdp["fsdp_min_num_params"] = questions.ask("Minimum parameters per shard group",
-                                                    existing.get("fsdp_min_num_params", 100_000_000), _int_at_least(0))
+                                                    existing.get("fsdp_min_num_params", 100_000_000), _at_least(0))
     fsdp["fsdp_state_dict_type"] = questions.choose(
         "How should checkpoints be saved?",
         [("SHARDED_STATE_DICT", "sharded (each rank its part)"), ("FULL_STATE_DICT", "full (one file on rank 0)")], 0)

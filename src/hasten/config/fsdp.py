@@ -68,6 +68,8 @@ def _enum(enum_cls, value, field_name: str, variable: Optional[str]):
         return members[int(text) - 1]
     if text in enum_cls.__members__:
         return enum_cls[text]
+    if "_" + text in enum_cls.__members__:  # torch spells HYBRID_SHARD_ZERO2 `_HYBRID_SHARD_ZERO2`
+        return enum_cls["_" + text]
     raise ConfigError(
         f"fsdp {field_name}={value!r} (from {_source(variable)}) is not valid; choose one of "
         f"{', '.join(enum_cls.__members__)}"
