@@ -117,11 +117,16 @@ def add_launch_arguments(parser) -> None:
         elif row.append:
             kwargs["action"] = "append"
         elif row.choices and row.built and row.kind == "str":
-            kwargs["choices"] = row.choices
+            kwargs["choices"] = row.allowed()
             kwargs["type"] = {"lower": str.lower, "upper": str.upper}.get(row.case, str)
         elif row.built and row.kind not in ("str", "gpu_ids"):
             kwargs["type"] = _flag_type(row)
+            if row.kind in ("bool", "bool_or_str"):
+                kwargs["metavar"] = "{true,false}"
         _add(target, *row.flags, **kwargs)
+    features = dict.fromkeys(row.feature for row in rows if not row.built)
+    parser.epilog = ("Accepted for Accelerate command lines but not built in hasten yet (refused at launch with one "
+                     "line): " + ", ".join(features) + ". See docs/configuration.md.")
 
 
 @dataclass
