@@ -231,3 +231,69 @@ def test_one_boolean_and_one_integer_parser():
             if re.search(pattern, text):
                 offenders.append(f"{path.relative_to(root)}: {pattern}")
     assert not offenders, offenders
+
+
+# -- explain reports what the launched script's Accelerator uses ---------------------------------------------------
+
+# Per round: setting -> (source, value). Each setting comes from a different source in each round; the second round
+# also has code beating the environment (dynamo_backend) and runs one process in place instead of two under torchrun.
+ROUNDS = [
+    (2, {"mixed_precision": ("flag", "bf16"), "dynamo_backend": ("environment", "eager"),
+         "dynamo_mode": ("file", "reduce-overhead"), "debug": ("file", True), "gradient_accumulation_steps": ("code", 3)}),
+    (1, {"mixed_precision": ("file", "fp16"), "dynamo_backend": ("code", "aot_eager"),
+         "dynamo_mode": ("environment", "max-autotune"), "debug": ("environment", True),
+         "gradient_accumulation_steps": ("flag", 2)}),
+]
+
+
+def _as_text(value) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+@pytest.mark.parametrize("processes,round_", ROUNDS, ids=["two processes", "one process"])
+def test_explain_reports_what_the_launched_scripts_accelerator_uses(processes, round_, home, monkeypatch, capsys):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from hasten.commands import config as config_command
+    from launching import SCRIPTS
+
+    flags, env, file_values, code = ["--cpu", "--num_processes", str(processes)], {}, {"distributed_type": "MULTI_CPU"}, {}
+    for name, (source, value) in round_.items():
+        row = table.get(name)
+        if source == "flag":
+            flags += [row.flags[0], str(value)]
+        elif source == "environment":
+            env[row.env[0]] = _as_text(value)
+        elif source == "file":
+            file_values.update(_file_with(row, value))
+        else:
+            code[name] = value
+    if round_["dynamo_backend"][0] == "code":
+        env["HASTEN_DYNAMO_BACKEND"] = "eager"  # the code's value must win over this
+    _write(home, file_values)
+
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("HASTEN_", "ACCELERATE_"))}
+    full_env.update(env, PYTHONUNBUFFERED="1")
+    command = [sys.executable, "-m", "hasten", "launch", *flags, str(SCRIPTS / "settings_report.py"), json.dumps(code)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=240, env=full_env)
+    assert result.returncode == 0, result.stderr
+    lines = {line.split(" ", 1)[0]: json.loads(line.split(" ", 1)[1]) for line in result.stdout.splitlines()
+             if line.startswith(("USED ", "EXPLAINED "))}
+    used, in_script = lines["USED"], lines["EXPLAINED"]
+
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    capsys.readouterr()
+    assert config_command.main(["explain", "--all", *flags]) == 0
+    out = capsys.readouterr().out
+    explained = {line.split()[0]: line.split()[1:3] for line in out.splitlines()[3:] if len(line.split()) >= 3}
+
+    for name, (source, value) in round_.items():
+        assert _as_text(used[name]) == _as_text(value), f"{name}: the script used {used[name]!r}, not {value!r}"
+        assert in_script[name] == [value, source], f"{name}: in-script explain says {in_script[name]}"
+        if source != "code":  # code is known only inside the script
+            assert explained[name] == [_as_text(used[name]), source], f"{name}: explain says {explained[name]}"
+    assert used["use_cpu"] is True and explained["use_cpu"] == ["true", "flag"]
