@@ -297,3 +297,14 @@ def test_explain_reports_what_the_launched_scripts_accelerator_uses(processes, r
         if source != "code":  # code is known only inside the script
             assert explained[name] == [_as_text(used[name]), source], f"{name}: explain says {explained[name]}"
     assert used["use_cpu"] is True and explained["use_cpu"] == ["true", "flag"]
+
+
+def test_docs_settings_page_is_generated_from_the_table():
+    import importlib.util
+    import pathlib
+
+    script = pathlib.Path(__file__).resolve().parent.parent / "scripts" / "settings_doc.py"
+    spec = importlib.util.spec_from_file_location("settings_doc", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.PAGE.read_text() == module.render(), "docs/settings.md is stale: run python scripts/settings_doc.py"

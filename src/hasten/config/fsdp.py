@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Optional, Union
 import torch
 from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy, StateDictType
 
-from ..environment import parse_bool
+from ..environment import parse_bool, parse_int
 from .settings import SETTINGS
 from ..errors import ConfigError
 
@@ -138,7 +138,7 @@ class FullyShardedDataParallelPlugin:
     def _resolve_version(self):
         value, variable = self._pick("fsdp_version", 1, "version")
         try:
-            version = int(value)
+            version = parse_int(value)
         except (TypeError, ValueError):
             version = None
         if version not in (1, 2):
@@ -246,7 +246,7 @@ class FullyShardedDataParallelPlugin:
 
         count, variable = self._pick("min_num_params", 0)
         try:
-            self.min_num_params = int(count)
+            self.min_num_params = parse_int(count)
         except (TypeError, ValueError):
             raise ConfigError(
                 f"fsdp min_num_params={count!r} (from {_source(variable)}) must be an integer"

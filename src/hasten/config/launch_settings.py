@@ -190,18 +190,16 @@ def _check_values(values: dict) -> None:
 def _exports(values: dict, env: Mapping[str, str]) -> dict:
     """Variables for the training processes: winners from a flag, the file or a computed default only."""
     exports, sources = {}, {}
-    dynamo_on = values["dynamo_backend"].value not in (None, "no")
-    fsdp_on = bool(values["use_fsdp"].value)
     for setting in SETTINGS:
         if setting.export is None:
             continue
         resolved = values[setting.name]
         if resolved.value is None:
             continue
-        if setting.name.startswith("dynamo_") and setting.name != "dynamo_backend" and not dynamo_on:
-            continue
-        if setting.name in FSDP_ENV and not fsdp_on:
-            continue
+        if setting.requires:  # FSDP settings without FSDP, dynamo details without a backend: nothing to pass on
+            needed = table.BY_DEST.get(setting.requires) or table.get(setting.requires)
+            if values[needed.name].value in (None, False, "no"):
+                continue
         if setting.name == "gpu_ids":
             if str(resolved.value).lower() == "all":
                 continue

@@ -104,11 +104,11 @@ def slurm_values(env: Mapping[str, str]) -> dict:
     """
     if "SLURM_PROCID" not in env or "SLURM_STEP_ID" not in env or "LOCAL_RANK" in env:
         return {}
-    from ..environment import _first_slurm_host, _slurm_tasks_on_first_node
+    from ..environment import _first_slurm_host, _slurm_tasks_on_first_node, parse_int
 
     def number(name, default):
         try:
-            return int(env.get(name, default))
+            return parse_int(env.get(name, default))
         except ValueError:
             raise ConfigError(f"environment variable {name}={env.get(name)!r} must be an integer (set by SLURM)") from None
 

@@ -213,14 +213,22 @@ def _exported(suffix: str, **kwargs) -> dict:
     return dict(env=_pair(suffix), export=f"HASTEN_{suffix}", **kwargs)
 
 
-def _not_built(feature: str, fix: str, group: str):
-    """A builder of rows for one feature hasten has not built: refused wherever they are set."""
+def _not_built(feature: str, fix: str, group: str, *, built: bool = False, requires: str | None = None):
+    """A builder of the rows of one feature: `built=False` rows are accepted, then refused wherever they are set.
+
+    Building the feature is `built=True` here (or on one row); each row already names the variable the
+    launcher will export (its first `env` name) and the switch it needs (`requires`).
+    """
 
     def row(name, kind="str", *, flag=True, **kwargs) -> Setting:
         kwargs.setdefault("help", "")
         flags = kwargs.pop("flags", (f"--{name}",) if flag else ())
-        return Setting(name, kind, flags=flags, built=False, feature=feature, fix=fix, group=group, hidden=True,
-                       **kwargs)
+        if kwargs.get("env") and "export" not in kwargs:
+            kwargs["export"] = kwargs["env"][0]
+        if requires and name != requires:
+            kwargs.setdefault("requires", requires)
+        return Setting(name, kind, flags=flags, built=kwargs.pop("built", built), feature=feature, fix=fix,
+                       group=group, hidden=not built, **kwargs)
 
     return row
 
@@ -233,11 +241,11 @@ _ND_FIX = "use --use_fsdp (data-parallel sharding), or run this job with Acceler
 _MPI_FIX = "start the processes with `hasten launch --num_machines ... --machine_rank ...` on each machine, or srun"
 _SM_FIX = "run on a LOCAL_MACHINE (`hasten config`), or run this job with Accelerate"
 
-_deepspeed = _not_built("DeepSpeed", _DS_FIX, "DeepSpeed")
-_megatron = _not_built("Megatron-LM", _MEGATRON_FIX, "Megatron-LM")
+_deepspeed = _not_built("DeepSpeed", _DS_FIX, "DeepSpeed", requires="use_deepspeed")
+_megatron = _not_built("Megatron-LM", _MEGATRON_FIX, "Megatron-LM", requires="use_megatron_lm")
 _tpu = _not_built("TPU (XLA)", _TPU_FIX, "TPU")
 _fp8 = _not_built("fp8 training", _FP8_FIX, "FP8")
-_nd = _not_built("N-D parallelism (ParallelismConfig)", _ND_FIX, "ParallelismConfig")
+_nd = _not_built("N-D parallelism (ParallelismConfig)", _ND_FIX, "ParallelismConfig", requires="use_parallelism_config")
 _mpi = _not_built("mpirun launching", _MPI_FIX, "MPI")
 _sagemaker = _not_built("Amazon SageMaker", _SM_FIX, "AWS")
 

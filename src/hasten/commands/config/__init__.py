@@ -18,7 +18,7 @@ from ...errors import ConfigError
 from .cluster import get_cluster_input, questionnaire  # noqa: F401
 from .config import config_command, config_command_parser
 from .config_args import load_config_from_file  # noqa: F401
-from .config_utils import Questions, _Parser  # noqa: F401
+from .config_utils import Questions  # noqa: F401
 from .default import default_command_parser
 from .explain import explain_command_parser
 from .update import update_command_parser
