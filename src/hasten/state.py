@@ -203,6 +203,8 @@ class PartialState(_SharedState):
             self.local_process_index = cluster.local_rank
         self.device = self._pick_device(device_type)
         self.set_device()
+        if _setting("enable_cpu_affinity", None, env):
+            environment.pin_to_numa_node(self.device.type, _pci_bus_id(self.device), self.local_process_index)
 
     def _pick_device(self, device_type: str) -> torch.device:
         forced = environment.env_value("TORCH_DEVICE")
@@ -454,6 +456,16 @@ class AcceleratorState(_SharedState):
     @property
     def fork_launched(self):
         return environment.parse_flag_from_env("FORK_LAUNCHED", False)
+
+
+def _pci_bus_id(device: torch.device) -> str | None:
+    """`0000:3b:00.0` for a CUDA device (its NUMA node is found through it), else None."""
+    if device.type != "cuda":
+        return None
+    props = torch.cuda.get_device_properties(device)
+    if not hasattr(props, "pci_bus_id"):
+        return None
+    return f"{getattr(props, 'pci_domain_id', 0):04x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
 
 
 def _setting(name: str, code=None, env=None):

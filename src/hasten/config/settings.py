@@ -330,7 +330,8 @@ SETTINGS: tuple[Setting, ...] = (
             group="Resource selection", help="OMP_NUM_THREADS of each process (hasten: also a config-file key)."),
     Setting("enable_cpu_affinity", "bool", False, flags=("--enable_cpu_affinity",), switch=True,
             file_key=("enable_cpu_affinity",), owner="PartialState", group="Resource selection",
-            help="Pin each process to its NUMA node's cores.", **_exported("CPU_AFFINITY")),
+            help="Pin each process to its NUMA node's cores (a GPU process: its GPU's node; CPU processes: spread "
+                 "over the nodes).", **_exported("CPU_AFFINITY")),
     Setting("dynamo_backend", "str", "no", flags=("--dynamo_backend",), file_key=("dynamo_config", "dynamo_backend"),
             owner="Accelerator", code="dynamo_backend", choices=tuple(b.value.lower() for b in enums.DynamoBackend),
             case="lower", group="Resource selection", question="Which torch.compile backend?",
@@ -363,7 +364,8 @@ SETTINGS: tuple[Setting, ...] = (
             help="GPUs to use: 'all' or a comma list such as '0,1'."),
     Setting("same_network", "bool", False, flags=("--same_network",), switch=True, file_key=("same_network",),
             group="Distributed GPUs", question="Are all machines on the same network?",
-            help="All machines share one network."),
+            help="All machines share one network (accepted for Accelerate files: hasten's rendezvous through "
+                 "--main_process_ip/--main_process_port is the same either way)."),
     Setting("machine_rank", "int", 0, flags=("--machine_rank",), file_key=("machine_rank",), minimum=0,
             group="Distributed GPUs", help="Rank of this machine (0 for the main one)."),
     Setting("main_process_ip", "str", None, flags=("--main_process_ip",), file_key=("main_process_ip",),
