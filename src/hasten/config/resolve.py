@@ -229,7 +229,7 @@ def runtime_value(name: str, code=None, env: Mapping[str, str] | None = None):
     """
     setting = BY_NAME[name]
     resolved = resolve(code={name: code} if code is not None else None, env=env, settings=[setting])[name]
-    if setting.unbuilt_values and resolved.value in setting.unbuilt_values:
+    if setting.refusal(resolved.value) is not None:
         where = {"code": f"{setting.owner}({setting.code}={resolved.value!r})", "default": "the default"}
         setting.refuse(where.get(resolved.source, f"environment variable {resolved.origin}"), resolved.value)
     return resolved

@@ -189,7 +189,7 @@ class Setting:
         """The reason `value` cannot be used (None: it can)."""
         if not self.built:
             return f"{self.feature} is not built in hasten yet; fix: {self.fix}"
-        if value is not None and value in self.unbuilt_values:
+        if value is not None and self.unbuilt_values and _hashable(value) and value in self.unbuilt_values:
             feature, fix = self.unbuilt_values[value]
             return f"{feature} is not built in hasten yet; fix: {fix}"
         return None
@@ -199,6 +199,14 @@ class Setting:
         reason = self.refusal(value)
         if reason is not None:
             raise NotBuiltError(f"{origin}: {reason}")
+
+
+def _hashable(value) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
 
 
 # ----------------------------------------------------------------------------------------------- row builders
@@ -343,7 +351,8 @@ SETTINGS: tuple[Setting, ...] = (
     _dynamo("use_dynamic", "bool", "dynamic", switch=True, requires="dynamo_backend",
             question="Use dynamic shapes?", help="Dynamic shapes."),
     _dynamo("use_regional_compilation", "bool", "use_regional_compilation", default=False, switch=True,
-            requires="dynamo_backend", help="Compile repeated blocks once."),
+            requires="dynamo_backend", help="Compile repeated blocks once.",
+            unbuilt_values={True: ("regional compilation", "leave it off: hasten compiles the whole model")}),
     # -- training paradigm --------------------------------------------------------------------------------------
     Setting("use_fsdp", "bool", False, flags=("--use_fsdp",), switch=True, distributed_type="FSDP",
             owner="Accelerator", group="Training paradigm", help="Shard the model with FSDP.",
