@@ -226,8 +226,9 @@ def test_one_boolean_and_one_integer_parser():
         text = path.read_text()
         if path.name == "environment.py" and path.parent == root:
             continue
-        for pattern in (r"in \(\s*\"true\", \"false\"", r"\.lower\(\) == \"true\"", r"def _(?:positive|non_negative)_int",
-                        r"def _int_at_least", r"def _parse_bool", r"def _bool_text"):
+        for pattern in (r"in \(\s*\"true\", \"false\"", r"in \(\"1\", \"true\"", r"\.lower\(\) == \"true\"",
+                        r"(?<!\w)int\(os\.environ", r"(?<!\w)int\(env\[", r"def _(?:positive|non_negative)_int", r"def _int_at_least",
+                        r"def _parse_bool", r"def _bool_text"):
             if re.search(pattern, text):
                 offenders.append(f"{path.relative_to(root)}: {pattern}")
     assert not offenders, offenders
