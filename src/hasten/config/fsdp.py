@@ -18,11 +18,12 @@ from typing import Any, Callable, Iterable, Optional, Union
 import torch
 from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy, StateDictType
 
+from ..enums import FSDP_AUTO_WRAP_POLICY
 from ..environment import parse_bool, parse_int
 from .settings import SETTINGS
 from ..errors import ConfigError
 
-_AUTO_WRAP_NAMES = ("transformer_based_wrap", "size_based_wrap", "no_wrap")
+_AUTO_WRAP_NAMES = tuple(name.lower() for name in FSDP_AUTO_WRAP_POLICY)
 _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.bfloat16, "fp32": torch.float32, "no": None}
 
 

@@ -17,6 +17,7 @@ feature: nothing is accepted and silently ignored. docs/configuration.md explain
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
@@ -570,8 +571,9 @@ def resolvable() -> list[Setting]:
     return [row for row in SETTINGS if row.built and row.role == "setting"]
 
 
-def file_rows() -> dict:
-    """{top-level key: row} and {block: {key: row}} of the config file, from the table."""
+@functools.lru_cache(maxsize=None)
+def file_rows() -> tuple[dict, dict]:
+    """{top-level key: row} and {block: {key: row}} of the config file, from the table (built once)."""
     top, nested = {}, {}
     for row in SETTINGS:
         if not row.file_key:
