@@ -436,6 +436,8 @@ SETTINGS: tuple[Setting, ...] = (
             help="Force the device (a string for torch.device)."),
     Setting("log_level", "str", None, env=_pair("LOG_LEVEL"), owner="get_logger", role="environment",
             help="Default level of hasten.logging.get_logger."),
+    Setting("enable_rich", "bool", False, env=_pair("ENABLE_RICH"), owner="is_rich_available", role="environment",
+            help="Let is_rich_available() say yes when rich is installed."),
     # -- DeepSpeed (not built) --------------------------------------------------------------------------------------
     Setting("deepspeed_config", "dict", {}, file_key=("deepspeed_config",), role="file", built=False,
             feature="DeepSpeed (the deepspeed_config block)", fix=_DS_FIX, help="DeepSpeed settings."),
@@ -468,12 +470,15 @@ SETTINGS: tuple[Setting, ...] = (
                file_key=("deepspeed_config", "deepspeed_multinode_launcher"), help="Multi-node launcher."),
     _deepspeed("deepspeed_moe_layer_cls_names", env=_pair("DEEPSPEED_MOE_LAYER_CLS_NAMES"),
                file_key=("deepspeed_config", "deepspeed_moe_layer_cls_names"), help="MoE layer classes."),
+    _deepspeed("config_ds_fields", flag=False, env=_pair("CONFIG_DS_FIELDS"),
+               help="DeepSpeed fields that came from the config file (set by the DeepSpeed launcher)."),
     # -- fp8 (not built) --------------------------------------------------------------------------------------------
     Setting("fp8_config", "dict", {}, file_key=("fp8_config",), role="file", built=False,
             feature="fp8 training (the fp8_config block)", fix=_FP8_FIX, help="FP8 recipe settings."),
     *(
-        _fp8(f"fp8_{name}", kind, env=_pair(f"FP8_{name.upper()}"), file_key=("fp8_config", key),
-             file_aliases=aliases, help=text)
+        _fp8(f"fp8_{name}", kind, flag=key is not None,
+             env=_pair(f"FP8_{name.upper()}"), file_key=("fp8_config", key) if key else None, file_aliases=aliases,
+             help=text)
         for name, kind, key, aliases, text in (
             ("backend", "str", "backend", (), "fp8 library: ao, te or msamp."),
             ("use_autocast_during_eval", "bool", "use_autocast_during_eval", (), "fp8 autocast in evaluation."),
@@ -483,6 +488,9 @@ SETTINGS: tuple[Setting, ...] = (
             ("amax_history_len", "int", "amax_history_length", ("amax_history_len",), "amax history length."),
             ("amax_compute_algo", "str", "amax_compute_algorithm", ("amax_compute_algo",), "max or most_recent."),
             ("override_linear_precision", "str", "override_linear_precision", (), "Three booleans: fprop,dgrad,wgrad."),
+            ("override_fprop", "bool", None, (), "Keep the forward matmul in higher precision."),
+            ("override_dgrad", "bool", None, (), "Keep the data-gradient matmul in higher precision."),
+            ("override_wgrad", "bool", None, (), "Keep the weight-gradient matmul in higher precision."),
             ("opt_level", "str", "optimization_level", ("opt_level",), "MS-AMP level O1 or O2."),
             ("enable_fsdp_float8_all_gather", "bool", "enable_fsdp_float8_all_gather", (), "fp8 all-gather in FSDP."),
             ("pad_inner_dim", "bool", "pad_inner_dim", (), "Pad inner dimensions for fp8 matmuls."),
@@ -510,6 +518,8 @@ SETTINGS: tuple[Setting, ...] = (
             ("sp_attn_implementation", "str", "Attention implementation."),
         )
     ),
+    _nd("allow_cp_standalone", "bool", flag=False, env=_pair("ALLOW_CP_STANDALONE"), requires=None,
+        help="Context parallelism without FSDP."),
     # -- Megatron-LM (not built) --------------------------------------------------------------------------------------
     Setting("megatron_lm_config", "dict", {}, file_key=("megatron_lm_config",), role="file", built=False,
             prefix="megatron_lm_", feature="Megatron-LM (the megatron_lm_config block)", fix=_MEGATRON_FIX,
@@ -544,6 +554,7 @@ SETTINGS: tuple[Setting, ...] = (
     _tpu("tpu_zone", flag=False, file_key=("tpu_zone",), help="TPU zone."),
     _tpu("command_file", flag=False, file_key=("command_file",), help="Commands for TPU workers."),
     _tpu("commands", "str_or_list", flag=False, file_key=("commands",), help="Commands for TPU workers."),
+    _tpu("in_tpu_pod", "bool", flag=False, env=_pair("IN_TPU_POD"), help="Set inside a TPU pod launch."),
     # -- MPI and SageMaker (not built) --------------------------------------------------------------------------------
     Setting("mpirun_config", "dict", {}, file_key=("mpirun_config",), role="file", built=False,
             feature="mpirun launching (the mpirun_config block)", fix=_MPI_FIX, help="mpirun settings."),
@@ -551,6 +562,9 @@ SETTINGS: tuple[Setting, ...] = (
     _mpi("mpirun_ccl", "any", flag=False, file_key=("mpirun_config", "mpirun_ccl"), help="oneCCL workers."),
     _sagemaker("aws_access_key_id", help="AWS key id."),
     _sagemaker("aws_secret_access_key", help="AWS secret key."),
+    _sagemaker("use_sagemaker", "bool", flag=False, env=_pair("USE_SAGEMAKER"), help="Set by the SageMaker launcher."),
+    _sagemaker("sagemaker_distributed_type", flag=False, env=_pair("SAGEMAKER_DISTRIBUTED_TYPE"),
+               choices=tuple(e.value for e in enums.SageMakerDistributedType), help="SageMaker data/model parallel."),
 )
 
 BY_NAME: dict[str, Setting] = {row.name: row for row in SETTINGS}
