@@ -349,4 +349,6 @@ def write_basic_config(mixed_precision: str = "no", save_location: str | None = 
         return False
     if str(mixed_precision).lower() not in PRECISIONS:
         raise ConfigError(f"mixed_precision {mixed_precision!r} is not one of {', '.join(PRECISIONS)}")
+    table.get("mixed_precision").refuse(f"write_basic_config(mixed_precision={mixed_precision!r})",
+                                        str(mixed_precision).lower())
     return write_config_file(basic_config(str(mixed_precision).lower()), path, overwrite=False)
