@@ -78,6 +78,8 @@ def init_on_device(device, include_buffers: bool | None = None):
         if param is None:
             return
         registered = module._parameters[name]
+        if registered.device == torch.device(device):
+            return  # already there (e.g. `head.weight = embed.weight`): keep the object, and so the tie
         extra = dict(registered.__dict__)
         hf_initialized = extra.pop("_is_hf_initialized", None)
         extra["requires_grad"] = param.requires_grad

@@ -334,6 +334,7 @@ def _load_with_map(model, files, device_map, offload_folder, dtype, offload_stat
                     set_module_tensor_to_device(model, name, target, value=tensor, dtype=new_dtype,
                                                 fp16_statistics=statistics)
             del loaded
+        _alias_tied_offloads(offload_index, device_map, model)
         if offload_index:
             save_offload_index(offload_index, offload_folder)
         if staging is not None:
@@ -342,6 +343,20 @@ def _load_with_map(model, files, device_map, offload_folder, dtype, offload_stat
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)
     return seen, unexpected
+
+
+def _alias_tied_offloads(offload_index, device_map, model):
+    """A tied weight is stored once; give its other disk-mapped names an index entry pointing at the same bytes,
+    so that each module's hook finds its weight under its own name."""
+    from .device_map import find_tied_parameters
+
+    for group in find_tied_parameters(model):
+        stored = next((name for name in group if name in offload_index), None)
+        if stored is None:
+            continue
+        for name in group:
+            if name not in offload_index and _device_of(name, device_map) == "disk":
+                offload_index[name] = {**offload_index[stored], "weight_name": offload_index[stored].get("weight_name", stored)}
 
 
 def load_checkpoint_in_model(model: torch.nn.Module, checkpoint, device_map=None, offload_folder=None, dtype=None,

@@ -279,7 +279,8 @@ class OffloadedWeightsLoader(Mapping):
         else:
             if self.save_folder is None:
                 raise OffloadError(f"offloaded weight {key!r} is a .dat file but this loader has no `save_folder`")
-            tensor = load_offloaded_weight(os.path.join(self.save_folder, f"{key}.dat"), info)
+            # `weight_name`: a tied alias that shares its twin's file.
+            tensor = load_offloaded_weight(os.path.join(self.save_folder, f"{info.get('weight_name', key)}.dat"), info)
         if self.device is not None and tensor.device != torch.device(self.device):
             tensor = tensor.to(self.device)
         return tensor
