@@ -279,7 +279,7 @@ def _keeps_fp32(name, keep_in_fp32_modules) -> bool:
 
 
 def _load_with_map(model, files, device_map, offload_folder, dtype, offload_state_dict, offload_buffers,
-                   keep_in_fp32_modules, strict):
+                   keep_in_fp32_modules, tied):
     """Place each tensor where the map says. Disk weights of a safetensors checkpoint stay in its files (the
     offload index points at them); other disk weights are written to `offload_folder` as `.dat` files."""
     import shutil
@@ -334,7 +334,7 @@ def _load_with_map(model, files, device_map, offload_folder, dtype, offload_stat
                     set_module_tensor_to_device(model, name, target, value=tensor, dtype=new_dtype,
                                                 fp16_statistics=statistics)
             del loaded
-        _alias_tied_offloads(offload_index, device_map, model)
+        _alias_tied_offloads(model, offload_index, device_map, tied)
         if offload_index:
             save_offload_index(offload_index, offload_folder)
         if staging is not None:
@@ -345,18 +345,20 @@ def _load_with_map(model, files, device_map, offload_folder, dtype, offload_stat
     return seen, unexpected
 
 
-def _alias_tied_offloads(offload_index, device_map, model):
-    """A tied weight is stored once; give its other disk-mapped names an index entry pointing at the same bytes,
-    so that each module's hook finds its weight under its own name."""
-    from .device_map import find_tied_parameters
-
-    for group in find_tied_parameters(model):
+def _alias_tied_offloads(model, offload_index, device_map, tied):
+    """A tied weight is stored once; give its other disk-mapped names an index entry pointing at the same bytes
+    (and the same dtype), so that each module's hook finds its weight under its own name."""
+    for group in tied:
         stored = next((name for name in group if name in offload_index), None)
         if stored is None:
             continue
+        dtype = model.get_parameter(stored).dtype
         for name in group:
             if name not in offload_index and _device_of(name, device_map) == "disk":
-                offload_index[name] = {**offload_index[stored], "weight_name": offload_index[stored].get("weight_name", stored)}
+                offload_index[name] = {**offload_index[stored],
+                                       "weight_name": offload_index[stored].get("weight_name", stored)}
+                if model.get_parameter(name).dtype != dtype:
+                    set_module_tensor_to_device(model, name, "meta", dtype=dtype)
 
 
 def load_checkpoint_in_model(model: torch.nn.Module, checkpoint, device_map=None, offload_folder=None, dtype=None,
@@ -397,8 +399,9 @@ def load_checkpoint_in_model(model: torch.nn.Module, checkpoint, device_map=None
                                    "offload_folder was given; pass offload_folder='some/folder'")
             os.makedirs(offload_folder, exist_ok=True)
         seen, unexpected = _load_with_map(model, files, device_map, offload_folder, dtype, offload_state_dict,
-                                          offload_buffers, keep_fp32, strict)
-        retie_parameters(model, tied)
+                                          offload_buffers, keep_fp32, tied)
+    # Loading replaced parameter objects; make tied names share one again.
+    retie_parameters(model, tied)
     expected = model.state_dict(keep_vars=True)
     missing = [name for name in expected if name not in seen]
     if missing:
