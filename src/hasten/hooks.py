@@ -14,6 +14,7 @@ prefetch the next offloaded module's weights while this one runs (see `link_pref
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Mapping
 
 import torch
@@ -28,14 +29,17 @@ _ADDED_ATTRIBUTES = ("to", "cuda", "npu", "xpu", "mlu", "sdaa", "musa")
 
 
 def _compiler_disable(fn):
-    """Keep torch.compile from tracing into a hook (compiled lazily: torch._dynamo is slow to import)."""
+    """Keep torch.compile from tracing into a hook. `torch.compiler.disable` imports torch._dynamo (seconds), so
+    it is only applied once dynamo is loaded, i.e. when something may be compiling; until then, a plain call."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        compiled = wrapper.__dict__.get("_compiled")
-        if compiled is None:
-            compiled = wrapper._compiled = torch.compiler.disable(fn)
-        return compiled(*args, **kwargs)
+        if "torch._dynamo" not in sys.modules:
+            return fn(*args, **kwargs)
+        disabled = wrapper.__dict__.get("_disabled")
+        if disabled is None:
+            disabled = wrapper._disabled = torch.compiler.disable(fn)
+        return disabled(*args, **kwargs)
 
     return wrapper
 
