@@ -127,6 +127,8 @@ def _child(side: str, checkpoint: str, dim: int, depth: int, half_on_disk: bool,
     else:
         library = __import__("hasten" if side == HASTEN else "accelerate")
         library.load_checkpoint_and_dispatch, library.init_empty_weights  # load the lazy names
+    baseline = _status_bytes("VmRSS")
+    anon_baseline = _status_bytes("RssAnon")
     try:
         start = time.perf_counter()
         if side == RAW:
@@ -149,12 +151,16 @@ def _child(side: str, checkpoint: str, dim: int, depth: int, half_on_disk: bool,
                 began = time.perf_counter()
                 model(x)
                 times.append(time.perf_counter() - began)
-        with open("/proc/self/status") as status:
-            peak = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM:"))
-        return {"first_output": first_output, "forward": median(times), "peak_rss": peak,
+        return {"first_output": first_output, "forward": median(times), "peak_rss": _status_bytes("VmHWM"),
+                "rss_growth": _status_bytes("VmHWM") - baseline, "anon_growth": _status_bytes("RssAnon") - anon_baseline,
                 "checksum": float(first.double().sum())}
     finally:
         shutil.rmtree(offload, ignore_errors=True)
+
+
+def _status_bytes(field: str) -> int:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) * 1024 for line in status if line.startswith(field + ":"))
 
 
 def _run_child(side, checkpoint, dim, depth, half_on_disk, forwards, threads) -> dict:
@@ -224,6 +230,9 @@ def run(args) -> list[Table]:
     table.rows.append(["meta init + load in RAM: time to first output",
                        *(cell(s, False, "first_output", fmt_time) for s in sides)])
     table.rows.append(["  peak RSS of that process", *(cell(s, False, "peak_rss", fmt_mb) for s in sides)])
+    table.rows.append(["  peak RSS growth from loading to output", *(cell(s, False, "rss_growth", fmt_mb) for s in sides)])
+    table.rows.append(["  of which anonymous (not page cache) at the end",
+                       *(cell(s, False, "anon_growth", fmt_mb) for s in sides)])
     table.rows.append(["half of the layers on disk: time to first output",
                        *(cell(s, True, "first_output", fmt_time) for s in sides)])
     table.rows.append(["forward, all in RAM", *(cell(s, False, "forward", fmt_time) for s in sides)])
