@@ -317,3 +317,53 @@ def test_auto_map_over_gpu_budget(reference, checkpoint, tmp_path):
                                          offload_folder=str(tmp_path))
     assert set(model.hf_device_map.values()) == {0, "cpu", "disk"}
     assert torch.allclose(model(IDS.cuda()).cpu(), reference(IDS), atol=1e-5)
+
+
+# -- Accelerate's import paths ---------------------------------------------------------------------------------
+PATHS = {
+    "hasten": ["init_empty_weights", "init_on_device", "cpu_offload", "cpu_offload_with_hook", "disk_offload",
+               "dispatch_model", "load_checkpoint_and_dispatch", "infer_auto_device_map", "load_checkpoint_in_model"],
+    "hasten.big_modeling": ["init_empty_weights", "init_on_device", "cpu_offload", "cpu_offload_with_hook",
+                            "disk_offload", "dispatch_model", "load_checkpoint_and_dispatch",
+                            "attach_layerwise_casting_hooks"],
+    "hasten.hooks": ["ModelHook", "SequentialHook", "add_hook_to_module", "remove_hook_from_module",
+                     "remove_hook_from_submodules", "AlignDevicesHook", "CpuOffload", "UserCpuOffloadHook",
+                     "LayerwiseCastingHook", "attach_execution_device_hook", "attach_align_device_hook",
+                     "attach_align_device_hook_on_blocks"],
+    "hasten.utils.modeling": ["infer_auto_device_map", "get_balanced_memory", "get_max_memory",
+                              "compute_module_sizes", "get_max_layer_size", "set_module_tensor_to_device",
+                              "named_module_tensors", "find_tied_parameters", "retie_parameters",
+                              "check_device_map", "load_state_dict", "load_checkpoint_in_model", "dtype_byte_size",
+                              "convert_file_size_to_int", "id_tensor_storage", "load_offloaded_weights",
+                              "offload_weight", "save_offload_index", "calculate_maximum_sizes", "clean_device_map",
+                              "align_module_device", "has_offloaded_params", "get_state_dict_offloaded_model"],
+    "hasten.utils.offload": ["offload_state_dict", "offload_weight", "load_offloaded_weight", "save_offload_index",
+                             "OffloadedWeightsLoader", "PrefixedDataset", "extract_submodules_state_dict"],
+}
+
+
+@pytest.mark.parametrize("module", sorted(PATHS))
+def test_accelerate_import_paths(module):
+    import importlib
+
+    import hasten.utils
+
+    loaded = importlib.import_module(module)
+    for name in PATHS[module]:
+        assert getattr(loaded, name) is not None, f"{module}.{name}"
+        if module.startswith("hasten.utils.") or module == "hasten":
+            if name not in ("init_empty_weights", "init_on_device", "cpu_offload", "cpu_offload_with_hook",
+                            "disk_offload", "dispatch_model", "load_checkpoint_and_dispatch"):
+                assert getattr(hasten.utils, name) is getattr(loaded, name), f"hasten.utils.{name}"
+
+
+def test_state_dict_of_an_offloaded_model(reference, checkpoint, tmp_path):
+    from hasten.utils import get_state_dict_offloaded_model
+
+    model = load_checkpoint_and_dispatch(_empty(), checkpoint, device_map=MAPS["half on disk"],
+                                         offload_folder=str(tmp_path))
+    state = get_state_dict_offloaded_model(model)
+    expected = reference.state_dict()
+    assert set(state) == set(expected)
+    assert all(torch.equal(state[k], expected[k]) for k in expected)
+    assert model.blocks[1].attn.weight.is_meta  # put back after reading
