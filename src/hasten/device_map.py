@@ -313,7 +313,8 @@ def check_device_map(model, device_map):
     """Raise if the map names no module/tensor of the model, or leaves some weight without a device."""
     if not isinstance(device_map, dict):
         raise DeviceMapError(f"device_map must be a dict of module name -> device, got {type(device_map).__name__}")
-    known = set(dict(model.named_modules())) | set(model.state_dict())
+    known = (set(dict(model.named_modules())) | set(model.state_dict())
+             | {name for name, _ in model.named_buffers()} | {name for name, _ in model.named_parameters()})
     missing = [key for key in device_map if key != "" and key not in known]
     if missing:
         top = [name for name, _ in model.named_children()]
