@@ -241,15 +241,36 @@ def test_prefetch_chains_the_offloaded_blocks(reference, checkpoint, tmp_path):
 def test_cpu_offload_with_hook_chains_a_pipeline(reference):
     first = TinyLM().eval()
     first.load_state_dict(reference.state_dict())
+    torch.manual_seed(1)
     second = nn.Linear(64, 3)
+    expected = second(reference(IDS))
     first, first_hook = cpu_offload_with_hook(first, execution_device="cpu")
     second, second_hook = cpu_offload_with_hook(second, execution_device="cpu", prev_module_hook=first_hook)
+    assert torch.allclose(second(first(IDS)), expected)
+    # Pretend the first model still sits on an accelerator after its forward (meta stands in for it here):
+    # running the second model must offload the first.
     calls = []
+    first.to("meta")
     first_hook.offload = lambda: calls.append("offloaded")
-    out = second(first(IDS))
-    assert out.shape == (2, 5, 3) and torch.allclose(first(IDS), reference(IDS))
+    second(torch.randn(1, 64))
+    assert calls == ["offloaded"]
     second_hook.remove()
     assert not hasattr(second, "_hf_hook")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cpu_offload_with_hook_on_gpu(reference):
+    first = TinyLM().eval()
+    first.load_state_dict(reference.state_dict())
+    second = nn.Linear(64, 3)
+    first, first_hook = cpu_offload_with_hook(first, execution_device="cuda")
+    second, second_hook = cpu_offload_with_hook(second, execution_device="cuda", prev_module_hook=first_hook)
+    hidden = first(IDS)
+    assert first.embed.weight.device.type == "cuda"
+    second(hidden)
+    assert first.embed.weight.device.type == "cpu" and second.weight.device.type == "cuda"
+    second_hook.offload()
+    assert second.weight.device.type == "cpu"
 
 
 # -- bad input: one line that says what to change --------------------------------------------------------------
