@@ -14,6 +14,7 @@ Run: `python -m benchmarks.big_model [--quick] [--size-mb 2048]`.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -179,14 +180,8 @@ def build_parser():
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads in each run (default 1: steadier on a shared machine; 0: torch's default)")
     parser.add_argument("--dir", default=None, help="where to write the checkpoint (default: system temp dir)")
-    parser.add_argument("--child", default=None, help=argparse_suppress())
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)  # internal: one measurement
     return parser
-
-
-def argparse_suppress():
-    import argparse
-
-    return argparse.SUPPRESS
 
 
 def run(args) -> list[Table]:
