@@ -151,12 +151,8 @@ def _top_level_items(model):
 
 # -- memory budgets --------------------------------------------------------------------------------------------
 def _accelerator_count() -> int:
-    if torch.cuda.is_available():
-        return torch.cuda.device_count()
-    xpu = getattr(torch, "xpu", None)
-    if xpu is not None and xpu.is_available():
-        return xpu.device_count()
-    return 0
+    """GPUs that integer device keys stand for (CUDA; hasten's device maps do not cover NPU/XPU/MLU yet)."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def _mps_available() -> bool:
