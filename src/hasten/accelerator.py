@@ -289,6 +289,12 @@ class Accelerator:
             return model
         if device_placement is None:
             device_placement = self.device_placement
+        if self.verify_device_map(model):  # dispatched over several devices: its hooks place the weights
+            if self.distributed_type != DistributedType.NO and not env_flag("BYPASS_DEVICE_MAP"):
+                raise ConfigError("prepare() got a model dispatched with a device map over several devices, which "
+                                  "cannot train in a distributed run; launch one process (or set "
+                                  "HASTEN_BYPASS_DEVICE_MAP=1)")
+            device_placement = False
         if any(p.is_meta for p in model.parameters()) and device_placement:
             raise ConfigError("prepare() got a model with parameters on the meta device; load its weights first")
         self.precision.wrap_forward(model)

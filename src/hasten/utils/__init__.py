@@ -32,7 +32,23 @@ _SOURCES = {
         "find_executable_batch_size", "release_memory", "should_reduce_batch_size", "clear_device_cache",
     ],
     "hasten.launchers": ["notebook_launcher", "debug_launcher"],
-    "hasten.modeling": ["load_checkpoint_in_model"],
+    # big-model inference (issue 12)
+    "hasten.modeling": [
+        "load_checkpoint_in_model", "load_state_dict", "set_module_tensor_to_device", "named_module_tensors",
+        "id_tensor_storage", "retie_parameters", "load_offloaded_weights", "get_state_dict_offloaded_model",
+        "get_state_dict_from_offload", "has_offloaded_params", "align_module_device", "is_peft_model",
+        "get_non_persistent_buffers",
+    ],
+    "hasten.device_map": [
+        "infer_auto_device_map", "get_balanced_memory", "get_max_memory", "compute_module_sizes",
+        "compute_module_total_buffer_size", "get_max_layer_size", "calculate_maximum_sizes", "check_device_map",
+        "clean_device_map", "find_tied_parameters", "check_tied_parameters_in_config",
+        "check_tied_parameters_on_same_device", "dtype_byte_size", "convert_file_size_to_int",
+    ],
+    "hasten.offload": [
+        "offload_state_dict", "offload_weight", "load_offloaded_weight", "save_offload_index",
+        "OffloadedWeightsLoader", "PrefixedDataset", "extract_submodules_state_dict",
+    ],
     "hasten.commands.launch": ["get_free_port"],
     "hasten.config.file": ["write_basic_config"],
     "hasten.utils.other": [
