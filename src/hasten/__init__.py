@@ -35,6 +35,7 @@ _EXPORTS = {
     "set_seed": "hasten.rng",
     "get_logger": "hasten.logging",
     "load_checkpoint_in_model": "hasten.modeling",
+    "prepare_pippy": "hasten.inference",
 }
 
 __all__ = ["__version__", *_EXPORTS]

@@ -33,6 +33,7 @@ _SOURCES = {
     ],
     "hasten.launchers": ["notebook_launcher", "debug_launcher"],
     "hasten.modeling": ["load_checkpoint_in_model"],
+    "hasten.compilation": ["compile_regions", "compile_regions_deepspeed", "compile_regions_fsdp2", "has_compiled_regions"],
     "hasten.commands.launch": ["get_free_port"],
     "hasten.config.file": ["write_basic_config"],
     "hasten.utils.other": [
