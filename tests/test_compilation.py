@@ -125,3 +125,12 @@ def test_accelerator_without_the_flag_compiles_the_whole_model():
     prepared = accelerator.prepare(model)
     assert isinstance(prepared, torch._dynamo.eval_frame.OptimizedModule)
     assert not any(block._compiled_call_impl is not None for block in model.blocks)
+
+
+def test_launcher_environment_turns_regional_compilation_on(monkeypatch):
+    # what `hasten launch --dynamo_backend eager --dynamo_use_regional_compilation` exports to each process
+    monkeypatch.setenv("HASTEN_DYNAMO_BACKEND", "eager")
+    monkeypatch.setenv("HASTEN_DYNAMO_USE_REGIONAL_COMPILATION", "true")
+    model = Net(2)
+    prepared = Accelerator(cpu=True).prepare(model)
+    assert prepared is model and all(block._compiled_call_impl is not None for block in model.blocks)
