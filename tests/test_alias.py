@@ -31,9 +31,9 @@ def make_venv(path: Path):
     return python, site_dir
 
 
-def run(python, *args, check=True, cwd=None, timeout=120):
+def run(program, *args, check=True, cwd=None, timeout=120):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HASTEN_", "ACCELERATE_", "PYTHON"))}
-    result = subprocess.run([str(python), *map(str, args)], capture_output=True, text=True, env=env, cwd=cwd,
+    result = subprocess.run([str(program), *map(str, args)], capture_output=True, text=True, env=env, cwd=cwd,
                             timeout=timeout)
     if check and result.returncode != 0:
         raise AssertionError(f"{args} exited {result.returncode}\n{result.stdout}\n{result.stderr}")
@@ -93,8 +93,10 @@ def test_remove_undoes_everything(tmp_path):
     before = set(os.listdir(site_dir))
     run(python, "-m", "hasten", "alias", "install")
     run(python, "-c", "import accelerate")  # leaves a compiled hook in __pycache__, which remove also deletes
+    assert (python.parent / "accelerate").exists() and (python.parent / "accelerate-launch").exists()
     assert "Removed the accelerate alias" in run(python, "-m", "hasten", "alias", "remove").stdout
     assert set(os.listdir(site_dir)) - {"__pycache__"} == before
+    assert not (python.parent / "accelerate").exists() and not (python.parent / "accelerate-launch").exists()
     assert not os.listdir(site_dir / "__pycache__") if (site_dir / "__pycache__").exists() else True
     gone = run(python, "-c", "import accelerate", check=False)
     assert gone.returncode != 0 and "No module named 'accelerate'" in gone.stderr
@@ -110,6 +112,7 @@ def test_pip_uninstall_accelerate_removes_the_alias_too(tmp_path):
     run(python, "-m", "hasten", "alias", "install")
     run(python, "-m", "pip", "uninstall", "-y", "--disable-pip-version-check", "accelerate")
     assert not {alias.PTH_FILE, alias.HOOK_FILE} & set(os.listdir(site_dir))
+    assert not (python.parent / "accelerate").exists()
     assert run(python, "-c", "import accelerate", check=False).returncode != 0
 
 
@@ -147,9 +150,11 @@ def test_a_real_accelerate_installed_later_wins_over_the_alias(tmp_path):
 
 # -- real programs through the alias, on 2 processes -------------------------------------------------------------
 
-def launch_in(python, script, *args, cwd):
-    command = ["-m", "hasten", "launch", "--num_processes", "2", str(DISTRIBUTED / script), *map(str, args)]
-    result = run(python, *command, check=False, cwd=cwd, timeout=300)
+def launch_in(python, script, *args, cwd, accelerate_command=False):
+    """`python -m hasten launch` (or the `accelerate launch` console command) on 2 processes."""
+    launcher = [python.parent / "accelerate", "launch"] if accelerate_command else [python, "-m", "hasten", "launch"]
+    command = [*launcher, "--num_processes", "2", str(DISTRIBUTED / script), *map(str, args)]
+    result = run(*command, check=False, cwd=cwd, timeout=300)
     assert result.returncode == 0, f"{script} failed\n--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}"
     passed = sorted(line.split()[1] for line in result.stdout.splitlines() if line.startswith("CHECKS-PASSED"))
     assert passed == ["0", "1"], result.stdout
@@ -167,7 +172,8 @@ def transformers_blocker(python) -> str | None:
 
 def test_an_accelerate_script_runs_unchanged_on_two_processes(aliased, tmp_path):
     python, _ = aliased
-    launch_in(python, "alias_no_trainer.py", tmp_path / "out", cwd=tmp_path)
+    # the command line is Accelerate's too: `accelerate launch` is the console command the alias installed
+    launch_in(python, "alias_no_trainer.py", tmp_path / "out", cwd=tmp_path, accelerate_command=True)
     assert (tmp_path / "out" / "final" / "model.safetensors").exists()
 
 

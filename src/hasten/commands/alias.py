@@ -1,12 +1,14 @@
 """`hasten alias install | remove | status`: let libraries that import `accelerate` (transformers' Trainer and
 `from_pretrained(device_map=...)`, diffusers, peft, trl) run on hasten, in this Python environment only.
 
-install writes three things into site-packages, and remove deletes exactly those:
+install writes these into site-packages, and remove deletes exactly those:
   _hasten_accelerate_alias.py     an import hook: `accelerate.X` is the module object `hasten.X`
   hasten-accelerate-alias.pth     starts the hook in every interpreter of the environment
   accelerate-<version>.dist-info  package metadata, so `importlib.metadata.version("accelerate")` answers
                                   (transformers checks it) and pip sees the requirement as met; its RECORD
-                                  lists the two files above, so `pip uninstall accelerate` removes all three.
+                                  lists the files above, so `pip uninstall accelerate` removes all of them.
+and, into this interpreter's own site-packages only, Accelerate's console commands (`accelerate launch ...`, `accelerate-launch`,
+...) next to the interpreter, each running the matching `hasten` command.
 
 It refuses to install where a real Accelerate is installed: two packages answering to one name is the bug
 this command must never create.
@@ -101,10 +103,44 @@ def install(site: str | None = None) -> str:
     for name, text in files.items():
         with open(os.path.join(folder, name), "w", encoding="utf-8") as handle:
             handle.write(text)
-    record = [HOOK_FILE, PTH_FILE, *(f"{dist_info}/{name}" for name in files), f"{dist_info}/RECORD"]
+    scripts = _write_commands(site) if site == site_packages() else []
+    record = [HOOK_FILE, PTH_FILE, *scripts, *(f"{dist_info}/{name}" for name in files), f"{dist_info}/RECORD"]
     with open(os.path.join(folder, "RECORD"), "w", encoding="utf-8") as handle:
         handle.writelines(f"{path},,\n" for path in record)
     return site
+
+
+# Accelerate's console commands -> the hasten command they run (`accelerate launch ...` = `hasten launch ...`)
+COMMANDS = {"accelerate": [], "accelerate-launch": ["launch"], "accelerate-config": ["config"],
+            "accelerate-merge-weights": ["merge-weights"], "accelerate-estimate-memory": ["estimate-memory"]}
+
+
+def _write_commands(site: str) -> list[str]:
+    """Write Accelerate's console commands next to this interpreter; returns their paths relative to `site`."""
+    folder = sysconfig.get_path("scripts")
+    written = []
+    for name, prefix in COMMANDS.items():
+        path = os.path.join(folder, name)
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(f"#!{sys.executable}\n# written by `hasten alias install`\nimport sys\n"
+                         "from hasten.commands.cli import main\n"
+                         f"sys.exit(main({prefix!r} + sys.argv[1:]))\n")
+        os.chmod(path, 0o755)
+        written.append(os.path.relpath(path, site))
+    return written
+
+
+def _remove_commands() -> None:
+    folder = sysconfig.get_path("scripts")
+    for name in COMMANDS:
+        path = os.path.join(folder, name)
+        try:
+            with open(path, encoding="utf-8") as handle:
+                ours = "written by `hasten alias install`" in handle.read(300)
+        except (OSError, UnicodeDecodeError):
+            continue
+        if ours:
+            os.remove(path)
 
 
 def remove(site: str | None = None) -> bool:
@@ -119,6 +155,8 @@ def remove(site: str | None = None) -> bool:
     cache = os.path.join(site, "__pycache__")
     compiled = [os.path.join("__pycache__", n) for n in (os.listdir(cache) if os.path.isdir(cache) else ())
                 if n.startswith(HOOK_FILE[:-3] + ".")]
+    if site == site_packages():
+        _remove_commands()
     for name in (PTH_FILE, HOOK_FILE, *compiled):
         path = os.path.join(site, name)
         if os.path.exists(path):
