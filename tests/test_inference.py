@@ -76,4 +76,4 @@ def test_one_process_runs_the_plain_forward():
 def test_two_stage_pipeline_matches_one_process():
     result = launch("pippy_inference.py")
     passed = dict(re.findall(r"CHECKS-PASSED (\d) (\d+)", result.stdout))
-    assert passed == {"0": "6", "1": "7"}, result.stdout + result.stderr
+    assert passed == {"0": "7", "1": "8"}, result.stdout + result.stderr

@@ -76,7 +76,20 @@ with torch.no_grad():
     output2 = model2(batch)
 check(torch.allclose(output2, expected, atol=1e-5), "gather_output: every rank gets the output")
 
-# 3. an example batch that does not split into the micro-batches is refused on every rank, before any collective
+# 3. inputs given by keyword, as transformers models take them
+class KeywordNet(Net):
+    def forward(self, input_ids):
+        return super().forward(input_ids)
+
+
+torch.manual_seed(0)
+model3 = KeywordNet().eval()
+prepare_pippy(model3, example_kwargs={"input_ids": batch}, gather_output=True)
+with torch.no_grad():
+    output3 = model3(input_ids=batch)
+check(torch.allclose(output3, expected, atol=1e-5), "keyword inputs flow through the pipeline")
+
+# 4. an example batch that does not split into the micro-batches is refused on every rank, before any collective
 try:
     prepare_pippy(Net().eval(), example_args=(torch.randn(3, 6),), num_chunks=2)
 except ValueError as error:
