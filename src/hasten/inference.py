@@ -13,6 +13,7 @@ from typing import Any, Optional, Union
 
 import torch
 
+from .compilation import is_repeated_blocks
 from .errors import ConfigError
 from .operations import broadcast_object_list, copy_tensor_to_devices, ignorant_find_batch_size, send_to_device
 from .state import PartialState
@@ -30,7 +31,8 @@ def _split_units(model: torch.nn.Module, no_split_module_classes) -> list[tuple[
     """(name, parameter bytes) of the pieces a stage boundary may fall between, in registration order.
 
     A piece is a leaf, a module of a class named in `no_split_module_classes`, each block of a repeated stack,
-    or a module owning parameters directly (its code uses them, so it cannot be cut)."""
+    or a module owning parameters directly (its code uses them, so it cannot be cut). Registration order
+    stands in for execution order, which holds for the usual embed → blocks → head models."""
     keep_whole = set(no_split_module_classes or ())
     units: list[tuple[str, int]] = []
 
@@ -43,8 +45,6 @@ def _split_units(model: torch.nn.Module, no_split_module_classes) -> list[tuple[
                        or any(True for _ in module.parameters(recurse=False))):
             units.append((prefix, size(module)))
             return
-        from .compilation import is_repeated_blocks
-
         repeated = is_repeated_blocks(module)
         for name, child in children:
             walk(f"{prefix}.{name}" if prefix else name, child, repeated)
