@@ -82,7 +82,8 @@ def install(site: str | None = None) -> str:
     hook_source = os.path.join(os.path.dirname(os.path.dirname(__file__)), "accelerate_alias_finder.py")
     shutil.copyfile(hook_source, os.path.join(site, HOOK_FILE))
     with open(os.path.join(site, PTH_FILE), "w", encoding="utf-8") as handle:
-        # .pth lines that start with `import` run at interpreter start; this one only defines a class.
+        # .pth lines that start with `import` run at interpreter start; this one only puts a finder on
+        # sys.meta_path, which imports nothing until `accelerate` is imported.
         handle.write("import _hasten_accelerate_alias; _hasten_accelerate_alias.install()\n")
     dist_info = f"accelerate-{DIST_VERSION}.dist-info"
     folder = os.path.join(site, dist_info)
