@@ -70,7 +70,8 @@ class LocalSGD:
         world = self.accelerator.num_processes
         buckets: dict = {}
         for param in self.accelerator.unwrap_model(self.model).parameters():
-            buckets.setdefault((param.dtype, param.device), []).append(param)
+            if param.is_floating_point():  # an integer "parameter" has no mean of its own type
+                buckets.setdefault((param.dtype, param.device), []).append(param)
         for params in buckets.values():
             flat = torch.cat([p.detach().reshape(-1) for p in params])
             dist.all_reduce(flat, op=dist.ReduceOp.SUM)
