@@ -44,6 +44,7 @@ _EXPORTS = {
     "dispatch_model": "hasten.big_modeling",
     "load_checkpoint_and_dispatch": "hasten.big_modeling",
     "infer_auto_device_map": "hasten.device_map",
+    "prepare_pippy": "hasten.inference",
 }
 
 __all__ = ["__version__", *_EXPORTS]

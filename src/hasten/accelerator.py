@@ -14,6 +14,7 @@ import torch
 
 from . import operations
 from .backends import backend_name_for, create_backend
+from .compilation import compile_model
 from .config.dataclasses import (
     AutocastKwargs,
     DataLoaderConfiguration,
@@ -301,7 +302,7 @@ class Accelerator:
         model = self._backend.prepare_model(model, device_placement=device_placement, evaluation_mode=evaluation_mode)
         plugin = self.state.dynamo_plugin
         if plugin is not None and plugin.backend != DynamoBackend.NO and not _is_compiled(model):
-            model = torch.compile(model, **plugin.to_kwargs())
+            model = compile_model(model, plugin)
         model._is_accelerate_prepared = True
         self._models.append(model)
         return model

@@ -49,6 +49,7 @@ _SOURCES = {
         "offload_state_dict", "offload_weight", "load_offloaded_weight", "save_offload_index",
         "OffloadedWeightsLoader", "PrefixedDataset", "extract_submodules_state_dict",
     ],
+    "hasten.compilation": ["compile_regions", "compile_regions_deepspeed", "compile_regions_fsdp2", "has_compiled_regions"],
     "hasten.commands.launch": ["get_free_port"],
     "hasten.config.file": ["write_basic_config"],
     "hasten.utils.other": [
