@@ -35,6 +35,8 @@ _EXPORTS = {
     "set_seed": "hasten.rng",
     "get_logger": "hasten.logging",
     "load_checkpoint_in_model": "hasten.modeling",
+    # -- issue 15, surface --
+    "is_rich_available": "hasten.availability",
 }
 
 __all__ = ["__version__", *_EXPORTS]
