@@ -34,7 +34,7 @@ def _script_command(args) -> list:
 
 def prepare_simple_launcher_cmd_env(args) -> tuple:
     """(command, environment) to run the script as one process: `[python, script, *script_args]` and a copy of
-    `os.environ` with the run's settings (`ACCELERATE_*` variables) added."""
+    `os.environ` with the run's settings added (the `HASTEN_*` variables `hasten launch` exports)."""
     plan = _plan(args)
     return _script_command(args), {**os.environ, **plan.env}
 
