@@ -101,16 +101,15 @@ def get_grad_scaler(distributed_type=None, **kwargs):
     FSDP gets torch's `ShardedGradScaler`. Elsewhere the scaler is made for the device hasten runs on, so a
     CPU run gets a working CPU scaler (Accelerate 1.15 hands it a CUDA scaler that disables itself).
     """
-    from .enums import DistributedType
-
-    if distributed_type == DistributedType.FSDP:
-        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
-
-        return ShardedGradScaler(**kwargs)
     from .availability import is_torch_version
+    from .enums import DistributedType
     from .state import PartialState
 
     device_type = PartialState().device.type
+    if distributed_type == DistributedType.FSDP:
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+        return ShardedGradScaler(**{"device": device_type, **kwargs})
     if device_type == "mps" and not is_torch_version(">=", "2.8.0"):
         raise ConfigError("a gradient scaler on MPS needs torch >= 2.8; use mixed_precision='bf16' or upgrade torch")
     return torch.amp.GradScaler(device_type, **kwargs)
