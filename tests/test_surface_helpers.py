@@ -166,7 +166,7 @@ def test_commands_merge_runs_merge_weights(tmp_path, capsys):
 def test_utils_rich_needs_rich_switched_on(monkeypatch):
     monkeypatch.delenv("ACCELERATE_ENABLE_RICH", raising=False)
     sys.modules.pop("hasten.utils.rich", None)
-    with pytest.raises(ModuleNotFoundError, match="pip install rich"):
+    with pytest.raises(ModuleNotFoundError, match=r"pip install \"hasten\[rich\]\""):
         importlib.import_module("hasten.utils.rich")
 
 

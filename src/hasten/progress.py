@@ -44,7 +44,7 @@ def tqdm(*args, main_process_only: bool = True, **kwargs):
     `main_process_only` first).
     """
     if importlib.util.find_spec("tqdm") is None:
-        raise ImportError("hasten.utils.tqdm needs tqdm: pip install tqdm")
+        raise ImportError('hasten.utils.tqdm needs tqdm: pip install "hasten[progress]"')
     if args and isinstance(args[0], bool):
         raise ValueError("pass main_process_only as a keyword: tqdm(iterable, main_process_only=True); "
                          "the first positional argument is the iterable")

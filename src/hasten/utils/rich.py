@@ -5,7 +5,7 @@ from ..availability import is_rich_available
 
 if not is_rich_available():
     raise ModuleNotFoundError(
-        "hasten.utils.rich needs rich, switched on: pip install rich, and set HASTEN_ENABLE_RICH=1 "
+        "hasten.utils.rich needs rich, switched on: pip install \"hasten[rich]\", and set HASTEN_ENABLE_RICH=1 "
         "(or ACCELERATE_ENABLE_RICH=1)"
     )
 
