@@ -23,6 +23,7 @@ from unittest import mock
 import torch
 
 from .. import availability as a
+from ..availability import *  # noqa: F401,F403 - Accelerate's testing module offers the probes too
 from ..environment import parse_flag_from_env  # noqa: F401 - published here too
 from ..state import AcceleratorState, GradientState, PartialState
 
