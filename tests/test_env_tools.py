@@ -211,3 +211,15 @@ def test_env_var_path_add(monkeypatch):
     assert os.environ["SOME_PATHS"] == "/a:/b"
     monkeypatch.delenv("SOME_PATHS")
     assert env_var_path_add("SOME_PATHS", "/c") == "/c"
+
+
+def test_multi_gpu_env_takes_a_hand_made_namespace_and_picks_a_free_port(no_config):
+    import argparse
+
+    # Accelerate's fields only, as Accelerate's own tests build it; port 0 means "pick a free one"
+    args = argparse.Namespace(num_processes=1, num_machines=1, main_process_ip="127.0.0.1", main_process_port=0,
+                              machine_rank=0, module=False, no_python=False, debug=False, gpu_ids="all",
+                              mixed_precision="no", use_fsdp=False, use_megatron_lm=False, same_network=False)
+    utils.prepare_multi_gpu_env(args)
+    assert args.master_port.isdigit() and args.master_port != "0"
+    assert not utils.is_port_in_use(int(args.master_port))

@@ -19,9 +19,22 @@ _RANKED_TYPES = (
 )
 
 
+def _with_launch_defaults(args):
+    """`args` with every `hasten launch` option it lacks set to the parser's default (callers, like Accelerate's
+    own tests, build the Namespace by hand with Accelerate's fields only)."""
+    from .commands.launch import launch_command_parser
+
+    defaults = vars(launch_command_parser().parse_args(["script.py"]))
+    for name, value in defaults.items():
+        if not hasattr(args, name):
+            setattr(args, name, value)
+    return args
+
+
 def _plan(args):
     from .commands.launch import plan_launch
 
+    args = _with_launch_defaults(args)
     if getattr(args, "no_python", False) and getattr(args, "module", False):
         raise ConfigError("--module and --no_python cannot be used together; pass one of them")
     return plan_launch(args)
@@ -44,10 +57,14 @@ def prepare_multi_gpu_env(args) -> dict:
 
     As in Accelerate, torchrun's own options are also set on `args` (`nproc_per_node`, `nnodes`, `node_rank`,
     `master_addr`, `master_port`, `rdzv_backend`, `rdzv_endpoint`, `rdzv_conf`, `max_restarts`,
-    `monitor_interval`), so `torch.distributed.run.run(args)` can start the processes.
+    `monitor_interval`), so `torch.distributed.run.run(args)` can start the processes. The port is chosen as
+    `hasten launch` chooses it: `main_process_port=0` (or no port on one machine) takes a free one, and a port
+    already in use on the main machine is a `LaunchError`.
     """
+    from .commands.launch import _resolve_port
+
     plan = _plan(args)
-    port = plan.main_process_port or 29500
+    port = _resolve_port(plan)  # as `hasten launch`: 0 (or none, on one machine) picks a free port
     args.nproc_per_node = str(plan.nproc_per_node)
     args.nnodes = str(plan.num_machines)
     args.node_rank = plan.machine_rank
