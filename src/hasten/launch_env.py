@@ -28,6 +28,8 @@ def _with_launch_defaults(args):
     for name, value in defaults.items():
         if not hasattr(args, name):
             setattr(args, name, value)
+        elif value is None and getattr(args, name) is False:
+            setattr(args, name, None)  # an unset on/off flag, in hasten's terms ("not typed")
     return args
 
 
