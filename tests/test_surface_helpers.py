@@ -184,3 +184,12 @@ def test_import_hasten_stays_light():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]"
     warnings.simplefilter("default")
+
+
+def test_tqdm_is_callable_after_its_module_is_imported():
+    importlib.import_module("hasten.utils.tqdm")  # Python then binds hasten.utils.tqdm to the module
+    bar = utils.tqdm(range(2), file=io.StringIO())
+    assert list(bar) == [0, 1]
+    from hasten.utils.tqdm import tqdm
+
+    assert callable(tqdm) and list(tqdm(range(1), file=io.StringIO())) == [0]
