@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib
 import io
 import sys
-import warnings
 
 import pytest
 import torch
@@ -183,7 +182,6 @@ def test_import_hasten_stays_light():
 
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]"
-    warnings.simplefilter("default")
 
 
 def test_tqdm_is_callable_after_its_module_is_imported():

@@ -18,7 +18,6 @@ import sys
 import tempfile
 import unittest
 from pathlib import Path
-from unittest import mock
 
 import torch
 
@@ -291,5 +290,5 @@ def capture_call_output(func, *args, **kwargs) -> str:
 
 
 __all__ = [name for name in dir() if not name.startswith("_") and name not in {
-    "asyncio", "contextlib", "io", "os", "re", "shutil", "subprocess", "sys", "tempfile", "unittest", "mock",
+    "asyncio", "contextlib", "io", "os", "re", "shutil", "subprocess", "sys", "tempfile", "unittest",
     "torch", "a", "Path", "annotations"}]
