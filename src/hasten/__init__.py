@@ -45,6 +45,8 @@ _EXPORTS = {
     "load_checkpoint_and_dispatch": "hasten.big_modeling",
     "infer_auto_device_map": "hasten.device_map",
     "prepare_pippy": "hasten.inference",
+    # -- issue 15, surface --
+    "is_rich_available": "hasten.availability",
 }
 
 __all__ = ["__version__", *_EXPORTS]
