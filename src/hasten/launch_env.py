@@ -10,6 +10,7 @@ import os
 import sys
 
 from .enums import DistributedType
+from .environment import parse_int
 from .errors import ConfigError
 
 # distributed types whose processes find their rank from LOCAL_RANK/RANK
@@ -110,12 +111,12 @@ class PrepareForLaunch:
             if not store_file or "WORLD_SIZE" not in os.environ:
                 raise ConfigError("PrepareForLaunch(debug=True) needs WORLD_SIZE and ACCELERATE_DEBUG_RDV_FILE "
                                   "(a file path every process can reach) in the environment")
-            world_size = int(os.environ["WORLD_SIZE"])
+            world_size = parse_int(os.environ["WORLD_SIZE"], minimum=1)
             dist.init_process_group("gloo", rank=index, world_size=world_size,
                                     store=dist.FileStore(store_file, world_size))
         elif self.distributed_type in _RANKED_TYPES:
-            nproc = int(os.environ.get("NPROC", 1))
-            node_rank = int(os.environ.get("NODE_RANK", 0))
+            nproc = parse_int(os.environ.get("NPROC", 1), minimum=1)
+            node_rank = parse_int(os.environ.get("NODE_RANK", 0), minimum=0)
             os.environ["LOCAL_RANK"] = str(index)
             os.environ["RANK"] = str(nproc * node_rank + index)
         os.environ["FORK_LAUNCHED"] = "1"

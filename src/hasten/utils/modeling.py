@@ -19,6 +19,7 @@ from ..device_map import (  # noqa: F401
     get_module_size_with_ties,
     infer_auto_device_map,
 )
+from ..precision import get_grad_scaler, get_mixed_precision_context_manager  # noqa: F401
 from ..modeling import (  # noqa: F401
     align_module_device,
     get_non_persistent_buffers,
