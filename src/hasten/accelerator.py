@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import warnings
 from collections import OrderedDict
 
@@ -13,6 +14,7 @@ import torch
 
 from . import operations
 from .backends import backend_name_for, create_backend
+from .compilation import compile_model
 from .config.dataclasses import (
     AutocastKwargs,
     DataLoaderConfiguration,
@@ -26,7 +28,8 @@ from .config.dataclasses import (
     TorchDynamoPlugin,
 )
 from .enums import DistributedType, DynamoBackend
-from .environment import env_flag, env_value
+from .config.resolve import runtime_value
+from .config.settings import refuse_unbuilt_environment
 from .errors import ConfigError, NotSupportedYetError
 from .precision import PrecisionPolicy
 from .state import AcceleratorState, GradientState, PartialState
@@ -86,8 +89,7 @@ class Accelerator:
                             ("parallelism_config", parallelism_config)):
             if value is not None:
                 raise NotSupportedYetError(f"Accelerator({name}=...) is not supported by hasten yet")
-        if env_flag("USE_DEEPSPEED") or env_flag("USE_MEGATRON_LM"):
-            raise NotSupportedYetError("DeepSpeed and Megatron-LM are not supported by hasten yet (unset HASTEN_/ACCELERATE_USE_DEEPSPEED)")
+        refuse_unbuilt_environment(os.environ)  # e.g. ACCELERATE_USE_DEEPSPEED=true: refused, not ignored
         if split_batches is not _NOT_PASSED:
             warnings.warn(
                 "Accelerator(split_batches=...) is ignored (as in Accelerate); pass "
@@ -104,7 +106,7 @@ class Accelerator:
         if dynamo_backend is not None and dynamo_plugin is not None:
             raise ConfigError("pass either dynamo_backend or dynamo_plugin to Accelerator, not both")
         dynamo_plugin = dynamo_plugin or TorchDynamoPlugin(backend=dynamo_backend)
-        if fsdp_plugin is not None or env_flag("USE_FSDP"):
+        if fsdp_plugin is not None or runtime_value("use_fsdp").value:
             fsdp_plugin = self._fsdp_plugin(fsdp_plugin)
 
         init_kwargs = self.init_handler.to_kwargs() if self.init_handler is not None else {}
@@ -113,9 +115,8 @@ class Accelerator:
             _from_accelerator=True, **init_kwargs,
         )
 
-        steps_from_env = env_value("GRADIENT_ACCUMULATION_STEPS")
-        if steps_from_env is not None:  # the launcher's value wins, as in Accelerate
-            gradient_accumulation_steps = int(steps_from_env)
+        # The launcher's value replaces the argument, as in Accelerate (the table's precedence says so).
+        gradient_accumulation_steps = runtime_value("gradient_accumulation_steps", gradient_accumulation_steps).value
         if gradient_accumulation_plugin is not None:
             if gradient_accumulation_steps != 1:
                 raise ConfigError(
@@ -292,13 +293,19 @@ class Accelerator:
             return model
         if device_placement is None:
             device_placement = self.device_placement
+        if self.verify_device_map(model):  # dispatched over several devices: its hooks place the weights
+            if self.distributed_type != DistributedType.NO and not env_flag("BYPASS_DEVICE_MAP"):
+                raise ConfigError("prepare() got a model dispatched with a device map over several devices, which "
+                                  "cannot train in a distributed run; launch one process (or set "
+                                  "HASTEN_BYPASS_DEVICE_MAP=1)")
+            device_placement = False
         if any(p.is_meta for p in model.parameters()) and device_placement:
             raise ConfigError("prepare() got a model with parameters on the meta device; load its weights first")
         self.precision.wrap_forward(model)
         model = self._backend.prepare_model(model, device_placement=device_placement, evaluation_mode=evaluation_mode)
         plugin = self.state.dynamo_plugin
         if plugin is not None and plugin.backend != DynamoBackend.NO and not _is_compiled(model):
-            model = torch.compile(model, **plugin.to_kwargs())
+            model = compile_model(model, plugin)
         model._is_accelerate_prepared = True
         self._models.append(model)
         return model
