@@ -551,6 +551,15 @@ def _next_iteration(accelerator, folder: str, marker) -> None:
         config.iteration = max(config.iteration, max(numbers) + 1)
 
 
+def _state_files(folder: str, num_models: int, num_optimizers: int) -> list:
+    """The model and optimizer files `load_state` reads, in the order it reads them."""
+    paths = []
+    for i in range(num_models):
+        safe_path = os.path.join(folder, _numbered(SAFE_MODEL_NAME, i, ".safetensors"))
+        paths.append(safe_path if os.path.isfile(safe_path) else os.path.join(folder, _numbered(MODEL_NAME, i, ".bin")))
+    return paths + [os.path.join(folder, _numbered(OPTIMIZER_NAME, i, ".bin")) for i in range(num_optimizers)]
+
+
 def load_state(accelerator, input_dir=None, load_kwargs=None, **load_model_func_kwargs) -> None:
     """Restore what `save_state` wrote (or an Accelerate checkpoint) into the prepared objects."""
     folder = _resolve_input(accelerator, input_dir)
@@ -567,6 +576,8 @@ def load_state(accelerator, input_dir=None, load_kwargs=None, **load_model_func_
     if getattr(backend, "writes_own_checkpoint_files", False):
         backend.load_checkpoint_files(models, list(accelerator._optimizers), folder, **load_model_func_kwargs)
     else:
+        # Held until load_state returns: the optimizer files are read while the models load.
+        queued = io.prefetch(_state_files(folder, len(models), len(accelerator._optimizers)), load_kwargs)  # noqa: F841
         _load_models(accelerator, models, folder, map_location, load_model_func_kwargs)
         for i, opt in enumerate(accelerator._optimizers):
             state = io.load_object(os.path.join(folder, _numbered(OPTIMIZER_NAME, i, ".bin")), load_kwargs, map_location)
