@@ -227,11 +227,16 @@ def _torch_load(path: str, load_kwargs: dict | None = None, map_location="cpu"):
         raise CheckpointError(f"checkpoint file {path} is corrupt or truncated ({error})") from None
 
 
-def load_tensors(path: str, device="cpu") -> dict:
-    """The tensors of a safetensors file, each in its own memory, read in large parallel requests."""
-    pending = _take_prefetched(path, "safetensors", {}, "cpu")
+def load_tensors(path: str, device="cpu", into: dict | None = None) -> dict:
+    """The tensors of a safetensors file, each in its own memory, read in large parallel requests.
+
+    `into` (e.g. the model's own `state_dict()`): a tensor of the same name, dtype and shape that is contiguous
+    CPU memory receives the file's bytes directly and is returned in place of a new tensor, saving a copy and
+    fresh memory; `model.load_state_dict` then finds nothing to copy. As with `load_state_dict`, an error in
+    the middle leaves such tensors partly loaded (a file too short for its header is refused before)."""
+    pending = _take_prefetched(path, "safetensors", {}, "cpu") if into is None else None
     if pending is None:
-        pending = _plan_safetensors(path)
+        pending = _plan_safetensors(path, into if torch.device(device).type == "cpu" else None)
         if pending is not None:
             pending.start()
     tensors = pending.result() if pending is not None else _safetensors_load(path)
@@ -399,7 +404,21 @@ def _file_key(path: str):
     return (os.path.abspath(path), info.st_ino, info.st_size, info.st_mtime_ns)
 
 
-def _plan_safetensors(path: str):
+def _target(into: dict | None, name: str, dtype, shape: list, used: set):
+    """The bytes of `into[name]` as a flat uint8 tensor, where the file's tensor can be read straight into it."""
+    target = None if into is None else into.get(name)
+    if (not isinstance(target, torch.Tensor) or type(target) is not torch.Tensor or target.device.type != "cpu"
+            or target.dtype != dtype or list(target.shape) != shape or not target.is_contiguous()
+            or target.requires_grad or target.numel() == 0 or target.is_conj() or target.is_neg()):
+        return None
+    pointer = target.data_ptr()
+    if pointer in used:  # tied tensors: read once
+        return None
+    used.add(pointer)
+    return target.reshape(-1).view(torch.uint8)
+
+
+def _plan_safetensors(path: str, into: dict | None = None):
     """A PendingRead (not started) for a safetensors file; None for dtypes the fast reader does not know."""
     if not os.path.isfile(path):
         raise CheckpointError(f"checkpoint file {path} is missing")
@@ -415,7 +434,7 @@ def _plan_safetensors(path: str):
     except (struct.error, ValueError, UnicodeDecodeError) as error:
         raise CheckpointError(f"checkpoint file {path} is corrupt or truncated ({error})") from None
     data_start, data_size = 8 + header_size, size - 8 - header_size
-    entries, pieces = [], []
+    entries, pieces, used, data_end = [], [], set(), 0
     for name, info in header.items():
         if name == "__metadata__":
             continue
@@ -434,13 +453,24 @@ def _plan_safetensors(path: str):
             raise CheckpointError(
                 f"checkpoint file {path} is corrupt or truncated ({name!r} lies outside the file's data)"
             )
-        buffer = _buffer(end - begin)
-        entries.append((name, buffer, dtype, shape))
+        entries.append((name, dtype, shape, begin, end))
+        data_end = max(data_end, end)
+    if data_end != data_size:  # safetensors files end with their last tensor: anything else is damage
+        raise CheckpointError(
+            f"checkpoint file {path} is corrupt or truncated (its header lists {data_end} bytes of data, it holds "
+            f"{data_size})"
+        )
+    results = []
+    for name, dtype, shape, begin, end in entries:
+        target = _target(into, name, dtype, shape, used)
+        buffer = target if target is not None else _buffer(end - begin)
+        results.append((name, into[name] if target is not None else buffer, dtype, shape, target is not None))
         pieces.append((data_start + begin, buffer))
     pieces.sort(key=lambda piece: piece[0])
 
     def finish():
-        return {name: buffer.view(dtype).reshape(shape) for name, buffer, dtype, shape in entries}
+        return {name: value if in_place else value.view(dtype).reshape(shape)
+                for name, value, dtype, shape, in_place in results}
 
     return PendingRead(path, "safetensors", _file_key(path), _requests(pieces), finish)
 

@@ -483,7 +483,7 @@ def _load_models(accelerator, models: list, folder: str, map_location, load_mode
         safe_path = os.path.join(folder, _numbered(SAFE_MODEL_NAME, i, ".safetensors"))
         bin_path = os.path.join(folder, _numbered(MODEL_NAME, i, ".bin"))
         if os.path.isfile(safe_path):
-            state_dict = io.fill_aliases(model, io.load_tensors(safe_path, map_location))
+            state_dict = io.fill_aliases(model, io.load_tensors(safe_path, map_location, into=model.state_dict()))
         elif os.path.isfile(bin_path):
             state_dict = io.load_object(bin_path, map_location=map_location)
         else:
@@ -552,11 +552,9 @@ def _next_iteration(accelerator, folder: str, marker) -> None:
 
 
 def _state_files(folder: str, num_models: int, num_optimizers: int) -> list:
-    """The model and optimizer files `load_state` reads, in the order it reads them."""
-    paths = []
-    for i in range(num_models):
-        safe_path = os.path.join(folder, _numbered(SAFE_MODEL_NAME, i, ".safetensors"))
-        paths.append(safe_path if os.path.isfile(safe_path) else os.path.join(folder, _numbered(MODEL_NAME, i, ".bin")))
+    """The files `load_state` reads into new memory (safetensors weights are read into the model itself)."""
+    paths = [os.path.join(folder, _numbered(MODEL_NAME, i, ".bin")) for i in range(num_models)
+             if not os.path.isfile(os.path.join(folder, _numbered(SAFE_MODEL_NAME, i, ".safetensors")))]
     return paths + [os.path.join(folder, _numbered(OPTIMIZER_NAME, i, ".bin")) for i in range(num_optimizers)]
 
 
