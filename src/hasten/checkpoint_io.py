@@ -14,6 +14,7 @@ import re
 import shutil
 import signal
 import struct
+import sys
 import threading
 import weakref
 import zipfile
@@ -293,7 +294,7 @@ def _madvise_huge():
     4 KB ones is ~3x cheaper, and a cold load touches gigabytes of it."""
     if _madvise_huge.cache is None:
         function = False
-        if hasattr(os, "posix_fadvise") and os.uname().sysname == "Linux":
+        if sys.platform.startswith("linux"):
             try:
                 import ctypes
 
@@ -358,33 +359,42 @@ def _requests(pieces: list) -> list:
     return requests
 
 
-def _read_request(path: str, offset: int, views: list) -> None:
-    with open(path, "rb", buffering=0) as handle:
-        fd = handle.fileno()
-        while views:
-            count = os.preadv(fd, views, offset)
-            if count == 0:
-                raise EOFError(f"the file ends at byte {offset}, before the data it lists")
-            offset += count
-            while views and count >= len(views[0]):
-                count -= len(views[0])
-                views.pop(0)
-            if views and count:
-                views[0] = views[0][count:]
+def _read_request(read: PendingRead, offset: int, views: list) -> None:
+    # The PendingRead travels with the request: its file stays open until the last request is done.
+    fd = read.handle.fileno()
+    while views:
+        count = os.preadv(fd, views, offset)
+        if count == 0:
+            raise EOFError(f"the file ends at byte {offset}, before the data it lists")
+        offset += count
+        while views and count >= len(views[0]):
+            count -= len(views[0])
+            views.pop(0)
+        if views and count:
+            views[0] = views[0][count:]
 
 
 class PendingRead:
-    """A file being read in the background: `result()` waits for it and returns what the file holds."""
+    """A file being read in the background: `result()` waits for it and returns what the file holds.
 
-    def __init__(self, path: str, kind: str, key, requests: list, finish):
-        self.path, self.kind, self.key = path, kind, key
+    Every request reads through the one handle opened when the file was planned, so a checkpoint saved over
+    the same path meanwhile (a rename) cannot mix two files' bytes."""
+
+    def __init__(self, path: str, kind: str, handle, requests: list, finish):
+        self.path, self.kind, self.handle = path, kind, handle
+        self.key = _file_key(path, handle)
         self._requests, self._finish, self._futures = requests, finish, None
 
     def start(self) -> PendingRead:
         pool = _executor()
-        self._futures = [pool.submit(_read_request, self.path, offset, views) for offset, views in self._requests]
+        self._futures = [pool.submit(_read_request, self, offset, views) for offset, views in self._requests]
         self._requests = None
         return self
+
+    def __del__(self):  # dropped unread (a prefetch nobody took): close the file once no request uses it
+        futures = self._futures or ()
+        if all(future.done() for future in futures):
+            self.handle.close()
 
     def result(self):
         error = None
@@ -394,14 +404,15 @@ class PendingRead:
             except (OSError, EOFError) as failure:
                 error = error or failure
         finish, self._finish, self._futures = self._finish, None, None  # the caller owns the memory from here
+        self.handle.close()
         if error is not None:
             raise CheckpointError(f"checkpoint file {self.path} is corrupt or truncated ({error})") from None
         return finish()
 
 
-def _file_key(path: str):
-    info = os.stat(path)
-    return (os.path.abspath(path), info.st_ino, info.st_size, info.st_mtime_ns)
+def _file_key(path: str, handle=None):
+    info = os.fstat(handle.fileno()) if handle is not None else os.stat(path)
+    return (os.path.abspath(path), info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
 
 
 def _target(into: dict | None, name: str, dtype, shape: list, used: set):
@@ -422,13 +433,21 @@ def _plan_safetensors(path: str, into: dict | None = None):
     """A PendingRead (not started) for a safetensors file; None for dtypes the fast reader does not know."""
     if not os.path.isfile(path):
         raise CheckpointError(f"checkpoint file {path} is missing")
-    size = os.path.getsize(path)
+    handle = open(path, "rb", buffering=0)
     try:
-        with open(path, "rb") as handle:
-            (header_size,) = struct.unpack("<Q", handle.read(8))
-            if header_size > size - 8:
-                raise ValueError(f"the header claims {header_size} bytes of a {size}-byte file")
-            header = json.loads(handle.read(header_size))
+        return _plan_safetensors_from(path, handle, into)
+    except BaseException:
+        handle.close()
+        raise
+
+
+def _plan_safetensors_from(path: str, handle, into):
+    size = os.fstat(handle.fileno()).st_size
+    try:
+        (header_size,) = struct.unpack("<Q", os.pread(handle.fileno(), 8, 0))
+        if header_size > size - 8:
+            raise ValueError(f"the header claims {header_size} bytes of a {size}-byte file")
+        header = json.loads(os.pread(handle.fileno(), header_size, 8))
         if not isinstance(header, dict):
             raise ValueError("the header is not a JSON object")
     except (struct.error, ValueError, UnicodeDecodeError) as error:
@@ -445,6 +464,7 @@ def _plan_safetensors(path: str, into: dict | None = None):
         except (KeyError, TypeError, ValueError):
             raise CheckpointError(f"checkpoint file {path} is corrupt (bad header entry for {name!r})") from None
         if dtype is None:
+            handle.close()
             return None
         numel = 1
         for dim in shape:
@@ -472,7 +492,7 @@ def _plan_safetensors(path: str, into: dict | None = None):
         return {name: value if in_place else value.view(dtype).reshape(shape)
                 for name, value, dtype, shape, in_place in results}
 
-    return PendingRead(path, "safetensors", _file_key(path), _requests(pieces), finish)
+    return PendingRead(path, "safetensors", handle, _requests(pieces), finish)
 
 
 _LEAVES = (str, bytes, int, float, complex, bool, type(None), torch.dtype, torch.device, torch.Size, slice)
@@ -493,6 +513,18 @@ def _plan_torch_file(path: str, load_kwargs: dict):
     lies in the file; the storages are then read in large requests and the tensors rebuilt on them."""
     if not os.path.isfile(path):
         return None  # torch.load names the problem
+    handle = open(path, "rb", buffering=0)
+    try:
+        read = _plan_torch_file_from(path, handle, load_kwargs)
+    except BaseException:
+        handle.close()
+        raise
+    if read is None:
+        handle.close()
+    return read
+
+
+def _plan_torch_file_from(path: str, handle, load_kwargs: dict):
     try:
         with zipfile.ZipFile(path) as archive:
             infos = archive.infolist()
@@ -504,6 +536,8 @@ def _plan_torch_file(path: str, load_kwargs: dict):
     except (zipfile.BadZipFile, OSError, ValueError):
         return None
     structure = _torch_load(path, {k: v for k, v in load_kwargs.items() if k != "map_location"}, map_location="meta")
+    if _file_key(path) != _file_key(path, handle):
+        return None  # replaced while its structure was read: torch.load reads it whole
     buffers, memo = {}, {}
     sizes = {}
 
@@ -556,7 +590,7 @@ def _plan_torch_file(path: str, load_kwargs: dict):
     def finish():
         return result
 
-    return PendingRead(path, "torch", _file_key(path), _requests(pieces), finish)
+    return PendingRead(path, "torch", handle, _requests(pieces), finish)
 
 
 class _NotPlain(Exception):
@@ -572,6 +606,11 @@ class Prefetch:
 
     def __init__(self, pending: list):
         self.pending = pending
+
+    def __del__(self):  # reads still in flight finish into memory nobody holds, then go
+        for read in self.pending:
+            if _prefetched.get(read.key[0]) is read:
+                del _prefetched[read.key[0]]
 
 
 def prefetch(paths, load_kwargs: dict | None = None, map_location="cpu") -> Prefetch:
