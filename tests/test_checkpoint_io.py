@@ -210,6 +210,18 @@ def test_safetensors_round_trip(tmp_path, request_size):
     save_file(loaded, tmp_path / "again.safetensors")
 
 
+def test_safetensors_written_from_memory_equal_save_file_byte_for_byte(tmp_path, request_size):
+    tensors = {**SAFETENSORS, "transposed": torch.randn(4, 3).t(), "u16": torch.tensor([1, 2, 60000], dtype=torch.uint16),
+               "c64": torch.randn(2, dtype=torch.complex64), "a_name": torch.ones(2, 2, dtype=torch.int32)}
+    ours, theirs = tmp_path / "ours.safetensors", tmp_path / "theirs.safetensors"
+    io.save_tensors(tensors, str(ours))
+    save_file({k: v.contiguous() for k, v in tensors.items()}, theirs, metadata={"format": "pt"})
+    assert ours.read_bytes() == theirs.read_bytes()
+    # A dtype the writer does not know goes through safetensors itself.
+    io.save_tensors({"fnuz": torch.ones(2).to(torch.float8_e5m2fnuz)}, str(ours))
+    assert torch.equal(load_file(ours)["fnuz"].float(), torch.ones(2))
+
+
 def test_safetensors_read_into_the_model_itself(tmp_path, request_size):
     model = _model()
     path = tmp_path / "model.safetensors"

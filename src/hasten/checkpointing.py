@@ -575,7 +575,8 @@ def load_state(accelerator, input_dir=None, load_kwargs=None, **load_model_func_
         backend.load_checkpoint_files(models, list(accelerator._optimizers), folder, **load_model_func_kwargs)
     else:
         # Held until load_state returns: the optimizer files are read while the models load.
-        queued = io.prefetch(_state_files(folder, len(models), len(accelerator._optimizers)), load_kwargs)  # noqa: F841
+        queued = io.prefetch(_state_files(folder, len(models), len(accelerator._optimizers)), load_kwargs,  # noqa: F841
+                             map_location)
         _load_models(accelerator, models, folder, map_location, load_model_func_kwargs)
         for i, opt in enumerate(accelerator._optimizers):
             state = io.load_object(os.path.join(folder, _numbered(OPTIMIZER_NAME, i, ".bin")), load_kwargs, map_location)
