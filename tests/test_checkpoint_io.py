@@ -212,7 +212,8 @@ def test_safetensors_round_trip(tmp_path, request_size):
 
 def test_safetensors_written_from_memory_equal_save_file_byte_for_byte(tmp_path, request_size):
     tensors = {**SAFETENSORS, "transposed": torch.randn(4, 3).t(), "u16": torch.tensor([1, 2, 60000], dtype=torch.uint16),
-               "c64": torch.randn(2, dtype=torch.complex64), "a_name": torch.ones(2, 2, dtype=torch.int32)}
+               "c64": torch.randn(2, dtype=torch.complex64), "a_name": torch.ones(2, 2, dtype=torch.int32),
+               "gewicht_ä.日本": torch.ones(1)}
     ours, theirs = tmp_path / "ours.safetensors", tmp_path / "theirs.safetensors"
     io.save_tensors(tensors, str(ours))
     save_file({k: v.contiguous() for k, v in tensors.items()}, theirs, metadata={"format": "pt"})

@@ -115,7 +115,7 @@ def save_tensors(tensors: dict, path: str) -> None:
         size = tensor.numel() * tensor.dtype.itemsize
         header[name] = {"dtype": names[tensor.dtype], "shape": list(tensor.shape), "data_offsets": [offset, offset + size]}
         offset += size
-    text = json.dumps(header, separators=(",", ":")).encode()
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
     text += b" " * (-len(text) % 8)
     views = [memoryview(prepared[name].reshape(-1).view(torch.uint8).numpy()) for name in order
              if prepared[name].numel()]
