@@ -225,9 +225,11 @@ def run(args) -> list[Table]:
     free = shutil.disk_usage(base).free
     model = _model(size_mb)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    # One step so that AdamW holds its two moment buffers: the checkpoint is ~3x the weights.
+    # One step so that AdamW holds its two moment buffers: the checkpoint is ~3x the weights. Random gradients
+    # keep the moments incompressible, like the floor's random bytes: a disk (or a VM's host) that compresses
+    # or deduplicates would otherwise write and read constant moment buffers faster than any real checkpoint.
     for p in model.parameters():
-        p.grad = torch.ones_like(p)
+        p.grad = torch.randn_like(p)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
