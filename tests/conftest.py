@@ -5,7 +5,10 @@ import pytest
 
 @pytest.fixture(autouse=True)
 def fresh_state(monkeypatch):
-    """Every test starts with no hasten state and no hasten/Accelerate variables from the outside."""
+    """Every test starts with no hasten state and no hasten/Accelerate variables from the outside, and leaves
+    the environment as it found it (a variable a test's code sets, such as PrepareForLaunch's FORK_LAUNCHED,
+    would otherwise reach every later launch)."""
+    saved_environment = dict(os.environ)
     for key in list(os.environ):
         if key.startswith(("HASTEN_", "ACCELERATE_")):
             monkeypatch.delenv(key)
@@ -16,3 +19,6 @@ def fresh_state(monkeypatch):
     yield
     AcceleratorState._reset_state(reset_partial_state=True)
     GradientState._reset_state()
+    if os.environ != saved_environment:
+        os.environ.clear()
+        os.environ.update(saved_environment)

@@ -165,7 +165,10 @@ def test_prepare_for_launch_sets_ranks(monkeypatch):
     monkeypatch.setenv("NPROC", "2")
     monkeypatch.setenv("NODE_RANK", "1")
     for key in ("RANK", "LOCAL_RANK", "FORK_LAUNCHED"):
-        monkeypatch.delenv(key, raising=False)
+        # setenv first so monkeypatch records the key and removes what PrepareForLaunch sets; a bare delenv of an
+        # absent key records nothing, and FORK_LAUNCHED=1 then leaked into every later launch of the session
+        monkeypatch.setenv(key, "")
+        monkeypatch.delenv(key)
     seen = []
     launcher = utils.PrepareForLaunch(lambda *a: seen.append(a) or "result", distributed_type="MULTI_CPU")
     assert launcher(1, "x", 2) == "result"
