@@ -23,6 +23,9 @@ _SOURCES = {
         "DataLoaderConfiguration", "TorchDynamoPlugin",
     ],
     "hasten.config.fsdp": ["FullyShardedDataParallelPlugin"],
+    "hasten.parallelism_config": [
+        "ParallelismConfig", "TorchContextParallelConfig", "TorchTensorParallelConfig", "TorchTensorParallelPlugin",
+    ],
     "hasten.backends.fsdp_checkpoint": ["merge_fsdp_weights"],
     "hasten.environment": [
         "str_to_bool", "parse_flag_from_env", "parse_choice_from_env", "get_int_from_env",
