@@ -256,4 +256,44 @@ def backend_for_layout(config: ParallelismConfig, num_processes: int, fsdp_plugi
     return "ddp" if config.dp_replicate_enabled else "single"
 
 
+_SIZE_SETTINGS = ("parallelism_config_dp_replicate_size", "parallelism_config_dp_shard_size",
+                  "parallelism_config_tp_size", "parallelism_config_cp_size")
+
+
+def config_for_run(config: ParallelismConfig | None) -> ParallelismConfig | None:
+    """The config an Accelerator runs with: the one passed, else one built from the environment when the launcher
+    (or the user) asked for it: `--use_parallelism_config`, or any `--parallelism_config_*` size (a size given
+    alone is honoured, not ignored as Accelerate ignores it without the switch)."""
+    if config is not None:
+        return config
+    from .config.resolve import runtime_value
+
+    asked = runtime_value("use_parallelism_config").value
+    if asked or any(runtime_value(name).source != "default" for name in _SIZE_SETTINGS):
+        return ParallelismConfig()
+    return None
+
+
+def fsdp_plugin_for_layout(config: ParallelismConfig, num_processes: int, fsdp_plugin):
+    """The FSDP plugin the run needs for `config`: a new FSDP2 plugin when sharding and none was given, the given
+    one (or None) otherwise. Refuses in one line what hasten cannot run (`backend_for_layout`)."""
+    backend = backend_for_layout(config, num_processes, fsdp_plugin)
+    if backend == "fsdp" and fsdp_plugin is None:
+        from .config.fsdp import FullyShardedDataParallelPlugin
+
+        return FullyShardedDataParallelPlugin(fsdp_version=2)
+    return fsdp_plugin
+
+
+def mesh_rank(state, dim: str) -> int:
+    """This process's index along mesh dimension `dim` (0 when that dimension is not in use)."""
+    config = getattr(state, "parallelism_config", None)
+    if config is None:
+        raise ConfigError(f"the {dim} rank needs a parallelism_config; pass Accelerator(parallelism_config="
+                          "ParallelismConfig(...))")
+    if config._sizes[dim] <= 1:
+        return 0
+    return state.device_mesh.get_local_rank(dim)
+
+
 __all__ = ["ParallelismConfig", "TorchContextParallelConfig", "TorchTensorParallelConfig", "TorchTensorParallelPlugin"]

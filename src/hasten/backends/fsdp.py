@@ -97,7 +97,11 @@ class FSDPBackend(Backend):
             if not dist.is_initialized():
                 _init_single_process_group()
 
-            self._mesh = init_device_mesh(self.state.device.type, (dist.get_world_size(),))
+            layout_mesh = getattr(self.state, "device_mesh", None)  # a ParallelismConfig's: shard over its view
+            if layout_mesh is not None:
+                self._mesh = layout_mesh["dp_shard_cp"]
+            else:
+                self._mesh = init_device_mesh(self.state.device.type, (dist.get_world_size(),))
         return self._mesh
 
     def _shard(self, model: torch.nn.Module) -> torch.nn.Module:
