@@ -187,11 +187,21 @@ class ParallelismConfig:
         from torch.distributed.device_mesh import init_device_mesh
 
         mesh = init_device_mesh(device_type, tuple(self._sizes[dim] for dim in dims), mesh_dim_names=tuple(dims))
+        # Kept here because torch deprecates slicing a flattened view back out of the root mesh (mesh["dp"]).
+        self._views = {}
         for name, names in (("dp", self.dp_dim_names), ("dp_shard_cp", self.dp_shard_cp_dim_names),
                             ("dp_cp", self.dp_cp_dim_names)):
             if names:
-                mesh[tuple(names)]._flatten(name)
+                self._views[name] = mesh[tuple(names)]._flatten(name)
         return mesh
+
+    def submesh(self, name: str):
+        """One dimension of the built mesh, or one of its flattened views (`dp`, `dp_shard_cp`, `dp_cp`)."""
+        if self.device_mesh is None:
+            raise ConfigError(f"ParallelismConfig.submesh({name!r}): no mesh is built (every size is 1, or "
+                              "get_device_mesh was not called)")
+        views = getattr(self, "_views", {})
+        return views[name] if name in views else self.device_mesh[name]
 
     def get_device_mesh(self, device_type: str | None = None):
         """The mesh, built on first call (a device type is then needed) and the same one afterwards."""

@@ -60,7 +60,8 @@ mesh = acc.torch_device_mesh
 assert mesh.mesh_dim_names == ("dp_shard",), mesh.mesh_dim_names
 assert acc.data_parallel_shard_rank == mesh.get_local_rank("dp_shard") == acc.process_index
 assert acc.data_parallel_rank == 0 and acc.tensor_parallel_rank == 0 and acc.context_parallel_rank == 0
-assert mesh["dp_shard_cp"].size() == 2 and mesh["dp"].size() == 2
+config = acc.parallelism_config
+assert config.submesh("dp_shard_cp").size() == 2 and config.submesh("dp").mesh_dim_names == ("dp",)
 model = train(acc)
 params = list(model.parameters())
 assert all(isinstance(p, DTensor) for p in params), [type(p).__name__ for p in params]

@@ -97,9 +97,9 @@ class FSDPBackend(Backend):
             if not dist.is_initialized():
                 _init_single_process_group()
 
-            layout_mesh = getattr(self.state, "device_mesh", None)  # a ParallelismConfig's: shard over its view
-            if layout_mesh is not None:
-                self._mesh = layout_mesh["dp_shard_cp"]
+            layout = getattr(self.state, "parallelism_config", None)
+            if layout is not None and layout.device_mesh is not None:  # shard over the layout's FSDP view
+                self._mesh = layout.submesh("dp_shard_cp")
             else:
                 self._mesh = init_device_mesh(self.state.device.type, (dist.get_world_size(),))
         return self._mesh
