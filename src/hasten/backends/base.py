@@ -22,6 +22,12 @@ class Backend:
     #: Whether `save_state`/`load_state` leave model and optimizer files to `save_checkpoint_files` /
     #: `load_checkpoint_files` (sharded checkpoints); False: hasten writes them from the state dicts below.
     writes_own_checkpoint_files = False
+    #: Whether `backward` divides the loss by the accumulation steps itself (DeepSpeed's engine does).
+    scales_loss_itself = False
+    #: Whether the backend applies mixed precision itself (then hasten's autocast and scaler stay off).
+    handles_mixed_precision = False
+    #: Accelerate's `accelerator.deepspeed_engine_wrapped`: the engine a backend drives, if it has one.
+    engine_wrapper = None
 
     def __init__(self, state, ddp_kwargs=None, plugin=None):
         self.state = state
@@ -35,8 +41,37 @@ class Backend:
             model = model.to(self.state.device)
         return model
 
-    def prepare_together(self, models: list, optimizers: list) -> None:
-        """Hook for backends that must see models and optimizers at once (sharding); default: nothing."""
+    def prepare_together(self, models: list, optimizers: list, schedulers=(), data_loaders=(), split_batches=False,
+                         accumulation_steps: int = 1) -> None:
+        """Hook for backends that must see everything one `prepare` call got at once (sharding, an engine built
+        from model, optimizer, scheduler and batch size together); default: nothing."""
+
+    def wrap_optimizer(self, optimizer, device_placement: bool = True, scaler=None):
+        from ..optimizer import AcceleratedOptimizer
+
+        return AcceleratedOptimizer(optimizer, device_placement=device_placement, scaler=scaler)
+
+    def wrap_scheduler(self, scheduler, optimizers: list, step_with_optimizer: bool = True, split_batches: bool = False):
+        """Wrap a scheduler so it steps with the prepared optimizer that owns its optimizer."""
+        from ..errors import ConfigError
+        from ..scheduler import AcceleratedScheduler
+
+        target = getattr(scheduler, "optimizer", None)
+        owners = [opt for opt in optimizers if getattr(opt, "optimizer", None) is target]
+        if target is not None and not owners:
+            raise ConfigError(
+                f"prepare() got a {type(scheduler).__name__} whose optimizer was not prepared: pass the optimizer "
+                "to prepare() as well (in the same call or before)"
+            )
+        return AcceleratedScheduler(scheduler, owners or optimizers, step_with_optimizer=step_with_optimizer,
+                                    split_batches=split_batches)
+
+    def accumulation_steps(self, steps: int, source: str) -> int:
+        """Agree the Accelerator's gradient accumulation steps with the backend's own setting, if it has one."""
+        return steps
+
+    def free_memory(self) -> None:
+        """Release what the backend holds for prepared objects (`accelerator.free_memory()`)."""
 
     # -- the training step ----------------------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, scaler=None, **kwargs) -> None:

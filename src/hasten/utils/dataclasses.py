@@ -4,3 +4,4 @@ from ..config.dataclasses import *  # noqa: F401,F403
 from ..config.dataclasses import KwargsHandler  # noqa: F401
 from ..enums import *  # noqa: F401,F403
 from ..operations import TensorInformation  # noqa: F401
+from ..config.deepspeed import DeepSpeedPlugin  # noqa: F401
