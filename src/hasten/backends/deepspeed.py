@@ -168,10 +168,10 @@ class DeepSpeedBackend(Backend):
     def _fill_config(self, plugin, model, optimizer, scheduler, data_loaders, split_batches, steps) -> dict:
         """Fill the plugin's "auto" values from this prepare() call; conflicting numbers are errors."""
         num_processes = self.state.num_processes
-        values, sources = {}, {}
+        values, sources, given = {}, {}, {}  # given: values the user chose, which must agree with the config
 
-        def put(key, value, source):
-            values[key], sources[key] = value, source
+        def put(key, value, source, user_given=False):
+            (given if user_given else values)[key], sources[key] = value, source
 
         sizes = [loader.batch_size for loader in data_loaders]
         if sizes:
@@ -183,28 +183,24 @@ class DeepSpeedBackend(Backend):
             if split_batches:
                 sizes = [size // num_processes for size in sizes]
             micro = min(sizes) if plugin.is_train_batch_min else max(sizes)
-            put("train_micro_batch_size_per_gpu", micro, f"the DataLoader's batch_size given to prepare() ({micro})")
+            put("train_micro_batch_size_per_gpu", micro, f"the DataLoader's batch_size given to prepare() ({micro})",
+                user_given=True)
         elif plugin.is_auto("train_micro_batch_size_per_gpu"):
             raise ConfigError(
                 "DeepSpeed needs the micro-batch size: pass the training DataLoader to the same prepare() call as "
                 "the model, or set train_micro_batch_size_per_gpu in the DeepSpeed config"
             )
-        put("gradient_accumulation_steps", steps, "the Accelerator's gradient_accumulation_steps")
+        put("gradient_accumulation_steps", steps, "the Accelerator's gradient_accumulation_steps", user_given=True)
         put("gradient_clipping", 1.0, 'the default for "auto" (1.0, as in Accelerate)')
         put("zero_optimization.stage3_gather_16bit_weights_on_model_save", False, 'the default for "auto"')
         self._hidden_size_values(plugin, model, put)
         self._optimizer_values(plugin, optimizer, scheduler, num_processes, split_batches, put)
-        plugin.fill_auto({k: v for k, v in values.items() if k != "gradient_accumulation_steps"}, sources)
+        plugin.fill_auto(given, sources)
+        plugin.fill_auto(values, sources, must_match=False)
         micro = plugin.get_value("train_micro_batch_size_per_gpu")
-        if "train_micro_batch_size_per_gpu" in values and micro != values["train_micro_batch_size_per_gpu"]:
-            raise ConfigError(
-                f"DeepSpeed train_micro_batch_size_per_gpu is {micro} in "
-                f"{plugin.source_of('train_micro_batch_size_per_gpu')} but prepare() got a DataLoader with batch_size "
-                f"{values['train_micro_batch_size_per_gpu']}; make them equal (or set it to \"auto\")"
-            )
         total = micro * plugin.get_value("gradient_accumulation_steps") * num_processes
         plugin.fill_auto({"train_batch_size": total}, "micro-batch x accumulation steps x processes")
-        if plugin.get_value("train_batch_size") != total:
+        if plugin.get_value("train_batch_size", total) != total:
             raise ConfigError(
                 f"DeepSpeed train_batch_size is {plugin.get_value('train_batch_size')} in "
                 f"{plugin.source_of('train_batch_size')} but micro-batch {micro} x accumulation steps "

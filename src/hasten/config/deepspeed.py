@@ -356,27 +356,29 @@ class DeepSpeedPlugin:
             )
 
     # -- filling values ------------------------------------------------------------------------------------
-    def _fill(self, ds_key_long: str, value, source: str) -> None:
-        """Set `ds_key_long` to `value` unless the config already holds a different concrete value (error)."""
+    def _fill(self, ds_key_long: str, value, source: str, must_match: bool = True) -> None:
+        """Set `ds_key_long` to `value` unless the config already holds a concrete value: a different one is an
+        error when `must_match` (a value the user gave), else the config's stands (a default)."""
         config, key = self.hf_ds_config.find_config_node(ds_key_long)
         if config is None:
             config = self.hf_ds_config.config
             for part in ds_key_long.split(".")[:-1]:
                 config = config.setdefault(part, {})
         current = config.get(key)
-        if current is not None and current != AUTO and not _same(current, value):
+        if must_match and current is not None and current != AUTO and not _same(current, value):
             raise _conflict(ds_key_long, current, self._sources.get(ds_key_long, "the DeepSpeed config"), value, source)
         if current is None or current == AUTO:
             config[key] = value
             self._sources[ds_key_long] = source
 
-    def fill_auto(self, values: dict, source: str) -> None:
-        """`values` = {dotted key: value}: fill each "auto" entry; an existing different number is an error."""
+    def fill_auto(self, values: dict, source, must_match: bool = True) -> None:
+        """`values` = {dotted key: value}: fill each "auto" entry; with `must_match`, an existing different number
+        is an error naming both sources. `source` is one description or {key: description}."""
         for key, value in values.items():
             config, last = self.hf_ds_config.find_config_node(key)
             if config is None or last not in config:
                 continue
-            self._fill(key, value, source if isinstance(source, str) else source[key])
+            self._fill(key, value, source if isinstance(source, str) else source[key], must_match)
 
     def source_of(self, ds_key_long: str) -> str:
         return self._sources.get(ds_key_long, "the DeepSpeed config")
