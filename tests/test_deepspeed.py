@@ -237,3 +237,17 @@ def test_training_matches_ddp_and_resolves_auto_values(tmp_path):
     result = launch("deepspeed_train.py", tmp_path, timeout=600)
     for check in ("matches_ddp", "zero3_save_model", "accumulation", "auto_config", "two_plugins"):
         assert f"OK {check}" in result.stdout, result.stdout[-3000:]
+
+
+@needs_deepspeed
+def test_resume_is_bit_identical_and_a_killed_save_leaves_the_previous_checkpoint(tmp_path):
+    """Save at step 3 of 6 (ZeRO-2 fp32, ZeRO-3 bf16); a second run SIGKILLed inside its save_state; a third
+    run loads the newest whole checkpoint (still checkpoint_0) and its steps 4-6 equal the first run's exactly."""
+    from launching import launch
+
+    launch("deepspeed_resume.py", tmp_path, "train", timeout=300)
+    killed = launch("deepspeed_resume.py", tmp_path, "crash", check=False, timeout=300,
+                    env={"HASTEN_TEST_CRASH_AT": "1", "HASTEN_TEST_CRASH_RANK": "0"})
+    assert killed.returncode != 0 and "signal 9" in killed.stderr + killed.stdout
+    result = launch("deepspeed_resume.py", tmp_path, "resume", timeout=300)
+    assert "OK resume zero2_fp32" in result.stdout and "OK resume zero3_bf16" in result.stdout
