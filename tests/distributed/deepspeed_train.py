@@ -199,9 +199,45 @@ def check_two_plugins():
     print("OK two_plugins", flush=True)
 
 
+def check_zero3_init():
+    """zero3_init_flag: transformers builds the model already partitioned (each process holds no full weight);
+    zero3_init_context_manager(enable=False) builds a whole one; the partitioned model trains."""
+    try:
+        from transformers import GPT2Config, GPT2LMHeadModel
+    except ImportError:
+        print("SKIP zero3_init (transformers is not installed)", flush=True)
+        return
+    reset_state()
+    accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(zero_stage=3, gradient_clipping=1.0))
+    assert accelerator.deepspeed_plugin.zero3_init_flag
+    config = GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=128, n_positions=32)
+    model = GPT2LMHeadModel._from_config(config)
+    weight = model.transformer.wte.weight
+    assert hasattr(weight, "ds_id") and weight.numel() == 0 and weight.ds_numel == 128 * 32
+    with accelerator.deepspeed_plugin.zero3_init_context_manager(enable=False):
+        whole = GPT2LMHeadModel._from_config(config)
+    assert not hasattr(whole.transformer.wte.weight, "ds_id") and whole.transformer.wte.weight.numel() == 128 * 32
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ids = torch.randint(0, 128, (16, 8), generator=torch.Generator().manual_seed(0))
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(ids), batch_size=4)
+    model, optimizer, data = accelerator.prepare(model, optimizer, data)
+    losses = []
+    for (x,) in data:
+        loss = model(input_ids=x, labels=x).loss
+        accelerator.backward(loss)
+        optimizer.step()
+        losses.append(loss.item())
+    state = accelerator.get_state_dict(model)
+    if accelerator.is_main_process:
+        assert state["transformer.wte.weight"].shape == (128, 32)
+    assert all(l == l for l in losses) and losses[-1] < losses[0] + 1.0
+    print("OK zero3_init", flush=True)
+
+
 if __name__ == "__main__":
     workdir = sys.argv[1]
     check_matches_ddp(workdir)
     check_accumulation()
     check_auto_config(workdir)
     check_two_plugins()
+    check_zero3_init()  # last: transformers keeps the ZeRO-3 config registered for the rest of the process

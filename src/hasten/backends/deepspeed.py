@@ -83,9 +83,14 @@ class DeepSpeedBackend(Backend):
         self._wrappers: list = []  # one DeepSpeedEngineWrapper per engine, in prepare order
         self._engine_of = WeakIdKeyDictionary()  # the user's model -> its engine
         self._pending = None  # what the current prepare() call built: consumed by prepare_model & co.
-        plugins = state.deepspeed_plugins
-        for plugin_ in (plugins.values() if isinstance(plugins, dict) else [plugins]):
+        plugins = list(state.deepspeed_plugins.values() if isinstance(state.deepspeed_plugins, dict)
+                       else [state.deepspeed_plugins])
+        for plugin_ in plugins:
             self._check_device(plugin_)
+        if any(p.dschf is not None for p in plugins if hasattr(p, "dschf")):
+            # transformers may build a model partitioned (zero.Init) before prepare(): DeepSpeed's view of the
+            # processes must exist by then, or zero.Init counts one process.
+            self._start_deepspeed()
         dynamo = getattr(state, "dynamo_plugin", None)
         if dynamo is not None and str(getattr(dynamo.backend, "value", dynamo.backend)).lower() not in ("no", "none"):
             raise NotSupportedYetError("torch.compile (dynamo_backend) together with DeepSpeed is not supported by hasten yet")
@@ -279,9 +284,15 @@ class DeepSpeedBackend(Backend):
         elif isinstance(optimizer, DummyOptim):
             raise ConfigError("DummyOptim goes with DummyScheduler (or no scheduler), not a torch scheduler")
 
-    def _initialize(self, plugin, config, model, optimizer, scheduler) -> dict:
+    def _start_deepspeed(self):
+        """Import deepspeed and let it wrap hasten's process group (it starts none of its own)."""
         deepspeed = import_deepspeed(self.state.device.type)
         _ensure_process_group(self.state)
+        deepspeed.init_distributed(dist_backend=dist.get_backend(), auto_mpi_discovery=False, verbose=False)
+        return deepspeed
+
+    def _initialize(self, plugin, config, model, optimizer, scheduler) -> dict:
+        deepspeed = self._start_deepspeed()
         plugin.set_moe_leaf_modules(model)
         kwargs = {"model": model, "config": config}
         ds_scheduler = None

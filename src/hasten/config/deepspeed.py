@@ -253,6 +253,7 @@ class DeepSpeedPlugin:
     msamp_opt_level: Optional[str] = None
     # config key -> where its concrete value came from (for error messages)
     _sources: dict = field(default_factory=dict, init=False, repr=False)
+    dschf: Any = field(default=None, init=False, repr=False)  # transformers' config, while registered
 
     def __post_init__(self):
         given = self._read_fields()
