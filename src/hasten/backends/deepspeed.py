@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -87,7 +88,7 @@ class DeepSpeedBackend(Backend):
                        else [state.deepspeed_plugins])
         for plugin_ in plugins:
             self._check_device(plugin_)
-        if any(p.dschf is not None for p in plugins if hasattr(p, "dschf")):
+        if any(p.dschf is not None for p in plugins):
             # transformers may build a model partitioned (zero.Init) before prepare(): DeepSpeed's view of the
             # processes must exist by then, or zero.Init counts one process.
             self._start_deepspeed()
@@ -448,7 +449,8 @@ class DeepSpeedBackend(Backend):
 
 
 def _is_engine(model) -> bool:
-    return type(model).__name__ == "DeepSpeedEngine" or hasattr(model, "save_checkpoint") and hasattr(model, "module")
+    engine_module = sys.modules.get("deepspeed.runtime.engine")  # not imported: no engine exists
+    return engine_module is not None and isinstance(model, engine_module.DeepSpeedEngine)
 
 
 def _valid_ds_schedules():
