@@ -80,6 +80,8 @@ def worker(args) -> None:
     import torch.distributed as dist
 
     accelerator = _accelerator(args)
+    if "zero" in args.worker:
+        import deepspeed  # noqa: F401 - hasten imports it at prepare, Accelerate earlier: keep it out of both peaks
     baseline = _kib("VmRSS")
     model = _model(args.dim, args.depth)
     params = sum(p.numel() for p in model.parameters())
