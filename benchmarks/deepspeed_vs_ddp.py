@@ -30,6 +30,7 @@ def _args(argv=None):
     parser.add_argument("--rows", type=int, default=64, help="rows per process per step")
     parser.add_argument("--steps", type=int, default=5, help="timed steps (after 2 warm-up steps)")
     parser.add_argument("--no-accelerate", action="store_true")
+    parser.add_argument("--sides", help="comma-separated subset of: " + ",".join(HASTEN_SIDES + ACCELERATE_SIDES))
     parser.add_argument("--worker", choices=HASTEN_SIDES + ACCELERATE_SIDES, help=argparse.SUPPRESS)
     parser.add_argument("--config", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
@@ -130,8 +131,13 @@ def main(argv=None) -> int:
     sides = list(HASTEN_SIDES)
     if not args.no_accelerate and accelerate_available():
         sides += ACCELERATE_SIDES
+    if args.sides:
+        sides = [side for side in sides if side in args.sides.split(",")]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HASTEN_", "ACCELERATE_", "FSDP_"))}
     env["DS_ACCELERATOR"] = "cpu"
+    # Each launcher picks its own thread count (`hasten launch`: cores / processes; `accelerate launch
+    # --use_deepspeed`: torch's default, every core): one setting for every side.
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // args.num_processes)))
     results, folder = [], tempfile.mkdtemp(prefix="hasten-ds-bench-")
     for side in sides:
         stage = 3 if side.endswith("zero3") else 2

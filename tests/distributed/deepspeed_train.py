@@ -89,6 +89,13 @@ def check_zero3_save_model(accelerator, model, expected, workdir):
         assert max_difference(plain.state_dict(), saved) == 0.0
     # Every parameter is still managed (partitioned) by ZeRO-3 after the gather.
     assert all(hasattr(p, "ds_id") for p in model.parameters())
+    from hasten.utils import GatheredParameters
+
+    first = next(model.parameters())
+    with GatheredParameters([first]):
+        assert first.shape == expected["body.0.weight"].shape and first.numel() == expected["body.0.weight"].numel()
+    with GatheredParameters(torch.nn.Linear(2, 2).parameters()):  # ordinary parameters: nothing to do
+        pass
     print("OK zero3_save_model", flush=True)
 
 

@@ -511,3 +511,14 @@ def map_pytorch_optim_to_deepspeed(optimizer):
     from deepspeed.ops.adam import DeepSpeedCPUAdam
 
     return DeepSpeedCPUAdam(optimizer.param_groups, adamw_mode=isinstance(optimizer, torch.optim.AdamW), **defaults)
+
+
+def GatheredParameters(params, modifier_rank=None, fwd_module=None, enabled=True):  # noqa: N802 - Accelerate's name
+    """`deepspeed.zero.GatheredParameters` when some of `params` are ZeRO-3 partitioned (whole inside the block,
+    changes by `modifier_rank` kept); a context that does nothing for ordinary parameters."""
+    params = [params] if isinstance(params, torch.Tensor) else list(params)
+    if not enabled or not any(hasattr(p, "ds_id") for p in params):
+        return contextlib.nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters(params, modifier_rank=modifier_rank, fwd_module=fwd_module, enabled=True)

@@ -26,6 +26,7 @@ _SOURCES = {
     "hasten.config.deepspeed": [
         "DeepSpeedPlugin", "DummyOptim", "DummyScheduler", "HfDeepSpeedConfig", "get_active_deepspeed_plugin",
     ],
+    "hasten.backends.deepspeed": ["GatheredParameters", "map_pytorch_optim_to_deepspeed"],
     "hasten.backends.deepspeed_wrappers": [
         "DeepSpeedEngineWrapper", "DeepSpeedOptimizerWrapper", "DeepSpeedSchedulerWrapper",
     ],
