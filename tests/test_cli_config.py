@@ -129,6 +129,19 @@ def test_config_default_then_update_then_explain(home, capsys):
     assert "hasten.config.resolve.explain" in out and path in out
 
 
+def test_explain_draws_a_rich_table_on_a_terminal_and_plain_columns_in_a_pipe(home):
+    pytest.importorskip("rich")
+    terminal = Terminal([sys.executable, "-m", "hasten", "config", "explain", "--cpu"], clean_env(home))
+    terminal.expect("┃")  # rich's box drawing
+    terminal.expect("use_cpu")
+    terminal.expect("exported to the training processes")
+    assert terminal.wait() == 0
+    piped = subprocess.run([sys.executable, "-m", "hasten", "config", "explain", "--cpu"], env=clean_env(home),
+                           capture_output=True, text=True, timeout=60)
+    assert "┃" not in piped.stdout and any(line.split()[:3] == ["use_cpu", "true", "flag"]
+                                                for line in piped.stdout.splitlines())
+
+
 def test_update_reads_an_accelerate_file_and_writes_hastens(home, capsys):
     accelerate = home / "hf" / "accelerate" / "default_config.yaml"
     accelerate.parent.mkdir(parents=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -305,3 +306,45 @@ def test_slurm_and_open_mpi_ranks_run_collectives_without_torchrun():
     codes, outputs = _start_ranks(mpirun)
     assert codes == [0, 0], outputs
     assert all(f"CHECKS-PASSED {rank}" in outputs[rank] for rank in range(2)), outputs
+
+
+# -- NUMA affinity (--enable_cpu_affinity) ---------------------------------------------------------------------------
+
+
+def _fake_sysfs(root, nodes, gpu_node=None):
+    for index, cpus in enumerate(nodes):
+        folder = root / "devices" / "system" / "node" / f"node{index}"
+        folder.mkdir(parents=True)
+        (folder / "cpulist").write_text(cpus + "\n")
+    if gpu_node is not None:
+        device = root / "bus" / "pci" / "devices" / "0000:3b:00.0"
+        device.mkdir(parents=True)
+        (device / "numa_node").write_text(f"{gpu_node}\n")
+    return str(root)
+
+
+def test_numa_cpus_follow_the_gpu_or_spread_cpu_processes(tmp_path):
+    from hasten.environment import numa_cpus, parse_cpu_list
+
+    assert parse_cpu_list("0-2,8,10-11") == [0, 1, 2, 8, 10, 11]
+    root = _fake_sysfs(tmp_path / "a", ["0-1", "2-3"], gpu_node=1)
+    assert numa_cpus("cuda", "0000:3B:00.0", 0, root) == [2, 3]  # the GPU's node, whatever the local rank
+    assert numa_cpus("cpu", None, 1, root) == [2, 3] and numa_cpus("cpu", None, 2, root) == [0, 1]
+    unknown = _fake_sysfs(tmp_path / "b", ["0-3"], gpu_node=-1)
+    assert numa_cpus("cuda", "0000:3b:00.0", 0, unknown) is None  # the kernel does not know: leave it alone
+    assert numa_cpus("cpu", None, 0, str(tmp_path / "nothing")) is None
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity on this platform")
+def test_pin_to_numa_node_restricts_this_process(tmp_path):
+    from hasten.environment import pin_to_numa_node
+
+    before = os.sched_getaffinity(0)
+    first = min(before)
+    root = _fake_sysfs(tmp_path, [str(first), "100000"])
+    try:
+        assert pin_to_numa_node("cpu", None, 0, root) == [first]
+        assert os.sched_getaffinity(0) == {first}
+        assert pin_to_numa_node("cpu", None, 1, root) is None  # no CPU of that node is allowed: unchanged
+    finally:
+        os.sched_setaffinity(0, before)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import warnings
 from collections import OrderedDict
 
@@ -26,7 +27,8 @@ from .config.dataclasses import (
     TorchDynamoPlugin,
 )
 from .enums import DistributedType, DynamoBackend
-from .environment import env_flag, env_name_used, env_value
+from .config.resolve import runtime_value
+from .config.settings import refuse_unbuilt_environment
 from .errors import ConfigError, NotSupportedYetError
 from .precision import MixedPrecision
 from .state import AcceleratorState, GradientState, PartialState
@@ -85,8 +87,7 @@ class Accelerator:
                             ("parallelism_config", parallelism_config)):
             if value is not None:
                 raise NotSupportedYetError(f"Accelerator({name}=...) is not supported by hasten yet")
-        if env_flag("USE_MEGATRON_LM"):
-            raise NotSupportedYetError("Megatron-LM is not supported by hasten yet (unset HASTEN_/ACCELERATE_USE_MEGATRON_LM)")
+        refuse_unbuilt_environment(os.environ)  # e.g. ACCELERATE_USE_MEGATRON_LM=true: refused, not ignored
         if split_batches is not _NOT_PASSED:
             warnings.warn(
                 "Accelerator(split_batches=...) is ignored (as in Accelerate); pass "
@@ -103,7 +104,7 @@ class Accelerator:
         if dynamo_backend is not None and dynamo_plugin is not None:
             raise ConfigError("pass either dynamo_backend or dynamo_plugin to Accelerator, not both")
         dynamo_plugin = dynamo_plugin or TorchDynamoPlugin(backend=dynamo_backend)
-        if fsdp_plugin is not None or env_flag("USE_FSDP"):
+        if fsdp_plugin is not None or runtime_value("use_fsdp").value:
             fsdp_plugin = self._fsdp_plugin(fsdp_plugin)
         deepspeed_plugins = self._deepspeed_plugins(deepspeed_plugin, deepspeed_plugins, fsdp_plugin)
 
@@ -115,11 +116,13 @@ class Accelerator:
         backend_name = backend_name_for(self.distributed_type, self.num_processes)
         self._backend = create_backend(backend_name, self.state, ddp_kwargs=self.ddp_handler, plugin=fsdp_plugin)
 
-        steps_source = "Accelerator(gradient_accumulation_steps=...)" if gradient_accumulation_steps != 1 else "default"
-        steps_from_env = env_value("GRADIENT_ACCUMULATION_STEPS")
-        if steps_from_env is not None:  # the launcher's value wins, as in Accelerate
-            gradient_accumulation_steps = int(steps_from_env)
-            steps_source = "environment variable " + env_name_used("GRADIENT_ACCUMULATION_STEPS")
+        # The launcher's value replaces the argument, as in Accelerate (the table's precedence says so).
+        steps = runtime_value("gradient_accumulation_steps", gradient_accumulation_steps)
+        if steps.source == "environment":
+            steps_source = f"environment variable {steps.origin}"
+        else:
+            steps_source = "Accelerator(gradient_accumulation_steps=...)" if steps.value != 1 else "default"
+        gradient_accumulation_steps = steps.value
         if gradient_accumulation_plugin is not None:
             if gradient_accumulation_steps != 1:
                 raise ConfigError(
@@ -179,7 +182,7 @@ class Accelerator:
 
     @staticmethod
     def _deepspeed_plugins(deepspeed_plugin, deepspeed_plugins, fsdp_plugin):
-        if deepspeed_plugin is None and deepspeed_plugins is None and not env_flag("USE_DEEPSPEED"):
+        if deepspeed_plugin is None and deepspeed_plugins is None and not runtime_value("use_deepspeed").value:
             return None
         from .config.deepspeed import DeepSpeedPlugin, plugins_from
 

@@ -134,3 +134,20 @@ class CustomDtype(enum.Enum):
 TORCH_DISTRIBUTED_TYPES = frozenset(
     t for t in DistributedType if t not in (DistributedType.NO, DistributedType.XLA)
 )
+
+
+# Allowed values that Accelerate keeps as plain lists (its `utils.constants`); hasten keeps every allowed value
+# here, and the settings table (`hasten.config.settings`) takes its choices from this module only.
+TORCH_DYNAMO_MODES = ("default", "reduce-overhead", "max-autotune")
+FSDP_SHARDING_STRATEGY = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")
+FSDP_AUTO_WRAP_POLICY = ("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP")
+FSDP_BACKWARD_PREFETCH = ("BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH")
+FSDP_STATE_DICT_TYPE = ("FULL_STATE_DICT", "LOCAL_STATE_DICT", "SHARDED_STATE_DICT")
+FSDP_VERSIONS = (1, 2)
+RDZV_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
+DEEPSPEED_MULTINODE_LAUNCHERS = ("pdsh", "standard", "openmpi", "mvapich", "mpich", "nossh", "slurm")
+DEEPSPEED_ZERO_STAGES = (0, 1, 2, 3)
+DEEPSPEED_OFFLOAD_DEVICES = ("none", "cpu", "nvme")
+FP8_FORMATS = ("HYBRID", "E4M3", "E5M2")
+FP8_AMAX_COMPUTE_ALGORITHMS = ("max", "most_recent")
+FP8_OPTIMIZATION_LEVELS = ("O1", "O2")

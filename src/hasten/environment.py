@@ -18,14 +18,48 @@ _TRUE = {"y", "yes", "t", "true", "on", "1"}
 _FALSE = {"n", "no", "f", "false", "off", "0"}
 
 
-def str_to_bool(value, to_bool: bool = False):
-    """Parse a truthy/falsy string the way Accelerate does (1/0, or True/False with `to_bool`)."""
+# The one boolean parser and the one integer parser of hasten: flags, config files, environment variables,
+# plugins and the questionnaire all read text through these two, so "yes"/"1"/"on" mean the same everywhere.
+
+
+def parse_bool(value) -> bool:
+    """True/False from a bool or from y/yes/t/true/on/1 and n/no/f/false/off/0 (any case); else ValueError."""
+    if isinstance(value, bool):
+        return value
     text = str(value).strip().lower()
     if text in _TRUE:
-        return True if to_bool else 1
+        return True
     if text in _FALSE:
-        return False if to_bool else 0
+        return False
     raise ValueError(f"invalid truth value {value!r}: use one of {sorted(_TRUE)} or {sorted(_FALSE)}")
+
+
+def parse_int(value, minimum: int | None = None, maximum: int | None = None) -> int:
+    """A whole number from an int, a whole float or its text, within [minimum, maximum]; else ValueError."""
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not an integer")
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise ValueError(f"{value!r} is not an integer")
+        value = int(value)
+    if not isinstance(value, int):
+        try:
+            value = int(str(value).strip())
+        except ValueError:
+            raise ValueError(f"{value!r} is not an integer") from None
+    if minimum is not None and value < minimum:
+        if value < 0 <= minimum:
+            raise ValueError(f"{value} is negative; give {minimum} or more")
+        raise ValueError(f"{value} is not allowed; give {minimum} or more")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{value} is too large; give {maximum} or less")
+    return value
+
+
+def str_to_bool(value, to_bool: bool = False):
+    """Parse a truthy/falsy string the way Accelerate does (1/0, or True/False with `to_bool`)."""
+    result = parse_bool(str(value))
+    return result if to_bool else int(result)
 
 
 def env_name_used(name: str, env: Mapping[str, str] | None = None) -> str | None:
@@ -51,7 +85,7 @@ def env_flag(name: str, default: bool = False, env: Mapping[str, str] | None = N
     if key is None:
         return default
     try:
-        return str_to_bool(env[key], to_bool=True)
+        return parse_bool(env[key])
     except ValueError:
         raise ConfigError(
             f"environment variable {key}={env[key]!r} is not a boolean; set it to 1/0, true/false or yes/no"
@@ -61,7 +95,7 @@ def env_flag(name: str, default: bool = False, env: Mapping[str, str] | None = N
 def parse_flag_from_env(key: str, default: bool = False) -> bool:
     """Accelerate's helper: read one exact variable as a boolean."""
     value = os.environ.get(key)
-    return default if value is None else str_to_bool(value, to_bool=True)
+    return default if value is None else parse_bool(value)
 
 
 def parse_choice_from_env(key: str, default: str = "no") -> str:
@@ -73,7 +107,7 @@ def get_int_from_env(env_keys, default: int) -> int:
     for key in env_keys:
         text = os.environ.get(key, "-1")
         try:
-            value = int(text)
+            value = parse_int(text)
         except ValueError:
             raise ConfigError(f"environment variable {key}={text!r} must be an integer") from None
         if value >= 0:
@@ -103,7 +137,7 @@ def _int_var(env: Mapping[str, str], names, default=None, *, minimum=0):
     for name in names:
         if name in env and env[name] != "":
             try:
-                value = int(env[name])
+                value = parse_int(env[name])
             except ValueError:
                 raise ConfigError(f"environment variable {name}={env[name]!r} must be an integer") from None
             if value < minimum:
@@ -278,3 +312,57 @@ def distributed_type_for(device_type: str, world_size: int, launched: bool):
         "mps": DistributedType.MULTI_CPU,
         "cpu": DistributedType.MULTI_CPU,
     }.get(device_type, DistributedType.MULTI_GPU)
+
+
+# -- NUMA affinity (`--enable_cpu_affinity`) ------------------------------------------------------------------------
+
+
+def parse_cpu_list(text: str) -> list[int]:
+    """The CPUs of a sysfs list such as `0-7,16-23`."""
+    cpus = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        first, _, last = part.partition("-")
+        cpus.extend(range(parse_int(first), parse_int(last or first) + 1))
+    return cpus
+
+
+def numa_cpus(device_type: str, pci_bus_id: str | None, local_index: int, root: str = "/sys") -> list[int] | None:
+    """The CPUs of the NUMA node this process belongs to, or None when the machine has no NUMA information.
+
+    A GPU process belongs to its GPU's node (`<root>/bus/pci/devices/<pci id>/numa_node`); a CPU process to node
+    `local_index % nodes`, so the processes of one machine spread over its nodes.
+    """
+    nodes_dir = os.path.join(root, "devices", "system", "node")
+    try:
+        nodes = sorted(int(name[4:]) for name in os.listdir(nodes_dir) if name.startswith("node") and name[4:].isdigit())
+    except OSError:
+        return None
+    if not nodes:
+        return None
+    node = nodes[local_index % len(nodes)]
+    if device_type != "cpu" and pci_bus_id:
+        try:
+            with open(os.path.join(root, "bus", "pci", "devices", pci_bus_id.lower(), "numa_node")) as handle:
+                found = int(handle.read().strip())
+        except (OSError, ValueError):
+            return None
+        if found < 0:  # the kernel does not know the GPU's node (single-node machines report -1)
+            return None
+        node = found
+    try:
+        with open(os.path.join(nodes_dir, f"node{node}", "cpulist")) as handle:
+            return parse_cpu_list(handle.read())
+    except OSError:
+        return None
+
+
+def pin_to_numa_node(device_type: str, pci_bus_id: str | None, local_index: int, root: str = "/sys") -> list[int] | None:
+    """Restrict this process to its NUMA node's CPUs (those it may use at all); returns them, or None if unchanged."""
+    cpus = numa_cpus(device_type, pci_bus_id, local_index, root)
+    if not cpus or not hasattr(os, "sched_setaffinity"):
+        return None
+    allowed = sorted(set(cpus) & os.sched_getaffinity(0))
+    if not allowed:
+        return None
+    os.sched_setaffinity(0, allowed)
+    return allowed

@@ -35,3 +35,7 @@ class UnsafeCheckpointError(CheckpointError):
 
 class TrackerError(HastenError, RuntimeError):
     """An experiment tracker failed while logging, and `HASTEN_TRACKER_ERRORS=raise` asked to stop."""
+
+
+class NotBuiltError(ConfigError, NotSupportedYetError):
+    """A setting (or one value of it) that hasten knows by name but has not built yet: refused, never ignored."""

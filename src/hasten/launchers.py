@@ -40,12 +40,13 @@ def _record_failure(record_dir: str, error: BaseException) -> None:
     import json
     import time
 
+    from .environment import parse_int
     from .state import PEER_LOSS_MARKERS
 
     message = (f"{type(error).__name__}: {error}".strip().splitlines() or [""])[0][:300]
     record = {
-        "rank": int(os.environ.get("RANK", "0")),
-        "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
+        "rank": parse_int(os.environ.get("RANK", "0")),
+        "local_rank": parse_int(os.environ.get("LOCAL_RANK", "0")),
         "time": time.time(),
         "message": message,
         "peer_loss": any(marker in message.lower() for marker in PEER_LOSS_MARKERS),

@@ -171,7 +171,7 @@ class PartialState(_SharedState):
         env = os.environ
         requested_backend = kwargs.pop("backend", None)
         kwargs.pop("_use_sagemaker_dp", None)
-        cpu = bool(cpu) or environment.env_flag("USE_CPU", env=env)
+        cpu = bool(_setting("use_cpu", bool(cpu), env))
         cluster = environment.detect_cluster(env)
         device_type = environment.detect_device_type(cpu, env)
         # Under torchrun even one process joins a group (its agent hosts the store, and scripts expect one);
@@ -180,7 +180,7 @@ class PartialState(_SharedState):
         distributed_type = environment.distributed_type_for(device_type, cluster.world_size, launched)
 
         self._cpu = cpu or device_type == "cpu"
-        self.debug = environment.env_flag("DEBUG_MODE", env=env)
+        self.debug = bool(_setting("debug", None, env))
         self.cluster = cluster
         self.distributed_type = distributed_type
         if distributed_type == DistributedType.NO:
@@ -203,6 +203,8 @@ class PartialState(_SharedState):
             self.local_process_index = cluster.local_rank
         self.device = self._pick_device(device_type)
         self.set_device()
+        if _setting("enable_cpu_affinity", None, env):
+            environment.pin_to_numa_node(self.device.type, _pci_bus_id(self.device), self.local_process_index)
 
     def _pick_device(self, device_type: str) -> torch.device:
         forced = environment.env_value("TORCH_DEVICE")
@@ -365,7 +367,7 @@ class AcceleratorState(_SharedState):
         **kwargs,
     ):
         self.__dict__ = self._shared_state
-        cpu = bool(cpu) or environment.env_flag("USE_CPU")
+        cpu = bool(_setting("use_cpu", bool(cpu)))
         if self.initialized:
             if cpu and self.device.type != "cpu":
                 raise ValueError(
@@ -482,19 +484,36 @@ class AcceleratorState(_SharedState):
         return environment.parse_flag_from_env("FORK_LAUNCHED", False)
 
 
+def _pci_bus_id(device: torch.device) -> str | None:
+    """`0000:3b:00.0` for a CUDA device (its NUMA node is found through it), else None."""
+    if device.type != "cuda":
+        return None
+    props = torch.cuda.get_device_properties(device)
+    if not hasattr(props, "pci_bus_id"):
+        return None
+    return f"{getattr(props, 'pci_domain_id', 0):04x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
+
+
+def _setting(name: str, code=None, env=None):
+    """A setting's value by the one precedence `hasten config explain` reports (hasten.config.resolve)."""
+    from .config.resolve import runtime_value
+
+    return runtime_value(name, code, env).value
+
+
 def resolve_mixed_precision(value) -> str:
     """Explicit value, else `HASTEN_/ACCELERATE_MIXED_PRECISION`, else "no"; anything unknown is an error."""
-    source = "the mixed_precision argument"
-    if value is None:
-        key = environment.env_name_used("MIXED_PRECISION")
-        value = os.environ[key] if key else "no"
-        source = f"environment variable {key}" if key else "the default"
-    text = str(value).lower()
-    if text not in PrecisionType:
-        raise ConfigError(
-            f"Unknown mixed precision {value!r} (from {source}); choose one of {PrecisionType.list()}"
-        )
-    return text
+    from .config.resolve import runtime_value
+
+    if value is not None:
+        text = str(value).lower()
+        if text not in PrecisionType:
+            raise ConfigError(
+                f"Unknown mixed precision {value!r} (from the mixed_precision argument); choose one of "
+                f"{PrecisionType.list()}"
+            )
+        value = text
+    return runtime_value("mixed_precision", value).value
 
 
 def is_initialized() -> bool:

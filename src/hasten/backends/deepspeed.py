@@ -124,9 +124,9 @@ class DeepSpeedBackend(Backend):
         op = _CPU_JIT_OPTIMIZERS.get(kind)
         if op is None or (kind in ("adam", "adamw") and params.get("torch_adam")):
             return
-        from ..environment import str_to_bool
+        from ..config.resolve import runtime_value
 
-        if str_to_bool(os.environ.get(_ALLOW_JIT_VARIABLE, "0"), to_bool=True) or _op_is_built(op):
+        if runtime_value("deepspeed_allow_jit").value or _op_is_built(op):
             return
         raise ConfigError(
             f"DeepSpeed optimizer {kind!r} on a CPU needs the C++ op {op!r}, compiled on first use (4-5 minutes, not "

@@ -9,7 +9,6 @@ from datetime import timedelta
 from typing import Any, Callable, Optional
 
 from ..enums import DDPCommunicationHookType, DynamoBackend
-from ..environment import env_flag, env_value
 from ..errors import ConfigError
 
 
@@ -216,22 +215,21 @@ class TorchDynamoPlugin(KwargsHandler):
     use_regional_compilation: Optional[bool] = None
 
     def __post_init__(self):
-        if self.backend is None:
-            self.backend = env_value("DYNAMO_BACKEND", "no")
+        from .resolve import runtime_value  # the one precedence: argument > HASTEN_/ACCELERATE_DYNAMO_* > default
+
+        self.backend = runtime_value("dynamo_backend", self.backend).value
         try:
             self.backend = DynamoBackend(str(self.backend).upper())
         except ValueError:
             raise ConfigError(
                 f"Unknown dynamo backend {self.backend!r}; choose one of {[b.lower() for b in DynamoBackend.list()]}"
             ) from None
-        if self.mode is None:
-            self.mode = env_value("DYNAMO_MODE", "default")
-        if self.fullgraph is None:
-            self.fullgraph = env_flag("DYNAMO_USE_FULLGRAPH")
-        if self.use_regional_compilation is None:
-            self.use_regional_compilation = env_flag("DYNAMO_USE_REGIONAL_COMPILATION")
-        if self.dynamic is None and env_value("DYNAMO_USE_DYNAMIC") is not None:
-            self.dynamic = env_flag("DYNAMO_USE_DYNAMIC")
+        self.mode = runtime_value("dynamo_mode", self.mode).value
+        self.fullgraph = bool(runtime_value("dynamo_use_fullgraph", self.fullgraph).value)
+        self.use_regional_compilation = bool(
+            runtime_value("dynamo_use_regional_compilation", self.use_regional_compilation).value
+        )
+        self.dynamic = runtime_value("dynamo_use_dynamic", self.dynamic).value
 
     def to_dict(self) -> dict:
         result = copy.deepcopy(self.__dict__)

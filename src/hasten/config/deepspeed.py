@@ -23,7 +23,7 @@ from typing import Any, Optional
 
 import torch
 
-from ..environment import env_name_used, str_to_bool
+from ..environment import parse_bool, parse_int
 from ..errors import ConfigError, NotSupportedYetError
 
 AUTO = "auto"
@@ -40,19 +40,19 @@ PLUGIN_KEYS = {
     "offload_param_nvme_path": "zero_optimization.offload_param.nvme_path",
     "zero3_save_16bit_model": "zero_optimization.stage3_gather_16bit_weights_on_model_save",
 }
-# plugin field -> the setting read from HASTEN_<name> / ACCELERATE_<name> (written by `hasten launch`)
+# plugin field -> its row in the settings table (hasten.config.settings), whose variables `hasten launch` writes
 ENV_SETTINGS = {
-    "hf_ds_config": "DEEPSPEED_CONFIG_FILE",
-    "gradient_accumulation_steps": "GRADIENT_ACCUMULATION_STEPS",
-    "gradient_clipping": "GRADIENT_CLIPPING",
-    "zero_stage": "DEEPSPEED_ZERO_STAGE",
-    "offload_optimizer_device": "DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE",
-    "offload_param_device": "DEEPSPEED_OFFLOAD_PARAM_DEVICE",
-    "offload_optimizer_nvme_path": "DEEPSPEED_OFFLOAD_OPTIMIZER_NVME_PATH",
-    "offload_param_nvme_path": "DEEPSPEED_OFFLOAD_PARAM_NVME_PATH",
-    "zero3_init_flag": "DEEPSPEED_ZERO3_INIT",
-    "zero3_save_16bit_model": "DEEPSPEED_ZERO3_SAVE_16BIT_MODEL",
-    "transformer_moe_cls_names": "DEEPSPEED_MOE_LAYER_CLS_NAMES",
+    "hf_ds_config": "deepspeed_config_file",
+    "gradient_accumulation_steps": "gradient_accumulation_steps",
+    "gradient_clipping": "gradient_clipping",
+    "zero_stage": "zero_stage",
+    "offload_optimizer_device": "offload_optimizer_device",
+    "offload_param_device": "offload_param_device",
+    "offload_optimizer_nvme_path": "offload_optimizer_nvme_path",
+    "offload_param_nvme_path": "offload_param_nvme_path",
+    "zero3_init_flag": "zero3_init_flag",
+    "zero3_save_16bit_model": "zero3_save_16bit_model",
+    "transformer_moe_cls_names": "deepspeed_moe_layer_cls_names",
 }
 # What an unset field means (Accelerate's defaults).
 DEFAULTS = {
@@ -138,7 +138,10 @@ class HfDeepSpeedConfig:
         value = self.get_value(ds_key_long)
         if value is None or value == AUTO:
             return False
-        return bool(str_to_bool(value, to_bool=True)) is wanted if not isinstance(value, bool) else value is wanted
+        try:
+            return parse_bool(value) is wanted
+        except ValueError:
+            return False
 
     def is_true(self, ds_key_long: str) -> bool:
         return self._is(ds_key_long, True)
@@ -161,15 +164,10 @@ def _int(value, name: str, source: str, minimum: int = 0, allow_auto: bool = Fal
     if allow_auto and value == AUTO:
         return value
     try:
-        number = int(value)
-        if isinstance(value, float) and number != value:
-            raise ValueError
-    except (TypeError, ValueError):
-        number = None
-    if number is None or number < minimum:
+        return parse_int(value, minimum)
+    except ValueError:
         extra = ' or "auto"' if allow_auto else ""
-        raise ConfigError(f"deepspeed {name}={value!r} (from {source}) must be an integer >= {minimum}{extra}")
-    return number
+        raise ConfigError(f"deepspeed {name}={value!r} (from {source}) must be an integer >= {minimum}{extra}") from None
 
 
 def _float(value, name: str, source: str):
@@ -185,10 +183,8 @@ def _float(value, name: str, source: str):
 
 
 def _bool(value, name: str, source: str) -> bool:
-    if isinstance(value, bool):
-        return value
     try:
-        return str_to_bool(value, to_bool=True)
+        return parse_bool(value)
     except ValueError:
         raise ConfigError(f"deepspeed {name}={value!r} (from {source}) must be true or false") from None
 
@@ -211,6 +207,25 @@ def _check_field(name: str, value, source: str):
     if name in ("zero3_init_flag", "zero3_save_16bit_model"):
         return _bool(value, name, source)
     return value
+
+
+def _from_environment(setting: str):
+    """The table's value of `setting` when a variable gives it (the launcher's export), else None."""
+    from .resolve import runtime_value
+
+    try:
+        resolved = runtime_value(setting)
+    except ValueError as error:  # a variable that does not parse: say which setting of the plugin reads it
+        raise ConfigError(f"DeepSpeedPlugin: {error}") from None
+    # Inside `hasten launch` the launcher's record names the flag or config-file key the variable came from.
+    return None if resolved.source in ("default", "code") else resolved
+
+
+def _describe(resolved) -> str:
+    if resolved.source == "environment":
+        return f"environment variable {resolved.origin}"
+    return {"flag": f"launch flag {resolved.origin}", "file": f"config file {resolved.origin}"}.get(
+        resolved.source, resolved.origin)
 
 
 def _conflict(key: str, first, first_source: str, second, second_source: str) -> ConfigError:
@@ -281,11 +296,11 @@ class DeepSpeedPlugin:
             if value is not None:
                 given[name] = f"DeepSpeedPlugin({name}={value!r})"
             else:
-                variable = env_name_used(setting)
+                resolved = _from_environment(setting)
                 unset = ("", "none") if name in ("hf_ds_config", "offload_optimizer_nvme_path", "offload_param_nvme_path") else ("",)
-                if variable is not None and os.environ[variable].strip().lower() not in unset:
-                    value = os.environ[variable]
-                    given[name] = f"environment variable {variable}"
+                if resolved is not None and str(resolved.value).strip().lower() not in unset:
+                    value = resolved.value
+                    given[name] = _describe(resolved)
             if value is None:
                 value = DEFAULTS.get(name)
             if name != "hf_ds_config" and value is not None:
@@ -476,7 +491,7 @@ class DeepSpeedPlugin:
         if config.get("train_micro_batch_size_per_gpu") == AUTO:
             config["train_micro_batch_size_per_gpu"] = 1
         if config.get("train_batch_size") == AUTO:
-            world = int(os.environ.get("WORLD_SIZE", "1"))
+            world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
             config["train_batch_size"] = config["train_micro_batch_size_per_gpu"] * steps * world
         config["gradient_accumulation_steps"] = steps
         self.dschf = TransformersConfig(config)

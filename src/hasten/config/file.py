@@ -12,10 +12,10 @@ from __future__ import annotations
 import difflib
 import json
 import os
-from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from ..errors import ConfigError
+from . import settings as table
 
 DEFAULT_CONFIG_NAME = "default_config.yaml"
 
@@ -65,149 +65,20 @@ def find_config_file(explicit: str | None = None, env: Mapping[str, str] | None 
 
 
 # ----------------------------------------------------------------------------------------------- schema
+# Every key, its type, default, allowed values and meaning come from the settings table (hasten.config.settings).
 
-
-@dataclass(frozen=True)
-class Key:
-    """One key of the file: its type, default, allowed values and a one-line meaning (for docs and errors)."""
-
-    kind: str  # "str", "int", "float", "bool", "dict", "list", "gpu_ids", "bool_or_str", "str_or_list"
-    default: Any = None
-    choices: tuple | None = None
-    minimum: float | None = None
-    maximum: float | None = None
-    help: str = ""
-    example: str = ""
-
-
-DISTRIBUTED_TYPES = (
-    "NO", "MULTI_CPU", "MULTI_GPU", "MULTI_NPU", "MULTI_MLU", "MULTI_SDAA", "MULTI_MUSA", "MULTI_XPU", "MULTI_HPU",
-    "MULTI_NEURON", "FSDP", "DEEPSPEED", "XLA", "MEGATRON_LM",
-)
-PRECISIONS = ("no", "fp16", "bf16", "fp8")
-DYNAMO_BACKENDS = (
-    "no", "eager", "aot_eager", "inductor", "aot_ts_nvfuser", "nvprims_nvfuser", "cudagraphs", "ofi", "fx2trt",
-    "onnxrt", "tensorrt", "aot_torchxla_trace_once", "torchxla_trace_once", "tvm",
-)
-DYNAMO_MODES = ("default", "reduce-overhead", "max-autotune")
-RDZV_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
-FSDP_SHARDING_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")
-FSDP_AUTO_WRAP_POLICIES = ("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP")
-FSDP_BACKWARD_PREFETCH = ("BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH")
-FSDP_STATE_DICT_TYPES = ("FULL_STATE_DICT", "LOCAL_STATE_DICT", "SHARDED_STATE_DICT")
-
-TOP_KEYS: dict[str, Key] = {
-    "compute_environment": Key("str", "LOCAL_MACHINE", ("LOCAL_MACHINE", "AMAZON_SAGEMAKER"),
-                               help="Where the run happens; hasten runs on LOCAL_MACHINE only."),
-    "distributed_type": Key("str", "NO", DISTRIBUTED_TYPES,
-                            help="How processes share the work (NO = one process)."),
-    "mixed_precision": Key("str", "no", PRECISIONS, help="Mixed precision mode."),
-    "use_cpu": Key("bool", False, help="Run on CPU even when a GPU is present."),
-    "debug": Key("bool", False, help="Check tensor shapes across ranks before collectives."),
-    "num_processes": Key("int", -1, minimum=-1, help="Total processes over all machines (-1: one per GPU)."),
-    "num_machines": Key("int", 1, minimum=1, help="Number of machines."),
-    "machine_rank": Key("int", 0, minimum=0, help="Rank of this machine (0 for the main one)."),
-    "gpu_ids": Key("gpu_ids", "all", help="GPUs to use: 'all' or a comma list such as '0,1'."),
-    "main_process_ip": Key("str", None, help="Address of the machine with rank 0 (multi-machine runs)."),
-    "main_process_port": Key("int", None, minimum=0, maximum=65535, help="Port on the main machine (0 = any free)."),
-    "rdzv_backend": Key("str", "static", RDZV_BACKENDS, help="torchrun rendezvous: static or c10d."),
-    "same_network": Key("bool", False, help="All machines share one network."),
-    "main_training_function": Key("str", "main", help="TPU only (accepted for compatibility)."),
-    "enable_cpu_affinity": Key("bool", False, help="Pin each process to its NUMA node's cores."),
-    "downcast_bf16": Key("bool", False, help="TPU only (accepted for compatibility)."),
-    "fp8_config": Key("dict", {}, help="FP8 recipe settings."),
-    "deepspeed_config": Key("dict", {}, help="DeepSpeed settings (hasten does not run DeepSpeed yet)."),
-    "fsdp_config": Key("dict", {}, help="FSDP settings, exported as FSDP_* variables."),
-    "parallelism_config": Key("dict", {}, help="N-D parallelism sizes (accepted; not used yet)."),
-    "megatron_lm_config": Key("dict", {}, help="Megatron-LM settings (not supported)."),
-    "mpirun_config": Key("dict", {}, help="mpirun settings (not supported)."),
-    "dynamo_config": Key("dict", {}, help="torch.compile settings."),
-    "tpu_name": Key("str", None, help="TPU only."),
-    "tpu_zone": Key("str", None, help="TPU only."),
-    "tpu_use_cluster": Key("bool", False, help="TPU only."),
-    "tpu_use_sudo": Key("bool", False, help="TPU only."),
-    "command_file": Key("str", None, help="TPU only."),
-    "commands": Key("str_or_list", None, help="TPU only."),
-    "tpu_vm": Key("str_or_list", None, help="TPU only."),
-    "tpu_env": Key("str_or_list", None, help="TPU only."),
-    # hasten additions: launch settings Accelerate takes only as flags.
-    "rdzv_conf": Key("str", None, help="Extra rendezvous settings, key=value,key=value (hasten only)."),
-    "max_restarts": Key("int", None, minimum=0, help="Restarts of the whole group before failing (hasten only)."),
-    "monitor_interval": Key("float", None, minimum=0, help="Seconds between health checks (hasten only)."),
-    "num_cpu_threads_per_process": Key("int", None, minimum=1, help="OMP_NUM_THREADS per process (hasten only)."),
-}
-
-# Legacy keys that `load` rewrites into their current form.
-LEGACY_KEYS = {"fp16": Key("bool", None), "dynamo_backend": Key("str", None, DYNAMO_BACKENDS)}
-
-NESTED_KEYS: dict[str, dict[str, Key]] = {
-    "fsdp_config": {
-        "fsdp_version": Key("int", None, (1, 2), help="1 = FullyShardedDataParallel, 2 = fully_shard."),
-        "fsdp_reshard_after_forward": Key("bool_or_str", None, FSDP_SHARDING_STRATEGIES,
-                                          help="Free gathered parameters after forward (or an FSDP1 strategy)."),
-        "fsdp_sharding_strategy": Key("str", None, FSDP_SHARDING_STRATEGIES, help="FSDP1 sharding strategy."),
-        "fsdp_offload_params": Key("bool", None, help="Keep parameters on CPU."),
-        "fsdp_auto_wrap_policy": Key("str", None, FSDP_AUTO_WRAP_POLICIES, help="How to split the model."),
-        "fsdp_transformer_layer_cls_to_wrap": Key("str", None, help="Layer class names, comma-separated."),
-        "fsdp_min_num_params": Key("int", None, minimum=0, help="Size threshold for SIZE_BASED_WRAP."),
-        "fsdp_backward_prefetch": Key("str", None, FSDP_BACKWARD_PREFETCH, help="FSDP1 prefetch."),
-        "fsdp_state_dict_type": Key("str", None, FSDP_STATE_DICT_TYPES, help="How checkpoints are saved."),
-        "fsdp_forward_prefetch": Key("bool", None, help="FSDP1 forward prefetch."),
-        "fsdp_use_orig_params": Key("bool", None, help="FSDP1 use_orig_params."),
-        "fsdp_cpu_ram_efficient_loading": Key("bool", None, help="Load weights on rank 0 only."),
-        "fsdp_sync_module_states": Key("bool", None, help="Broadcast rank 0's weights at wrap time."),
-        "fsdp_activation_checkpointing": Key("bool", None, help="Recompute activations in backward."),
-        "fsdp_activation_checkpointing_offload": Key("bool", None, help="Offload checkpointed activations."),
-        "fsdp_ignored_modules": Key("str", None, help="Module names FSDP leaves alone."),
-    },
-    "deepspeed_config": {
-        name: Key("any") for name in (
-            "deepspeed_config_file", "zero_stage", "offload_optimizer_device", "offload_param_device",
-            "offload_optimizer_nvme_path", "offload_param_nvme_path", "gradient_accumulation_steps",
-            "gradient_clipping", "zero3_init_flag", "zero3_save_16bit_model", "deepspeed_multinode_launcher",
-            "deepspeed_hostfile", "deepspeed_exclusion_filter", "deepspeed_inclusion_filter",
-            "deepspeed_moe_layer_cls_names",
-        )
-    },
-    "dynamo_config": {
-        "dynamo_backend": Key("str", "no", DYNAMO_BACKENDS, help="torch.compile backend."),
-        "dynamo_mode": Key("str", "default", DYNAMO_MODES, help="torch.compile mode."),
-        "dynamo_use_fullgraph": Key("bool", False, help="Refuse graph breaks."),
-        "dynamo_use_dynamic": Key("bool", None, help="Dynamic shapes."),
-        "dynamo_use_regional_compilation": Key("bool", False, help="Compile repeated blocks once."),
-    },
-    "fp8_config": {
-        name: Key("any") for name in (
-            "backend", "use_autocast_during_eval", "margin", "interval", "fp8_format", "amax_history_length",
-            "amax_history_len", "amax_compute_algorithm", "amax_compute_algo", "override_linear_precision",
-            "optimization_level", "opt_level", "enable_fsdp_float8_all_gather", "pad_inner_dim",
-            "use_mxfp8_block_scaling",
-        )
-    },
-    "mpirun_config": {"mpirun_hostfile": Key("str"), "mpirun_ccl": Key("any")},
-}
-# These nested blocks accept any key with their prefix (as Accelerate does).
-NESTED_PREFIXES = {"megatron_lm_config": "megatron_lm_", "parallelism_config": "parallelism_config_"}
+TOP_KEYS, NESTED_KEYS = table.file_rows()
+NESTED_PREFIXES = {row.file_key[0]: row.prefix for row in TOP_KEYS.values() if row.prefix}
+PRECISIONS = tuple(table.get("mixed_precision").allowed())
+DYNAMO_BACKENDS = table.get("dynamo_backend").choices
+DYNAMO_MODES = table.get("dynamo_mode").choices
+RDZV_BACKENDS = table.get("rdzv_backend").choices
+DISTRIBUTED_TYPES = table.get("distributed_type").choices
+# Legacy keys that `validate` rewrites into their current form.
+LEGACY_KEYS = {"fp16": table.Setting("fp16", "bool"), "dynamo_backend": table.get("dynamo_backend")}
 
 
 # ----------------------------------------------------------------------------------------------- checking
-
-
-def _kind_text(key: Key) -> str:
-    if key.kind == "bool_or_str":
-        return "true or false (or an FSDP1 strategy: " + ", ".join(key.choices) + ")"
-    if key.choices:
-        return "one of " + ", ".join(str(c) for c in key.choices)
-    text = {
-        "int": "a whole number", "float": "a number", "bool": "true or false", "str": "a string",
-        "dict": "a mapping of keys to values", "gpu_ids": "'all' or comma-separated GPU ids such as '0,1'",
-        "bool_or_str": "true or false", "str_or_list": "a string or a list of strings", "list": "a list",
-    }.get(key.kind, "a value")
-    if key.minimum is not None and key.maximum is not None:
-        text += f" from {key.minimum:g} to {key.maximum:g}"
-    elif key.minimum is not None:
-        text += f" of {key.minimum:g} or more"
-    return text
 
 
 def _suggest(name: str, allowed) -> str:
@@ -215,95 +86,31 @@ def _suggest(name: str, allowed) -> str:
     return f"did you mean {close[0]!r}? " if close else ""
 
 
-def check_value(name: str, value: Any, key: Key, where: Callable[[str], str]) -> Any:
-    """`value` converted to the key's type, or a ConfigFileError built by `where(message)`."""
-
-    def bad(fix: str = ""):
-        fix = fix or f"write `{name}: {key.example or _example(key)}`"
-        return ConfigFileError(where(f"key {name!r} has value {value!r}; expected {_kind_text(key)}; fix: {fix}"))
-
-    if value is None:
-        return None
-    kind = key.kind
-    if kind == "any":
-        return value
-    if kind == "bool_or_str":
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.strip().lower() in ("true", "false"):
-            return value.strip().lower() == "true"
-        if isinstance(value, str) and value.strip().upper() in (key.choices or ()):
-            return value.strip().upper()
-        raise bad()
-    if kind == "bool":
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.strip().lower() in ("true", "false", "yes", "no"):
-            return value.strip().lower() in ("true", "yes")
-        raise bad()
-    if kind in ("int", "float"):
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            if isinstance(value, str):
-                try:
-                    value = int(value) if kind == "int" else float(value)
-                except ValueError:
-                    raise bad() from None
-            else:
-                raise bad()
-        if kind == "int":
-            if isinstance(value, float) and not value.is_integer():
-                raise bad()
-            value = int(value)
-        else:
-            value = float(value)
-        if key.minimum is not None and value < key.minimum or key.maximum is not None and value > key.maximum:
-            raise bad()
-        if key.choices and value not in key.choices:
-            raise bad()
-        return value
-    if kind == "gpu_ids":
-        text = ",".join(str(v) for v in value) if isinstance(value, list) else str(value)
-        text = text.replace(" ", "")
-        if text.lower() == "all":
-            return "all"
-        if not text or not all(part.isdigit() for part in text.split(",")):
-            raise bad()
-        return text
-    if kind == "dict":
-        if value == "" or value == []:
-            return {}
-        if not isinstance(value, dict):
-            raise bad(f"write `{name}:` followed by indented `key: value` lines, or `{name}: {{}}`")
-        return value
-    if kind == "str_or_list":
-        if isinstance(value, str) or isinstance(value, list) and all(isinstance(v, str) for v in value):
-            return value
-        raise bad()
-    # kind == "str"
-    if value is False and key.choices and any(str(c).lower() == "no" for c in key.choices):
-        value = "no"  # YAML 1.1 reads an unquoted NO as false (`distributed_type: NO`, `mixed_precision: no`)
-    if not isinstance(value, (str, int, float)) or isinstance(value, bool):
-        raise bad()
-    value = str(value)
-    if key.choices:
-        for choice in key.choices:
-            if value.lower() == str(choice).lower():
-                return choice
-        close = difflib.get_close_matches(value.upper() if value.isupper() else value, [str(c) for c in key.choices], n=1)
-        raise bad(f"write `{name}: {close[0] if close else key.choices[0]}`")
-    return value
+def check_value(name: str, value: Any, key: table.Setting, where: Callable[[str], str]) -> Any:
+    """`value` converted to the row's type, or a ConfigFileError built by `where(message)`."""
+    try:
+        return key.convert(value)
+    except ValueError:
+        pass
+    if key.kind == "dict":
+        fix = f"write `{name}:` followed by indented `key: value` lines, or `{name}: {{}}`"
+    elif key.choices and isinstance(value, str):
+        shown = value.upper() if value.isupper() else value
+        close = difflib.get_close_matches(shown, [str(c) for c in key.allowed()], n=1)
+        fix = f"write `{name}: {close[0] if close else key.allowed()[0]}`"
+    else:
+        fix = f"write `{name}: {key.example_text()}`"
+    raise ConfigFileError(where(f"key {name!r} has value {value!r}; expected {key.expected_text()}; fix: {fix}"))
 
 
-def _example(key: Key) -> str:
-    if key.choices:
-        return str(key.choices[0])
-    return {"int": "1" if key.minimum in (None, 0, 1) else str(int(key.minimum)), "float": "0.1", "bool": "true",
-            "str": "<text>", "gpu_ids": "all", "bool_or_str": "true", "str_or_list": "<text>"}.get(key.kind, "...")
-
-
-def validate(raw: Mapping[str, Any], source: str = "<config>", *, fill_defaults: bool = True) -> dict:
+def validate(raw: Mapping[str, Any], source: str = "<config>", *, fill_defaults: bool = True,
+             refuse_unbuilt: bool = True) -> dict:
     """Check a parsed config mapping; return it normalised (types fixed, legacy keys rewritten, and with
-    `fill_defaults` the missing keys filled in; without it only the keys the file really sets)."""
+    `fill_defaults` the missing keys filled in; without it only the keys the file really sets).
+
+    A key that asks for something hasten has not built (a DeepSpeed block, `mixed_precision: fp8`, ...) is a
+    one-line NotBuiltError; `hasten launch` passes `refuse_unbuilt=False` and refuses after its flags are known
+    (a typed --cpu replaces the file's distributed_type and its blocks)."""
     if not isinstance(raw, Mapping):
         raise ConfigFileError(
             f"{source}: the file must hold `key: value` lines (a mapping), not {type(raw).__name__}; "
@@ -350,6 +157,8 @@ def validate(raw: Mapping[str, Any], source: str = "<config>", *, fill_defaults:
     if config["distributed_type"] == "NO" and config["num_processes"] == -1:
         config["num_processes"] = 1
     _check_combinations(config, raw, where)
+    if refuse_unbuilt:
+        table.refuse_unbuilt_file(present, source)
     return config if fill_defaults else present
 
 
@@ -391,9 +200,8 @@ def _check_combinations(config: dict, raw: Mapping, where) -> None:
     def fail(message):
         raise ConfigFileError(where(message))
 
-    if config["compute_environment"] == "AMAZON_SAGEMAKER":
-        fail("compute_environment AMAZON_SAGEMAKER is not supported by hasten; fix: set "
-             "`compute_environment: LOCAL_MACHINE`")
+    if config["compute_environment"] != "LOCAL_MACHINE":
+        table.get("compute_environment").refuse(f"{where('compute_environment')}", config["compute_environment"])
     machines, rank = config["num_machines"], config["machine_rank"]
     if machines > 1 and not config.get("main_process_ip"):
         fail(f"num_machines is {machines} but main_process_ip is missing; every machine must know where rank 0 "
@@ -541,4 +349,6 @@ def write_basic_config(mixed_precision: str = "no", save_location: str | None = 
         return False
     if str(mixed_precision).lower() not in PRECISIONS:
         raise ConfigError(f"mixed_precision {mixed_precision!r} is not one of {', '.join(PRECISIONS)}")
+    table.get("mixed_precision").refuse(f"write_basic_config(mixed_precision={mixed_precision!r})",
+                                        str(mixed_precision).lower())
     return write_config_file(basic_config(str(mixed_precision).lower()), path, overwrite=False)

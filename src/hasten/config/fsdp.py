@@ -18,18 +18,30 @@ from typing import Any, Callable, Iterable, Optional, Union
 import torch
 from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy, StateDictType
 
-from ..environment import str_to_bool
+from ..enums import FSDP_AUTO_WRAP_POLICY
+from ..environment import parse_bool, parse_int
+from .settings import SETTINGS
 from ..errors import ConfigError
 
-_AUTO_WRAP_NAMES = ("transformer_based_wrap", "size_based_wrap", "no_wrap")
+_AUTO_WRAP_NAMES = tuple(name.lower() for name in FSDP_AUTO_WRAP_POLICY)
 _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.bfloat16, "fp32": torch.float32, "no": None}
 
 
+_ROWS = {row.env[0][len("FSDP_"):].lower(): row for row in SETTINGS if row.owner == "FullyShardedDataParallelPlugin"}
+
+
 def _env(field_name: str) -> tuple[Optional[str], Optional[str]]:
-    """(value, variable name) of the `FSDP_*` variable backing `field_name`, or (None, None)."""
-    name = "FSDP_" + field_name.upper()
-    value = os.environ.get(name)
-    return (value, name) if value not in (None, "") else (None, None)
+    """(text, variable) of the variable the settings table names for `field_name`, or (None, None).
+
+    The text is checked by the table's row (one message for a bad value, as `hasten launch` gives) and then
+    turned into the field's object below.
+    """
+    row = _ROWS[field_name]
+    for name in row.env:
+        value = os.environ.get(name)
+        if value not in (None, ""):
+            return value, name
+    return None, None
 
 
 def _source(variable: Optional[str]) -> str:
@@ -40,7 +52,7 @@ def _bool(value, field_name: str, variable: Optional[str]) -> bool:
     if isinstance(value, bool):
         return value
     try:
-        return str_to_bool(value, to_bool=True)
+        return parse_bool(value)
     except ValueError:
         raise ConfigError(
             f"fsdp {field_name}={value!r} (from {_source(variable)}) is not a boolean; use true or false"
@@ -57,6 +69,8 @@ def _enum(enum_cls, value, field_name: str, variable: Optional[str]):
         return members[int(text) - 1]
     if text in enum_cls.__members__:
         return enum_cls[text]
+    if "_" + text in enum_cls.__members__:  # torch spells HYBRID_SHARD_ZERO2 `_HYBRID_SHARD_ZERO2`
+        return enum_cls["_" + text]
     raise ConfigError(
         f"fsdp {field_name}={value!r} (from {_source(variable)}) is not valid; choose one of "
         f"{', '.join(enum_cls.__members__)}"
@@ -125,7 +139,7 @@ class FullyShardedDataParallelPlugin:
     def _resolve_version(self):
         value, variable = self._pick("fsdp_version", 1, "version")
         try:
-            version = int(value)
+            version = parse_int(value)
         except (TypeError, ValueError):
             version = None
         if version not in (1, 2):
@@ -233,7 +247,7 @@ class FullyShardedDataParallelPlugin:
 
         count, variable = self._pick("min_num_params", 0)
         try:
-            self.min_num_params = int(count)
+            self.min_num_params = parse_int(count)
         except (TypeError, ValueError):
             raise ConfigError(
                 f"fsdp min_num_params={count!r} (from {_source(variable)}) must be an integer"

@@ -14,16 +14,8 @@ from typing import Mapping
 
 from ..errors import ConfigError
 from . import file as config_file
+from . import settings as table
 from .resolve import FSDP_ENV, PARADIGM_FLAGS, SETTINGS, SOURCES_VARIABLE, Resolved, _text, resolve, slurm_values
-
-DEEPSPEED_FLAGS = (
-    "deepspeed_config_file", "zero_stage", "offload_optimizer_device", "offload_param_device",
-    "offload_optimizer_nvme_path", "offload_param_nvme_path", "gradient_clipping", "zero3_init_flag",
-    "zero3_save_16bit_model", "deepspeed_hostfile", "deepspeed_exclusion_filter", "deepspeed_inclusion_filter",
-    "deepspeed_multinode_launcher", "deepspeed_moe_layer_cls_names",
-)
-DYNAMO_DETAIL_FLAGS = ("dynamo_mode", "dynamo_use_fullgraph", "dynamo_use_dynamic", "dynamo_use_regional_compilation")
-UNSUPPORTED_TYPES = {"DEEPSPEED": "DeepSpeed", "XLA": "TPU (XLA)", "MEGATRON_LM": "Megatron-LM"}
 
 
 @dataclass
@@ -65,42 +57,26 @@ def _where(resolved: Resolved) -> str:
 
 
 def _check_flags(args) -> None:
-    """Flags that contradict each other, or ask for something hasten does not do."""
+    """Flags that contradict each other, or ask for something hasten has not built."""
     given = [name for name in PARADIGM_FLAGS if getattr(args, name, None)]
     if len(given) > 1:
         raise ConfigError(f"--{given[0]} and --{given[1]} cannot be combined: pick one way to run")
-    if getattr(args, "tpu", None):
-        raise ConfigError("--tpu is not supported by hasten yet; run on CPU or GPU")
-    if getattr(args, "use_megatron_lm", None):
-        raise ConfigError("--use_megatron_lm is not supported by hasten yet; use --use_fsdp to shard the model")
-    deepspeed = [name for name in DEEPSPEED_FLAGS if getattr(args, name, None) is not None]
-    if getattr(args, "use_deepspeed", None) or deepspeed:
-        flag = "--use_deepspeed" if getattr(args, "use_deepspeed", None) else f"--{deepspeed[0]}"
-        raise ConfigError(
-            f"{flag}: DeepSpeed is not supported by hasten yet; fix: use --use_fsdp (with --fsdp_offload_params "
-            "true for CPU offload) or run with Accelerate"
-        )
+    table.refuse_unbuilt_flags(args)
     if getattr(args, "module", False) and getattr(args, "no_python", False):
         raise ConfigError("--module and --no_python cannot be combined: -m runs `python -m`, --no_python runs no python")
     if args.cpu and args.gpu_ids is not None and args.gpu_ids != "all":
         raise ConfigError(f"--cpu and --gpu_ids {args.gpu_ids} cannot be combined: a CPU run uses no GPU")
-    if getattr(args, "dynamo_backend", None) in (None, "no"):
-        for name in DYNAMO_DETAIL_FLAGS:
-            if getattr(args, name, None) is not None:
-                raise ConfigError(f"--{name} has no effect without --dynamo_backend; fix: add e.g. --dynamo_backend inductor")
-    if not args.use_fsdp:
-        fsdp = [name for name in FSDP_ENV if getattr(args, name, None) is not None]
-        if fsdp:
-            raise ConfigError(f"--{fsdp[0]} needs --use_fsdp (FSDP settings do nothing without FSDP)")
-
-
-def _check_file_type(values, path, args) -> None:
-    kind = (values or {}).get("distributed_type")
-    if kind in UNSUPPORTED_TYPES and not any(getattr(args, name, None) for name in PARADIGM_FLAGS):
-        raise ConfigError(
-            f"{path}: distributed_type {kind} asks for {UNSUPPORTED_TYPES[kind]}, which hasten does not support yet; "
-            "fix: set `distributed_type: MULTI_GPU` or `FSDP` in the file, or pass --multi_gpu/--use_fsdp/--cpu"
-        )
+    for row in table.SETTINGS:
+        if row.requires and row.flags and table.flag_given(args, row):
+            needed = table.BY_DEST.get(row.requires) or table.get(row.requires)
+            if getattr(args, needed.flag_dest, None) in (None, False, "no"):
+                example = f" {needed.example_text()}" if not needed.switch else ""
+                if needed.choices and "inductor" in needed.choices:
+                    example = " inductor"
+                raise ConfigError(
+                    f"{row.flag_text} needs {needed.flag_text} (it has no effect without {needed.flag_text}); fix: add "
+                    f"e.g. {needed.flag_text}{example}"
+                )
 
 
 def resolve_launch(args, env: Mapping[str, str] | None = None) -> LaunchSettings:
@@ -108,14 +84,17 @@ def resolve_launch(args, env: Mapping[str, str] | None = None) -> LaunchSettings
     env = os.environ if env is None else env
     _check_flags(args)
     path = config_file.find_config_file(getattr(args, "config_file", None), env)
-    file_values = config_file.validate(config_file.read_raw(path), path, fill_defaults=False) if path else None
-    _check_file_type(file_values, path, args)
+    file_values = None
+    if path:
+        file_values = config_file.validate(config_file.read_raw(path), path, fill_defaults=False, refuse_unbuilt=False)
+        paradigm_typed = any(getattr(args, name, None) for name in PARADIGM_FLAGS)
+        table.refuse_unbuilt_file(file_values, path, paradigm_from_flags=paradigm_typed)
     flags = vars(args)
     values = resolve(flags=flags, env=env, file_values=file_values, file_path=path)
 
     # A paradigm typed on the command line replaces the file's distributed_type entirely.
     if any(getattr(args, name, None) for name in PARADIGM_FLAGS):
-        for name in ("use_fsdp", "multi_gpu"):
+        for name in ("use_fsdp", "multi_gpu", "use_deepspeed"):
             if values[name].source == "file":
                 values[name] = Resolved(name, False, "default", "built-in default")
         if not args.use_fsdp:
@@ -211,18 +190,16 @@ def _check_values(values: dict) -> None:
 def _exports(values: dict, env: Mapping[str, str]) -> dict:
     """Variables for the training processes: winners from a flag, the file or a computed default only."""
     exports, sources = {}, {}
-    dynamo_on = values["dynamo_backend"].value not in (None, "no")
-    fsdp_on = bool(values["use_fsdp"].value)
     for setting in SETTINGS:
         if setting.export is None:
             continue
         resolved = values[setting.name]
         if resolved.value is None:
             continue
-        if setting.name.startswith("dynamo_") and setting.name != "dynamo_backend" and not dynamo_on:
-            continue
-        if setting.name in FSDP_ENV and not fsdp_on:
-            continue
+        if setting.requires:  # FSDP settings without FSDP, dynamo details without a backend: nothing to pass on
+            needed = table.BY_DEST.get(setting.requires) or table.get(setting.requires)
+            if values[needed.name].value in (None, False, "no"):
+                continue
         if setting.name == "gpu_ids":
             if str(resolved.value).lower() == "all":
                 continue

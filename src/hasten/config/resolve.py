@@ -20,10 +20,11 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 from ..errors import ConfigError
-from . import file as config_file
+from . import settings as table
+from .settings import Setting
 
 SOURCES = ("code", "flag", "environment", "file", "default")
 SOURCES_VARIABLE = "HASTEN_CONFIG_SOURCES"
@@ -39,140 +40,17 @@ class Resolved:
     origin: str  # "--mixed_precision", "HASTEN_MIXED_PRECISION", "<file>: mixed_precision", "built-in default"
 
 
-# ----------------------------------------------------------------------------------------------- parsing env text
-
-
-def _parse_bool(text: str) -> bool:
-    from ..environment import str_to_bool
-
-    return str_to_bool(text, to_bool=True)
-
-
-def _choice(choices) -> Callable[[str], str]:
-    def parse(text: str) -> str:
-        for choice in choices:
-            if text.strip().lower() == str(choice).lower():
-                return choice
-        raise ValueError(f"expected one of {', '.join(map(str, choices))}")
-
-    return parse
-
-
-def _int(minimum: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        value = int(text)
-        if value < minimum:
-            raise ValueError(f"expected a whole number of {minimum} or more")
-        return value
-
-    return parse
-
-
 def _text(value) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-# ----------------------------------------------------------------------------------------------- the settings
-
-
-@dataclass(frozen=True)
-class Setting:
-    """A value hasten resolves: its flag, the variables that carry it, its config-file key and default."""
-
-    name: str
-    default: Any = None
-    flag: str | None = None  # argparse dest of the launch flag; None: no flag
-    env: tuple = ()  # variables read inside the training processes, first one set wins
-    export: str | None = None  # variable the launcher writes (None: the launcher does not export it)
-    parse: Callable[[str], Any] = str
-    file_key: tuple | None = None  # path into the config file, e.g. ("fsdp_config", "fsdp_version")
-    help: str = ""
-
-    @property
-    def flag_text(self) -> str:
-        return f"--{self.flag}"
-
-
-def _pair(suffix: str) -> tuple:
-    return (f"HASTEN_{suffix}", f"ACCELERATE_{suffix}")
-
-
-SETTINGS: list[Setting] = [
-    Setting("mixed_precision", "no", "mixed_precision", _pair("MIXED_PRECISION"), "HASTEN_MIXED_PRECISION",
-            _choice(config_file.PRECISIONS), ("mixed_precision",), "autocast / loss scaling mode"),
-    Setting("use_cpu", False, "cpu", _pair("USE_CPU"), "HASTEN_USE_CPU", _parse_bool, ("use_cpu",),
-            "run on CPU even when accelerators are present"),
-    Setting("debug", False, "debug", _pair("DEBUG_MODE"), "HASTEN_DEBUG_MODE", _parse_bool, ("debug",),
-            "check shapes across ranks before collectives"),
-    Setting("gradient_accumulation_steps", 1, "gradient_accumulation_steps", _pair("GRADIENT_ACCUMULATION_STEPS"),
-            "HASTEN_GRADIENT_ACCUMULATION_STEPS", _int(1), None, "micro-batches per optimizer step"),
-    Setting("enable_cpu_affinity", False, "enable_cpu_affinity", _pair("CPU_AFFINITY"), "HASTEN_CPU_AFFINITY",
-            _parse_bool, ("enable_cpu_affinity",), "pin processes to their NUMA node"),
-    Setting("dynamo_backend", "no", "dynamo_backend", _pair("DYNAMO_BACKEND"), "HASTEN_DYNAMO_BACKEND",
-            _choice(config_file.DYNAMO_BACKENDS), ("dynamo_config", "dynamo_backend"), "torch.compile backend"),
-    Setting("dynamo_mode", "default", "dynamo_mode", _pair("DYNAMO_MODE"), "HASTEN_DYNAMO_MODE",
-            _choice(config_file.DYNAMO_MODES), ("dynamo_config", "dynamo_mode"), "torch.compile mode"),
-    Setting("dynamo_use_fullgraph", False, "dynamo_use_fullgraph", _pair("DYNAMO_USE_FULLGRAPH"),
-            "HASTEN_DYNAMO_USE_FULLGRAPH", _parse_bool, ("dynamo_config", "dynamo_use_fullgraph"), ""),
-    Setting("dynamo_use_dynamic", None, "dynamo_use_dynamic", _pair("DYNAMO_USE_DYNAMIC"),
-            "HASTEN_DYNAMO_USE_DYNAMIC", _parse_bool, ("dynamo_config", "dynamo_use_dynamic"), ""),
-    Setting("dynamo_use_regional_compilation", False, "dynamo_use_regional_compilation",
-            _pair("DYNAMO_USE_REGIONAL_COMPILATION"), "HASTEN_DYNAMO_USE_REGIONAL_COMPILATION", _parse_bool,
-            ("dynamo_config", "dynamo_use_regional_compilation"), ""),
-    Setting("use_fsdp", False, "use_fsdp", _pair("USE_FSDP"), "HASTEN_USE_FSDP", _parse_bool,
-            ("distributed_type",), "shard the model with FSDP"),
-    # Launch structure: read by the launcher only (SLURM variables count as the environment).
-    Setting("multi_gpu", False, "multi_gpu", file_key=("distributed_type",), help="one process per GPU"),
-    Setting("num_processes", None, "num_processes", parse=_int(1), file_key=("num_processes",),
-            help="total processes over all machines"),
-    Setting("num_machines", 1, "num_machines", parse=_int(1), file_key=("num_machines",)),
-    Setting("machine_rank", 0, "machine_rank", parse=_int(0), file_key=("machine_rank",)),
-    Setting("main_process_ip", None, "main_process_ip", file_key=("main_process_ip",)),
-    Setting("main_process_port", None, "main_process_port", parse=_int(0), file_key=("main_process_port",)),
-    Setting("rdzv_backend", "static", "rdzv_backend", file_key=("rdzv_backend",)),
-    Setting("rdzv_conf", None, "rdzv_conf", file_key=("rdzv_conf",)),
-    Setting("max_restarts", 0, "max_restarts", file_key=("max_restarts",)),
-    Setting("monitor_interval", 0.1, "monitor_interval", file_key=("monitor_interval",)),
-    Setting("same_network", False, "same_network", file_key=("same_network",)),
-    Setting("gpu_ids", "all", "gpu_ids", ("CUDA_VISIBLE_DEVICES",), "CUDA_VISIBLE_DEVICES", file_key=("gpu_ids",)),
-    Setting("num_cpu_threads_per_process", None, "num_cpu_threads_per_process", ("OMP_NUM_THREADS",),
-            "OMP_NUM_THREADS", _int(1), ("num_cpu_threads_per_process",), "OMP_NUM_THREADS per process"),
-]
-
-# FSDP settings: exported as Accelerate's FSDP_* names for the FSDP backend (only when set: its own
-# defaults apply otherwise).
-FSDP_ENV = {
-    "fsdp_version": "FSDP_VERSION", "fsdp_sharding_strategy": "FSDP_SHARDING_STRATEGY",
-    "fsdp_reshard_after_forward": "FSDP_RESHARD_AFTER_FORWARD", "fsdp_offload_params": "FSDP_OFFLOAD_PARAMS",
-    "fsdp_min_num_params": "FSDP_MIN_NUM_PARAMS", "fsdp_auto_wrap_policy": "FSDP_AUTO_WRAP_POLICY",
-    "fsdp_transformer_layer_cls_to_wrap": "FSDP_TRANSFORMER_CLS_TO_WRAP",
-    "fsdp_backward_prefetch": "FSDP_BACKWARD_PREFETCH", "fsdp_state_dict_type": "FSDP_STATE_DICT_TYPE",
-    "fsdp_forward_prefetch": "FSDP_FORWARD_PREFETCH", "fsdp_use_orig_params": "FSDP_USE_ORIG_PARAMS",
-    "fsdp_cpu_ram_efficient_loading": "FSDP_CPU_RAM_EFFICIENT_LOADING",
-    "fsdp_sync_module_states": "FSDP_SYNC_MODULE_STATES",
-    "fsdp_activation_checkpointing": "FSDP_ACTIVATION_CHECKPOINTING",
-    "fsdp_activation_checkpointing_offload": "FSDP_ACTIVATION_CHECKPOINTING_OFFLOAD",
-    "fsdp_ignored_modules": "FSDP_IGNORED_MODULES",
-}
-
-
-def _fsdp_parser(name: str) -> Callable[[str], Any]:
-    key = config_file.NESTED_KEYS["fsdp_config"][name]
-
-    def parse(text: str):
-        value = config_file.check_value(name, text, key, lambda message: message)
-        return value
-
-    return parse
-
-
-SETTINGS += [
-    Setting(name, None, name if name != "fsdp_ignored_modules" else None, (variable,), variable,
-            _fsdp_parser(name), ("fsdp_config", name), config_file.NESTED_KEYS["fsdp_config"][name].help)
-    for name, variable in FSDP_ENV.items()
-]
+# The settings this module resolves: the table's built rows (hasten.config.settings).
+SETTINGS = table.resolvable()
 BY_NAME = {setting.name: setting for setting in SETTINGS}
-PARADIGM_FLAGS = ("cpu", "multi_gpu", "tpu", "use_deepspeed", "use_fsdp", "use_megatron_lm")
+PARADIGM_FLAGS = table.PARADIGM_FLAGS
+# FSDP settings: exported as Accelerate's FSDP_* names for the FSDP backend (only when set: its own defaults apply
+# otherwise).
+FSDP_ENV = {s.name: s.export for s in SETTINGS if s.owner == "FullyShardedDataParallelPlugin"}
 
 
 # ----------------------------------------------------------------------------------------------- sources
@@ -180,14 +58,15 @@ PARADIGM_FLAGS = ("cpu", "multi_gpu", "tpu", "use_deepspeed", "use_fsdp", "use_m
 
 def _from_file(setting: Setting, values: Mapping | None, path: str | None):
     """(value, origin) when the file sets this setting, else None."""
-    if not values or setting.file_key is None:
+    if not values:
         return None
-    if setting.name in ("use_fsdp", "multi_gpu"):
+    if setting.distributed_type:  # a paradigm switch: the file spells it `distributed_type: FSDP`
         kind = values.get("distributed_type")
         if kind is None:
             return None
-        wanted = "FSDP" if setting.name == "use_fsdp" else "MULTI_GPU"
-        return (kind == wanted), f"{path}: distributed_type"
+        return (kind == setting.distributed_type), f"{path}: distributed_type"
+    if setting.file_key is None:
+        return None
     node = values
     for part in setting.file_key:
         if not isinstance(node, Mapping) or part not in node:
@@ -206,7 +85,7 @@ def _from_env(setting: Setting, env: Mapping[str, str]):
         if variable in env and env[variable] != "":
             text = env[variable]
             try:
-                return setting.parse(text), variable
+                return setting.convert(text), variable
             except (ValueError, ConfigError) as error:
                 detail = str(error).split("; fix:")[0]
                 raise ConfigError(
@@ -225,11 +104,11 @@ def slurm_values(env: Mapping[str, str]) -> dict:
     """
     if "SLURM_PROCID" not in env or "SLURM_STEP_ID" not in env or "LOCAL_RANK" in env:
         return {}
-    from ..environment import _first_slurm_host, _slurm_tasks_on_first_node
+    from ..environment import _first_slurm_host, _slurm_tasks_on_first_node, parse_int
 
     def number(name, default):
         try:
-            return int(env.get(name, default))
+            return parse_int(env.get(name, default))
         except ValueError:
             raise ConfigError(f"environment variable {name}={env.get(name)!r} must be an integer (set by SLURM)") from None
 
@@ -294,9 +173,11 @@ def resolve(
         code["use_cpu"] = code.pop("cpu")
     env = os.environ if env is None else env
     recorded = recorded_sources(env)
-    slurm = slurm_values(env)
+    settings = SETTINGS if settings is None else settings
+    # SLURM only supplies the launch structure (machines, ranks): read it only when such a setting is asked for.
+    slurm = slurm_values(env) if any(s.owner == "launcher" for s in settings) else {}
     result = {}
-    for setting in settings or SETTINGS:
+    for setting in settings:
         name = setting.name
         if name in code and code[name] is not None and not _env_overrides_code(setting, code[name], env):
             result[name] = Resolved(name, code[name], "code", f"in the script ({name}=...)")
@@ -338,6 +219,20 @@ def format_explanation(resolved: Mapping[str, Resolved], *, only_set: bool = Fal
     if note:
         lines += ["", note]
     return "\n".join(lines)
+
+
+def runtime_value(name: str, code=None, env: Mapping[str, str] | None = None):
+    """The value a training process uses for setting `name`: `code` (the argument passed in the script, None if
+    not passed) > environment variable > default, by the same `resolve` that `hasten config explain` calls.
+
+    A value hasten has not built (mixed_precision fp8, ...) is refused with the table's one-line NotBuiltError.
+    """
+    setting = BY_NAME[name]
+    resolved = resolve(code={name: code} if code is not None else None, env=env, settings=[setting])[name]
+    if setting.refusal(resolved.value) is not None:
+        where = {"code": f"{setting.owner}({setting.code}={resolved.value!r})", "default": "the default"}
+        setting.refuse(where.get(resolved.source, f"environment variable {resolved.origin}"), resolved.value)
+    return resolved
 
 
 def explain(code: Mapping[str, Any] | None = None, *, env: Mapping[str, str] | None = None, printed: bool = False):

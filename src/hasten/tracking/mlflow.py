@@ -11,8 +11,13 @@ from .base import GeneralTracker, flatten, import_library, is_number, on_main_pr
 
 
 def _env_flag(name: str, default: bool) -> bool:
+    from ..environment import parse_bool
+
     value = os.environ.get(name)
-    return default if value is None else value.strip().lower() in ("1", "true", "yes", "on", "y", "t")
+    try:
+        return default if value is None else parse_bool(value)
+    except ValueError:  # kept lenient as before: an unclear value means no
+        return False
 
 
 class MLflowTracker(GeneralTracker):

@@ -58,8 +58,14 @@ def is_fp16_available() -> bool:
 
 
 def is_rich_available() -> bool:
+    from ..environment import parse_bool
+
     flag = os.environ.get("HASTEN_ENABLE_RICH", os.environ.get("ACCELERATE_ENABLE_RICH", "0"))
-    return _installed("rich") and flag.lower() in ("1", "true", "yes", "on", "y", "t")
+    try:
+        wanted = parse_bool(flag)
+    except ValueError:  # asking whether rich is available is no place to fail; an unclear value means no
+        wanted = False
+    return _installed("rich") and wanted
 
 
 def _probe(name: str):

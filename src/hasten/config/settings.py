@@ -1,0 +1,699 @@
+"""The one table of hasten's settings: every launch flag, config-file key and environment variable is a row.
+
+A row says what a setting is called everywhere (launch flag, `HASTEN_*`/`ACCELERATE_*` variables, config-file
+key, the argument of the object that uses it), what it may hold (type or enum from `hasten.enums`), its default,
+its help text, and whether hasten has built it. From this table come:
+
+- the `hasten launch` parser (`hasten.commands.launch.add_launch_arguments`),
+- the config-file schema and its checks (`hasten.config.file`),
+- the questions of `hasten config` (`hasten.commands.config.cluster`),
+- the precedence code > flag > environment > file > default (`hasten.config.resolve`), which both
+  `hasten config explain` and the runtime (`Accelerator`, `PartialState`, the plugins) call.
+
+A row with `built=False` (DeepSpeed, Megatron-LM, TPU, fp8, N-D parallelism, ...) is accepted by the parser and the
+file schema so that an Accelerate command line or config file reads, and is then refused with one line naming the
+feature: nothing is accepted and silently ignored. docs/configuration.md explains how to add or build a row.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field, replace
+from typing import Any, Mapping
+
+from .. import enums
+from ..environment import parse_bool, parse_int
+from ..errors import NotBuiltError
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting and every name it goes by."""
+
+    name: str
+    kind: str = "str"  # bool, int, float, str, gpu_ids, bool_or_str, str_or_list, list, dict, any
+    default: Any = None
+    flags: tuple = ()  # launch options; the first is the main spelling. `--a_b` also answers to `--a-b`.
+    env: tuple = ()  # variables read inside the training processes; the first one set wins
+    export: str | None = None  # the variable `hasten launch` writes (None: not exported)
+    file_key: tuple | None = None  # path in the config file: ("mixed_precision",) or ("fsdp_config", "fsdp_version")
+    help: str = ""
+    owner: str = "launcher"  # who uses the value: launcher, Accelerator, TorchDynamoPlugin, ...
+    code: str | None = None  # the owner's argument that sets it in code (Accelerator(mixed_precision=...))
+    choices: tuple | None = None  # allowed values, always taken from hasten.enums
+    minimum: float | None = None
+    maximum: float | None = None
+    range_text: str = ""  # how an out-of-range number is described ("a TCP port (0-65535)")
+    built: bool = True
+    feature: str = ""  # for a row not built: what it belongs to ("DeepSpeed"), named in the refusal
+    fix: str = ""  # for a row not built: what to do instead
+    unbuilt_values: Mapping = field(default_factory=dict)  # value -> (feature, fix), for a built row
+    role: str = "setting"  # setting: resolved and explained; option: how the launcher runs; file: file structure
+    dest: str | None = None  # argparse destination when it differs from `name` (--cpu -> use_cpu)
+    switch: bool = False  # the flag takes no value (store_true)
+    append: bool = False  # the flag may repeat (each value appended)
+    requires: str | None = None  # the dest of another flag this flag means nothing without
+    group: str = "Other"
+    hidden: bool = False  # left out of --help (still accepted)
+    question: str = ""  # what `hasten config` asks
+    example: str = ""
+    case: str | None = None  # "lower" / "upper": how typed text is normalised before matching choices
+    file_aliases: tuple = ()  # other spellings Accelerate writes for the same file key
+    prefix: str | None = None  # for a block: every key in it must start with this (any such key is accepted)
+    distributed_type: str | None = None  # a switch that the file spells as `distributed_type: <this>`
+    file_override: Mapping = field(default_factory=dict)  # fields that differ in the config file (num_processes: -1)
+
+    # -- names ----------------------------------------------------------------------------------------------
+    @property
+    def flag_dest(self) -> str:
+        return self.dest or self.name
+
+    @property
+    def flag(self) -> str | None:
+        """The argparse destination of the launch flag (None: no flag)."""
+        return self.flag_dest if self.flags else None
+
+    @property
+    def flag_text(self) -> str:
+        return self.flags[0] if self.flags else self.name
+
+    @property
+    def file_text(self) -> str:
+        return ".".join(self.file_key) if self.file_key else ""
+
+    # -- values ---------------------------------------------------------------------------------------------
+    def allowed(self) -> list:
+        """The allowed values, built ones first (the order error messages list them in)."""
+        if not self.choices:
+            return []
+        return [c for c in self.choices if c not in self.unbuilt_values] + [
+            c for c in self.choices if c in self.unbuilt_values
+        ]
+
+    def expected_text(self) -> str:
+        if self.kind == "bool_or_str":
+            return "true or false (or an FSDP1 strategy: " + ", ".join(self.choices or ()) + ")"
+        if self.choices:
+            return "one of " + ", ".join(str(c) for c in self.allowed())
+        text = {
+            "int": "a whole number", "float": "a number", "bool": "true or false", "str": "a string",
+            "dict": "a mapping of keys to values", "gpu_ids": "'all' or comma-separated GPU ids such as '0,1'",
+            "str_or_list": "a string or a list of strings", "list": "a list",
+        }.get(self.kind, "a value")
+        if self.minimum is not None and self.maximum is not None:
+            text += f" from {self.minimum:g} to {self.maximum:g}"
+        elif self.minimum is not None:
+            text += f" of {self.minimum:g} or more"
+        return text
+
+    def example_text(self) -> str:
+        if self.example:
+            return self.example
+        if self.choices:
+            return str(self.allowed()[0])
+        return {"int": "1" if self.minimum in (None, 0, 1) else str(int(self.minimum)), "float": "0.1",
+                "bool": "true", "str": "<text>", "gpu_ids": "all", "bool_or_str": "true",
+                "str_or_list": "<text>"}.get(self.kind, "...")
+
+    def convert(self, value):
+        """`value` (text from a flag or variable, or a YAML value) in this setting's type; ValueError if it fits not.
+
+        The one conversion used by the config file, the environment and the runtime.
+        """
+        if value is None:
+            return None
+        kind = self.kind
+        try:
+            if kind in ("any", "list"):
+                return value
+            if kind == "bool_or_str":
+                if isinstance(value, str) and value.strip().upper() in (self.choices or ()):
+                    return value.strip().upper()
+                return parse_bool(value)
+            if kind == "bool":
+                return parse_bool(value)
+            if kind == "int":
+                number = parse_int(value, self.minimum, self.maximum)
+                if self.choices and number not in self.choices:
+                    raise ValueError
+                return number
+            if kind == "float":
+                if isinstance(value, bool):
+                    raise ValueError
+                number = float(value)
+                if (self.minimum is not None and not number >= self.minimum) or (
+                    self.maximum is not None and number > self.maximum
+                ):
+                    raise ValueError
+                return number
+            if kind == "gpu_ids":
+                text = ",".join(str(v) for v in value) if isinstance(value, list) else str(value)
+                text = text.replace(" ", "")
+                if text.lower() == "all":
+                    return "all"
+                if not text or not all(part.isdigit() for part in text.split(",")):
+                    raise ValueError
+                return text
+            if kind == "dict":
+                if value == "" or value == []:
+                    return {}
+                if not isinstance(value, dict):
+                    raise ValueError
+                return value
+            if kind == "str_or_list":
+                if isinstance(value, str) or isinstance(value, list) and all(isinstance(v, str) for v in value):
+                    return value
+                raise ValueError
+            # kind == "str"
+            if value is False and self.choices and any(str(c).lower() == "no" for c in self.choices):
+                value = "no"  # YAML 1.1 reads an unquoted NO as false (`distributed_type: NO`, `mixed_precision: no`)
+            if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+                raise ValueError
+            value = str(value)
+            if self.choices:
+                for choice in self.choices:
+                    if value.strip().lower() == str(choice).lower():
+                        return choice
+                raise ValueError
+            return value
+        except (ValueError, TypeError):
+            raise ValueError(f"expected {self.expected_text()}") from None
+
+    def is_set(self, value) -> bool:
+        """Whether a (converted) value asks for something: for a row not built, whether it must be refused."""
+        if value is None or value is False or value in ("", [], {}, ()):
+            return False
+        return value != self.default
+
+    # -- refusing what is not built ---------------------------------------------------------------------------
+    def refusal(self, value=None) -> str | None:
+        """The reason `value` cannot be used (None: it can)."""
+        if not self.built:
+            return f"{self.feature} is not built in hasten yet; fix: {self.fix}"
+        if value is not None and self.unbuilt_values and _hashable(value) and value in self.unbuilt_values:
+            feature, fix = self.unbuilt_values[value]
+            return f"{feature} is not built in hasten yet; fix: {fix}"
+        return None
+
+    def refuse(self, origin: str, value=None) -> None:
+        """Raise the one-line NotBuiltError when `value` (or the row itself) is not built; otherwise return."""
+        reason = self.refusal(value)
+        if reason is not None:
+            raise NotBuiltError(f"{origin}: {reason}")
+
+
+def _hashable(value) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
+
+
+# ----------------------------------------------------------------------------------------------- row builders
+
+
+def _pair(suffix: str) -> tuple:
+    return (f"HASTEN_{suffix}", f"ACCELERATE_{suffix}")
+
+
+def _exported(suffix: str, **kwargs) -> dict:
+    """Read from HASTEN_<suffix> / ACCELERATE_<suffix>; the launcher writes HASTEN_<suffix>."""
+    return dict(env=_pair(suffix), export=f"HASTEN_{suffix}", **kwargs)
+
+
+def _not_built(feature: str, fix: str, group: str, *, built: bool = False, requires: str | None = None):
+    """A builder of the rows of one feature: `built=False` rows are accepted, then refused wherever they are set.
+
+    Building the feature is `built=True` here (or on one row); each row already names the variable the
+    launcher will export (its first `env` name) and the switch it needs (`requires`).
+    """
+
+    def row(name, kind="str", *, flag=True, **kwargs) -> Setting:
+        kwargs.setdefault("help", "")
+        flags = kwargs.pop("flags", (f"--{name}",) if flag else ())
+        if kwargs.get("env") and "export" not in kwargs:
+            kwargs["export"] = kwargs["env"][0]
+        if requires and name != requires:
+            kwargs.setdefault("requires", requires)
+        row_built = kwargs.pop("built", built)
+        kwargs.setdefault("group", group)
+        return Setting(name, kind, flags=flags, built=row_built, feature=feature, fix=fix, hidden=not row_built,
+                       **kwargs)
+
+    return row
+
+
+_FP8_FIX = "use --mixed_precision bf16 (or fp16)"
+_DS_LAUNCHER_FIX = ("start the machines through torchrun as every hasten run: --num_machines, --machine_rank and "
+                    "--main_process_ip on each machine (or srun)")
+_DS_LAUNCHER = "DeepSpeed's own multi-node launchers (hostfile, pdsh, mpirun, ...)"
+_MEGATRON_FIX = "use --use_fsdp to shard the model, or run this job with Accelerate"
+_TPU_FIX = "run on GPUs or CPUs, or run this job with Accelerate"
+_ND_FIX = "use --use_fsdp (data-parallel sharding), or run this job with Accelerate"
+_MPI_FIX = "start the processes with `hasten launch --num_machines ... --machine_rank ...` on each machine, or srun"
+_SM_FIX = "run on a LOCAL_MACHINE (`hasten config`), or run this job with Accelerate"
+
+_deepspeed = _not_built("DeepSpeed", "", "DeepSpeed (with --use_deepspeed)", built=True, requires="use_deepspeed")
+_ds_launcher = _not_built(_DS_LAUNCHER, _DS_LAUNCHER_FIX, "DeepSpeed (with --use_deepspeed)", requires="use_deepspeed")
+_DS = "DeepSpeedPlugin"
+_megatron = _not_built("Megatron-LM", _MEGATRON_FIX, "Megatron-LM", requires="use_megatron_lm")
+_tpu = _not_built("TPU (XLA)", _TPU_FIX, "TPU")
+_fp8 = _not_built("fp8 training", _FP8_FIX, "FP8")
+_nd = _not_built("N-D parallelism (ParallelismConfig)", _ND_FIX, "ParallelismConfig", requires="use_parallelism_config")
+_mpi = _not_built("mpirun launching", _MPI_FIX, "MPI")
+_sagemaker = _not_built("Amazon SageMaker", _SM_FIX, "AWS")
+
+_FSDP = "FullyShardedDataParallelPlugin"
+_DYNAMO = "TorchDynamoPlugin"
+
+
+def _fsdp(name, kind="bool", *, flag=True, variable=None, code=None, **kwargs) -> Setting:
+    """An FSDP row: flag --fsdp_<name>, file key fsdp_config.fsdp_<name>, variable FSDP_<NAME> (Accelerate's)."""
+    full = f"fsdp_{name}"
+    variable = variable or f"FSDP_{name.upper()}"
+    return Setting(full, kind, flags=(f"--{full}",) if flag else (), env=(variable,), export=variable,
+                   file_key=("fsdp_config", full), owner=_FSDP, code=code or name, requires="use_fsdp",
+                   group="FSDP (with --use_fsdp; exported as FSDP_* variables)", **kwargs)
+
+
+def _dynamo(name, kind, code, **kwargs) -> Setting:
+    full = f"dynamo_{name}"
+    return Setting(full, kind, flags=(f"--{full}",), file_key=("dynamo_config", full), owner=_DYNAMO, code=code,
+                   group="Resource selection", **_exported(full.upper()), **kwargs)
+
+
+_PRECISION_UNBUILT = {"fp8": ("fp8 mixed precision", _FP8_FIX)}
+_TYPE_UNBUILT = {
+    "XLA": ("TPU (distributed_type XLA)", "set `distributed_type: MULTI_GPU` or `FSDP` in the file, or pass "
+            "--multi_gpu/--use_fsdp/--cpu"),
+    "MEGATRON_LM": ("Megatron-LM (distributed_type MEGATRON_LM)", "set `distributed_type: FSDP` in the file, or pass "
+                    "--multi_gpu/--use_fsdp/--cpu"),
+}
+_SAGEMAKER_UNBUILT = {"AMAZON_SAGEMAKER": ("Amazon SageMaker (compute_environment AMAZON_SAGEMAKER)",
+                                           "set `compute_environment: LOCAL_MACHINE`")}
+
+# ----------------------------------------------------------------------------------------------- the table
+
+SETTINGS: tuple[Setting, ...] = (
+    # -- how the launcher runs (options, not settings) --------------------------------------------------------
+    Setting("config_file", flags=("--config_file",), role="option", group="General",
+            help="Config file to read (default: $HF_HOME/hasten/default_config.yaml)."),
+    Setting("quiet", "bool", flags=("--quiet", "-q"), switch=True, role="option", default=False, group="General",
+            help="Do not print the launcher's own error details."),
+    Setting("module", "bool", flags=("--module", "-m"), switch=True, role="option", default=False, group="General",
+            help="Run the target as a Python module (python -m)."),
+    Setting("no_python", "bool", flags=("--no_python",), switch=True, role="option", default=False, group="General",
+            help="Execute the target directly, without `python`."),
+    # -- file structure ----------------------------------------------------------------------------------------
+    Setting("compute_environment", "str", "LOCAL_MACHINE", file_key=("compute_environment",), role="file",
+            choices=tuple(e.value for e in enums.ComputeEnvironment), unbuilt_values=_SAGEMAKER_UNBUILT,
+            help="Where the run happens; hasten runs on LOCAL_MACHINE only."),
+    Setting("distributed_type", "str", "NO", file_key=("distributed_type",), role="file",
+            choices=tuple(e.value for e in enums.DistributedType), unbuilt_values=_TYPE_UNBUILT,
+            question="Which kind of run is this machine for?",
+            help="How processes share the work (NO = one process)."),
+    Setting("fsdp_config", "dict", {}, file_key=("fsdp_config",), role="file", help="FSDP settings, exported as FSDP_* variables."),
+    Setting("dynamo_config", "dict", {}, file_key=("dynamo_config",), role="file", help="torch.compile settings."),
+    # -- general ------------------------------------------------------------------------------------------------
+    Setting("debug", "bool", False, flags=("--debug",), switch=True, file_key=("debug",), owner="PartialState",
+            group="General", question="Check tensor shapes across processes before collectives (debug mode)?",
+            help="Check shapes across ranks before collectives.", **_exported("DEBUG_MODE")),
+    # -- hardware -----------------------------------------------------------------------------------------------
+    Setting("use_cpu", "bool", False, flags=("--cpu",), dest="cpu", switch=True, file_key=("use_cpu",),
+            owner="Accelerator", code="cpu", group="Hardware selection",
+            question="Run on CPU only, even though a GPU is present?",
+            help="Run on CPU even if a GPU is present.", **_exported("USE_CPU")),
+    Setting("multi_gpu", "bool", False, flags=("--multi_gpu",), switch=True, distributed_type="MULTI_GPU",
+            group="Hardware selection", help="Distributed run on several GPUs."),
+    _tpu("tpu", "bool", switch=True, distributed_type="XLA", help="Run on TPUs."),
+    # -- resources ----------------------------------------------------------------------------------------------
+    Setting("mixed_precision", "str", "no", flags=("--mixed_precision",), file_key=("mixed_precision",),
+            owner="Accelerator", code="mixed_precision", choices=tuple(e.value for e in enums.PrecisionType),
+            unbuilt_values=_PRECISION_UNBUILT, case="lower", group="Resource selection",
+            question="Which mixed precision?", help="Mixed precision mode.", **_exported("MIXED_PRECISION")),
+    Setting("num_processes", "int", None, flags=("--num_processes",), file_key=("num_processes",), minimum=1,
+            file_override={"minimum": -1, "default": -1},
+            group="Resource selection", question="How many processes in total, over all machines?",
+            help="Total processes over all machines (default: one per GPU)."),
+    Setting("num_machines", "int", 1, flags=("--num_machines",), file_key=("num_machines",), minimum=1,
+            group="Resource selection", question="How many machines (nodes) take part?", help="Number of machines."),
+    Setting("num_cpu_threads_per_process", "int", None, flags=("--num_cpu_threads_per_process",),
+            file_key=("num_cpu_threads_per_process",), minimum=1, env=("OMP_NUM_THREADS",), export="OMP_NUM_THREADS",
+            group="Resource selection", help="OMP_NUM_THREADS of each process (hasten: also a config-file key)."),
+    Setting("enable_cpu_affinity", "bool", False, flags=("--enable_cpu_affinity",), switch=True,
+            file_key=("enable_cpu_affinity",), owner="PartialState", group="Resource selection",
+            help="Pin each process to its NUMA node's cores (a GPU process: its GPU's node; CPU processes: spread "
+                 "over the nodes).", **_exported("CPU_AFFINITY")),
+    Setting("dynamo_backend", "str", "no", flags=("--dynamo_backend",), file_key=("dynamo_config", "dynamo_backend"),
+            owner="Accelerator", code="dynamo_backend", choices=tuple(b.value.lower() for b in enums.DynamoBackend),
+            case="lower", group="Resource selection", question="Which torch.compile backend?",
+            help="torch.compile backend ('no': do not compile).", **_exported("DYNAMO_BACKEND")),
+    _dynamo("mode", "str", "mode", default="default", choices=enums.TORCH_DYNAMO_MODES, requires="dynamo_backend",
+            question="Which mode?", help="torch.compile mode."),
+    _dynamo("use_fullgraph", "bool", "fullgraph", default=False, switch=True, requires="dynamo_backend",
+            question="Refuse graph breaks (fullgraph)?", help="Refuse graph breaks."),
+    _dynamo("use_dynamic", "bool", "dynamic", switch=True, requires="dynamo_backend",
+            question="Use dynamic shapes?", help="Dynamic shapes."),
+    _dynamo("use_regional_compilation", "bool", "use_regional_compilation", default=False, switch=True,
+            requires="dynamo_backend", help="Compile repeated blocks once.",
+            unbuilt_values={True: ("regional compilation", "leave it off: hasten compiles the whole model")}),
+    # -- training paradigm --------------------------------------------------------------------------------------
+    Setting("use_fsdp", "bool", False, flags=("--use_fsdp",), switch=True, distributed_type="FSDP",
+            owner="Accelerator", group="Training paradigm", help="Shard the model with FSDP.",
+            **_exported("USE_FSDP")),
+    Setting("gradient_accumulation_steps", "int", 1, flags=("--gradient_accumulation_steps",), minimum=1,
+            file_key=("deepspeed_config", "gradient_accumulation_steps"),
+            owner="Accelerator", code="gradient_accumulation_steps", group="Training paradigm",
+            question="How many micro-batches per optimizer step (gradient accumulation)?",
+            help="Micro-batches per optimizer step (replaces the Accelerator argument, as in Accelerate).",
+            **_exported("GRADIENT_ACCUMULATION_STEPS")),
+    _deepspeed("use_deepspeed", "bool", default=False, switch=True, distributed_type="DEEPSPEED",
+               env=_pair("USE_DEEPSPEED"), export="HASTEN_USE_DEEPSPEED", owner="Accelerator", group="Training paradigm",
+               help="Train with DeepSpeed ZeRO (see docs/deepspeed.md)."),
+    _megatron("use_megatron_lm", "bool", switch=True, distributed_type="MEGATRON_LM", env=_pair("USE_MEGATRON_LM"),
+              export="HASTEN_USE_MEGATRON_LM", help="Train with Megatron-LM."),
+    _nd("use_parallelism_config", "bool", switch=True, env=_pair("USE_PARALLELISM_CONFIG"),
+        export="HASTEN_USE_PARALLELISM_CONFIG", help="Build a ParallelismConfig from --parallelism_config_* flags."),
+    # -- distributed ----------------------------------------------------------------------------------------------
+    Setting("gpu_ids", "gpu_ids", "all", flags=("--gpu_ids",), file_key=("gpu_ids",), env=("CUDA_VISIBLE_DEVICES",),
+            export="CUDA_VISIBLE_DEVICES", group="Distributed GPUs", question="Which GPUs (ids) should be used?",
+            help="GPUs to use: 'all' or a comma list such as '0,1'."),
+    Setting("same_network", "bool", False, flags=("--same_network",), switch=True, file_key=("same_network",),
+            group="Distributed GPUs", question="Are all machines on the same network?",
+            help="All machines share one network (accepted for Accelerate files: hasten's rendezvous through "
+                 "--main_process_ip/--main_process_port is the same either way)."),
+    Setting("machine_rank", "int", 0, flags=("--machine_rank",), file_key=("machine_rank",), minimum=0,
+            group="Distributed GPUs", help="Rank of this machine (0 for the main one)."),
+    Setting("main_process_ip", "str", None, flags=("--main_process_ip",), file_key=("main_process_ip",),
+            group="Distributed GPUs", question="Address (IP or host name) of the machine with rank 0",
+            help="Address of the machine with rank 0."),
+    Setting("main_process_port", "int", None, flags=("--main_process_port",), file_key=("main_process_port",),
+            minimum=0, maximum=65535, range_text="a TCP port (0-65535)", group="Distributed GPUs",
+            question="Port on the main machine", help="Port on the main machine (0: pick a free one)."),
+    Setting("rdzv_backend", "str", "static", flags=("--rdzv_backend",), file_key=("rdzv_backend",),
+            choices=enums.RDZV_BACKENDS, group="Distributed GPUs", question="How should the machines meet (rendezvous)?",
+            help="torchrun rendezvous: static or c10d."),
+    Setting("rdzv_conf", "str", None, flags=("--rdzv_conf",), file_key=("rdzv_conf",), group="Distributed GPUs",
+            help="Extra rendezvous settings: key1=value1,key2=value2 (hasten: also a config-file key)."),
+    Setting("tee", flags=("--tee", "-t"), role="option", default="0", hidden=True, group="Distributed GPUs",
+            help="Which streams of each process to copy to the console as well as the log files."),
+    Setting("log_dir", flags=("--log_dir",), role="option", group="Distributed GPUs",
+            help="Directory for each process's logs."),
+    Setting("role", flags=("--role",), role="option", default="default", hidden=True, group="Distributed GPUs",
+            help="User-defined role of the workers (torchrun)."),
+    Setting("max_restarts", "int", 0, flags=("--max_restarts",), file_key=("max_restarts",), minimum=0,
+            file_override={"default": None},
+            group="Distributed GPUs", help="Restarts of the whole group before failing (hasten: also a file key)."),
+    Setting("monitor_interval", "float", 0.1, flags=("--monitor_interval",), file_key=("monitor_interval",),
+            file_override={"default": None},
+            minimum=0, group="Distributed GPUs", help="Seconds between health checks (hasten: also a file key)."),
+    # -- FSDP -----------------------------------------------------------------------------------------------------
+    _fsdp("version", "int", choices=enums.FSDP_VERSIONS, code="fsdp_version", question="Which FSDP?",
+          help="1 = FullyShardedDataParallel, 2 = fully_shard."),
+    _fsdp("offload_params", code="cpu_offload", question="Keep parameters on CPU (offload)?",
+          help="Keep parameters on CPU."),
+    _fsdp("min_num_params", "int", minimum=0, question="Minimum parameters per shard group",
+          help="Size threshold for SIZE_BASED_WRAP."),
+    _fsdp("sharding_strategy", "str", choices=enums.FSDP_SHARDING_STRATEGY, case="upper",
+          help="FSDP1 sharding strategy."),
+    _fsdp("reshard_after_forward", "bool_or_str", choices=enums.FSDP_SHARDING_STRATEGY,
+          question="Free gathered parameters after forward (less memory, more communication)?",
+          help="Free gathered parameters after forward (or an FSDP1 strategy)."),
+    _fsdp("auto_wrap_policy", "str", choices=enums.FSDP_AUTO_WRAP_POLICY, case="upper",
+          question="How should the model be split into shards?", help="How to split the model."),
+    _fsdp("transformer_layer_cls_to_wrap", "str", variable="FSDP_TRANSFORMER_CLS_TO_WRAP",
+          code="transformer_cls_names_to_wrap",
+          question="Layer class names to wrap (comma-separated; blank: read from the model)",
+          help="Layer class names, comma-separated."),
+    _fsdp("backward_prefetch", "str", choices=enums.FSDP_BACKWARD_PREFETCH, case="upper", help="FSDP1 prefetch."),
+    _fsdp("state_dict_type", "str", choices=enums.FSDP_STATE_DICT_TYPE, case="upper",
+          question="How should checkpoints be saved?", help="How checkpoints are saved."),
+    _fsdp("forward_prefetch", help="FSDP1 forward prefetch."),
+    _fsdp("use_orig_params", help="FSDP1 use_orig_params."),
+    _fsdp("cpu_ram_efficient_loading", question="Load pretrained weights on rank 0 only (saves CPU memory)?",
+          help="Load weights on rank 0 only."),
+    _fsdp("sync_module_states", help="Broadcast rank 0's weights at wrap time."),
+    _fsdp("activation_checkpointing", question="Recompute activations in backward (activation checkpointing)?",
+          help="Recompute activations in backward."),
+    _fsdp("activation_checkpointing_offload", help="Offload checkpointed activations."),
+    _fsdp("ignored_modules", "str", flag=False, help="Module names FSDP leaves alone (config file only)."),
+    # -- environment-only knobs hasten reads -----------------------------------------------------------------------
+    Setting("torch_device", "str", None, env=_pair("TORCH_DEVICE"), owner="PartialState", role="environment",
+            help="Force the device (a string for torch.device)."),
+    Setting("log_level", "str", None, env=_pair("LOG_LEVEL"), owner="get_logger", role="environment",
+            help="Default level of hasten.logging.get_logger."),
+    Setting("enable_rich", "bool", False, env=_pair("ENABLE_RICH"), owner="is_rich_available", role="environment",
+            help="Let is_rich_available() say yes when rich is installed."),
+    # -- DeepSpeed (DeepSpeedPlugin reads the variables; its own multi-node launchers are not built) ----------------
+    Setting("deepspeed_config", "dict", {}, file_key=("deepspeed_config",), role="file",
+            help="DeepSpeed settings (the keys below)."),
+    _deepspeed("deepspeed_config_file", env=_pair("DEEPSPEED_CONFIG_FILE"), owner=_DS, code="hf_ds_config",
+               file_key=("deepspeed_config", "deepspeed_config_file"),
+               question="DeepSpeed JSON config file (blank: answer the questions below instead)",
+               help="DeepSpeed JSON config file; its numbers must agree with the other DeepSpeed settings."),
+    _deepspeed("zero_stage", "int", env=_pair("DEEPSPEED_ZERO_STAGE"), owner=_DS, code="zero_stage",
+               choices=enums.DEEPSPEED_ZERO_STAGES, file_key=("deepspeed_config", "zero_stage"),
+               question="Which ZeRO stage?", help="ZeRO stage: 0, 1, 2 (default) or 3."),
+    _deepspeed("offload_optimizer_device", env=_pair("DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE"), owner=_DS,
+               code="offload_optimizer_device", choices=enums.DEEPSPEED_OFFLOAD_DEVICES, case="lower",
+               file_key=("deepspeed_config", "offload_optimizer_device"),
+               question="Where should optimizer state be offloaded?", help="Optimizer offload device."),
+    _deepspeed("offload_param_device", env=_pair("DEEPSPEED_OFFLOAD_PARAM_DEVICE"), owner=_DS,
+               code="offload_param_device", choices=enums.DEEPSPEED_OFFLOAD_DEVICES, case="lower",
+               file_key=("deepspeed_config", "offload_param_device"),
+               question="Where should parameters be offloaded (ZeRO-3)?", help="Parameter offload device."),
+    _deepspeed("offload_optimizer_nvme_path", env=_pair("DEEPSPEED_OFFLOAD_OPTIMIZER_NVME_PATH"), owner=_DS,
+               code="offload_optimizer_nvme_path", file_key=("deepspeed_config", "offload_optimizer_nvme_path"),
+               help="NVMe path for optimizer offload."),
+    _deepspeed("offload_param_nvme_path", env=_pair("DEEPSPEED_OFFLOAD_PARAM_NVME_PATH"), owner=_DS,
+               code="offload_param_nvme_path", file_key=("deepspeed_config", "offload_param_nvme_path"),
+               help="NVMe path for parameter offload."),
+    _deepspeed("gradient_clipping", "float", env=_pair("GRADIENT_CLIPPING"), owner=_DS, code="gradient_clipping",
+               minimum=0, file_key=("deepspeed_config", "gradient_clipping"),
+               question="Clip gradients to which norm (0: no clipping)?", help="DeepSpeed gradient clipping."),
+    _deepspeed("zero3_init_flag", "bool", env=_pair("DEEPSPEED_ZERO3_INIT"), owner=_DS, code="zero3_init_flag",
+               file_key=("deepspeed_config", "zero3_init_flag"),
+               question="Build transformers models already partitioned (zero3_init_flag, ZeRO-3)?",
+               help="ZeRO-3: transformers builds models partitioned (zero.Init)."),
+    _deepspeed("zero3_save_16bit_model", "bool", env=_pair("DEEPSPEED_ZERO3_SAVE_16BIT_MODEL"), owner=_DS,
+               code="zero3_save_16bit_model", file_key=("deepspeed_config", "zero3_save_16bit_model"),
+               help="ZeRO-3: let DeepSpeed's save_16bit_model gather weights (hasten's save_model gathers them "
+                    "either way)."),
+    _deepspeed("deepspeed_multinode_launcher", choices=enums.DEEPSPEED_MULTINODE_LAUNCHERS,
+               file_key=("deepspeed_config", "deepspeed_multinode_launcher"),
+               unbuilt_values={v: (_DS_LAUNCHER, _DS_LAUNCHER_FIX)
+                               for v in enums.DEEPSPEED_MULTINODE_LAUNCHERS if v != "standard"},
+               help="Multi-node launcher: 'standard' (torchrun) is hasten's; the others are not built."),
+    _ds_launcher("deepspeed_hostfile", file_key=("deepspeed_config", "deepspeed_hostfile"), help="Hostfile."),
+    _ds_launcher("deepspeed_exclusion_filter", file_key=("deepspeed_config", "deepspeed_exclusion_filter"),
+                 help="Hosts to exclude."),
+    _ds_launcher("deepspeed_inclusion_filter", file_key=("deepspeed_config", "deepspeed_inclusion_filter"),
+                 help="Hosts to include."),
+    _deepspeed("deepspeed_moe_layer_cls_names", env=_pair("DEEPSPEED_MOE_LAYER_CLS_NAMES"), owner=_DS,
+               code="transformer_moe_cls_names", file_key=("deepspeed_config", "deepspeed_moe_layer_cls_names"),
+               help="MoE block classes ZeRO-3 keeps whole (comma-separated)."),
+    Setting("deepspeed_allow_jit", "bool", False, env=("HASTEN_DEEPSPEED_ALLOW_JIT",), owner="DeepSpeedBackend",
+            role="environment", help="On a CPU, let DeepSpeed compile its own Adam op on first use (minutes) instead of "
+                                     "refusing it (hasten only)."),
+    _ds_launcher("config_ds_fields", flag=False, env=_pair("CONFIG_DS_FIELDS"),
+                 help="Set by Accelerate's DeepSpeed launcher; hasten checks each value against the DeepSpeed config "
+                      "instead."),
+    # -- fp8 (not built) --------------------------------------------------------------------------------------------
+    Setting("fp8_config", "dict", {}, file_key=("fp8_config",), role="file", built=False,
+            feature="fp8 training (the fp8_config block)", fix=_FP8_FIX, help="FP8 recipe settings."),
+    *(
+        _fp8(f"fp8_{name}", kind, flag=key is not None,
+             env=_pair(f"FP8_{name.upper()}"), file_key=("fp8_config", key) if key else None, file_aliases=aliases,
+             help=text)
+        for name, kind, key, aliases, text in (
+            ("backend", "str", "backend", (), "fp8 library: ao, te or msamp."),
+            ("use_autocast_during_eval", "bool", "use_autocast_during_eval", (), "fp8 autocast in evaluation."),
+            ("margin", "int", "margin", (), "Scaling margin."),
+            ("interval", "int", "interval", (), "Scaling update interval."),
+            ("format", "str", "fp8_format", (), "HYBRID, E4M3 or E5M2."),
+            ("amax_history_len", "int", "amax_history_length", ("amax_history_len",), "amax history length."),
+            ("amax_compute_algo", "str", "amax_compute_algorithm", ("amax_compute_algo",), "max or most_recent."),
+            ("override_linear_precision", "str", "override_linear_precision", (), "Three booleans: fprop,dgrad,wgrad."),
+            ("override_fprop", "bool", None, (), "Keep the forward matmul in higher precision."),
+            ("override_dgrad", "bool", None, (), "Keep the data-gradient matmul in higher precision."),
+            ("override_wgrad", "bool", None, (), "Keep the weight-gradient matmul in higher precision."),
+            ("opt_level", "str", "optimization_level", ("opt_level",), "MS-AMP level O1 or O2."),
+            ("enable_fsdp_float8_all_gather", "bool", "enable_fsdp_float8_all_gather", (), "fp8 all-gather in FSDP."),
+            ("pad_inner_dim", "bool", "pad_inner_dim", (), "Pad inner dimensions for fp8 matmuls."),
+            ("use_mxfp8_block_scaling", "bool", "use_mxfp8_block_scaling", (), "MXFP8 block scaling."),
+        )
+    ),
+    # -- N-D parallelism (not built) ----------------------------------------------------------------------------------
+    Setting("parallelism_config", "dict", {}, file_key=("parallelism_config",), role="file", built=False,
+            prefix="parallelism_config_", feature="N-D parallelism (the parallelism_config block)", fix=_ND_FIX,
+            help="N-D parallelism sizes."),
+    *(
+        _nd(f"parallelism_config_{name}", kind, env=(f"PARALLELISM_CONFIG_{name.upper()}",),
+            file_key=("parallelism_config", f"parallelism_config_{name}"), help=text)
+        for name, kind, text in (
+            ("dp_replicate_size", "int", "Replicated data-parallel size."),
+            ("dp_shard_size", "int", "Sharded data-parallel size."),
+            ("tp_size", "int", "Tensor-parallel size."),
+            ("cp_size", "int", "Context-parallel size."),
+            ("cp_backend", "str", "Context-parallel backend."),
+            ("cp_comm_strategy", "str", "Context-parallel communication strategy."),
+            ("sp_size", "int", "Sequence-parallel size."),
+            ("sp_backend", "str", "Sequence-parallel backend."),
+            ("sp_seq_length", "int", "Sequence length."),
+            ("sp_seq_length_is_variable", "bool", "Variable sequence length."),
+            ("sp_attn_implementation", "str", "Attention implementation."),
+        )
+    ),
+    _nd("allow_cp_standalone", "bool", flag=False, env=_pair("ALLOW_CP_STANDALONE"), requires=None,
+        help="Context parallelism without FSDP."),
+    # -- Megatron-LM (not built) --------------------------------------------------------------------------------------
+    Setting("megatron_lm_config", "dict", {}, file_key=("megatron_lm_config",), role="file", built=False,
+            prefix="megatron_lm_", feature="Megatron-LM (the megatron_lm_config block)", fix=_MEGATRON_FIX,
+            help="Megatron-LM settings."),
+    *(
+        _megatron(f"megatron_lm_{name}", env=(f"MEGATRON_LM_{name.upper()}",),
+                  file_key=("megatron_lm_config", f"megatron_lm_{name}"), help="Megatron-LM setting.")
+        for name in (
+            "tp_degree", "use_custom_fsdp", "no_load_optim", "eod_mask_loss", "overlap_cpu_optimizer_d2h_h2d",
+            "no_save_optim", "optimizer_cpu_offload", "use_precision_aware_optimizer",
+            "decoder_last_pipeline_num_layers", "pp_degree", "num_micro_batches", "sequence_parallelism",
+            "recompute_activations", "use_distributed_optimizer", "gradient_clipping", "recompute_granularity",
+            "recompute_method", "recompute_num_layers", "attention_backend", "expert_model_parallel_size",
+            "context_parallel_size", "attention_dropout", "hidden_dropout", "attention_softmax_in_fp32",
+            "expert_tensor_parallel_size", "calculate_per_token_loss", "use_rotary_position_embeddings",
+        )
+    ),
+    # -- TPU (not built; Accelerate writes the defaults of these keys into every file) ---------------------------------
+    _tpu("tpu_use_cluster", "bool", default=False, flags=("--tpu_cluster",), switch=True,
+         file_key=("tpu_use_cluster",), help="Use a TPU pod."),
+    _tpu("no_tpu_cluster", "bool", switch=True, help="Do not use a TPU pod."),
+    _tpu("tpu_use_sudo", "bool", default=False, switch=True, file_key=("tpu_use_sudo",), help="sudo on TPU workers."),
+    _tpu("vm", "list", append=True, help="TPU VM names."),
+    _tpu("env", "list", append=True, help="Environment variables for TPU workers."),
+    _tpu("tpu_vm", "str_or_list", flag=False, file_key=("tpu_vm",), help="TPU VM names."),
+    _tpu("tpu_env", "str_or_list", flag=False, file_key=("tpu_env",), help="TPU environment."),
+    _tpu("main_training_function", default="main", file_key=("main_training_function",),
+         help="Function a TPU launch calls."),
+    _tpu("downcast_bf16", "bool", default=False, switch=True, file_key=("downcast_bf16",),
+         env=_pair("DOWNCAST_BF16"), help="TPU bf16 downcasting."),
+    _tpu("tpu_name", flag=False, file_key=("tpu_name",), help="TPU name."),
+    _tpu("tpu_zone", flag=False, file_key=("tpu_zone",), help="TPU zone."),
+    _tpu("command_file", flag=False, file_key=("command_file",), help="Commands for TPU workers."),
+    _tpu("commands", "str_or_list", flag=False, file_key=("commands",), help="Commands for TPU workers."),
+    _tpu("in_tpu_pod", "bool", flag=False, env=_pair("IN_TPU_POD"), help="Set inside a TPU pod launch."),
+    # -- MPI and SageMaker (not built) --------------------------------------------------------------------------------
+    Setting("mpirun_config", "dict", {}, file_key=("mpirun_config",), role="file", built=False,
+            feature="mpirun launching (the mpirun_config block)", fix=_MPI_FIX, help="mpirun settings."),
+    _mpi("mpirun_hostfile", file_key=("mpirun_config", "mpirun_hostfile"), help="mpirun hostfile."),
+    _mpi("mpirun_ccl", "any", flag=False, file_key=("mpirun_config", "mpirun_ccl"), help="oneCCL workers."),
+    _sagemaker("aws_access_key_id", help="AWS key id."),
+    _sagemaker("aws_secret_access_key", help="AWS secret key."),
+    _sagemaker("use_sagemaker", "bool", flag=False, env=_pair("USE_SAGEMAKER"), help="Set by the SageMaker launcher."),
+    _sagemaker("sagemaker_distributed_type", flag=False, env=_pair("SAGEMAKER_DISTRIBUTED_TYPE"),
+               choices=tuple(e.value for e in enums.SageMakerDistributedType), help="SageMaker data/model parallel."),
+)
+
+BY_NAME: dict[str, Setting] = {row.name: row for row in SETTINGS}
+BY_DEST: dict[str, Setting] = {row.flag_dest: row for row in SETTINGS if row.flags}
+if len(BY_NAME) != len(SETTINGS):  # pragma: no cover - a table edit that repeats a name
+    raise RuntimeError("hasten.config.settings: two rows share a name")
+
+# Flags that choose how to run; at most one may be given.
+PARADIGM_FLAGS = ("cpu", "multi_gpu", "tpu", "use_deepspeed", "use_fsdp", "use_megatron_lm")
+
+
+def get(name: str) -> Setting:
+    return BY_NAME[name]
+
+
+def resolvable() -> list[Setting]:
+    """Rows whose value `hasten config explain` reports and the precedence resolves."""
+    return [row for row in SETTINGS if row.built and row.role == "setting"]
+
+
+@functools.lru_cache(maxsize=None)
+def file_rows() -> tuple[dict, dict]:
+    """{top-level key: row} and {block: {key: row}} of the config file, from the table (built once)."""
+    top, nested = {}, {}
+    for row in SETTINGS:
+        if not row.file_key:
+            continue
+        row = replace(row, **row.file_override) if row.file_override else row
+        if len(row.file_key) == 1:
+            top[row.file_key[0]] = row
+        else:
+            block, key = row.file_key
+            nested.setdefault(block, {})[key] = row
+            for alias in row.file_aliases:
+                nested[block][alias] = replace(row, file_key=(block, alias))
+    return top, nested
+
+
+def flag_given(args, row: Setting) -> bool:
+    """Whether the command line set this row's flag (flags default to None: "not typed")."""
+    value = getattr(args, row.flag_dest, None)
+    return value is not None and value is not False and value != []
+
+
+def refuse_unbuilt_flags(args) -> None:
+    """One line for the first flag of a feature hasten has not built (or a value of a built flag it has not)."""
+    for row in SETTINGS:
+        if not row.flags or row.role == "option":
+            continue
+        if not flag_given(args, row):
+            continue
+        row.refuse(row.flag_text, getattr(args, row.flag_dest))
+
+
+def refuse_unbuilt_file(values: Mapping | None, path: str | None, *, paradigm_from_flags: bool = False) -> None:
+    """One line for the first key of a checked config file that asks for something hasten has not built.
+
+    With `paradigm_from_flags` (--cpu, --multi_gpu, --use_fsdp typed), the file's distributed_type and its blocks
+    are replaced by the command line, so they cannot ask for anything.
+    """
+    if not values:
+        return
+    top, nested = file_rows()
+    for key, value in values.items():
+        row = top.get(key)
+        if row is None or paradigm_from_flags and (key == "distributed_type" or row.kind == "dict"):
+            continue
+        if row.kind == "dict" and isinstance(value, Mapping):
+            for inner, inner_value in value.items():
+                inner_row = nested.get(key, {}).get(inner)
+                where = f"{path}: {key}.{inner}"
+                if inner_row is None:  # a prefixed block (megatron_lm_config, parallelism_config)
+                    if value and not row.built:
+                        row.refuse(where)
+                    continue
+                if inner_row.is_set(inner_value) or not row.built and inner_value is not None:
+                    inner_row.refuse(where, inner_value)
+            if value and not row.built:
+                row.refuse(f"{path}: {key}")
+            continue
+        if row.is_set(value) or row.choices:
+            row.refuse(f"{path}: {key}", value)
+
+
+def refuse_unbuilt_environment(env: Mapping[str, str]) -> None:
+    """Inside the script: a variable of a feature hasten has not built, or a value it has not built, is refused."""
+    for row in SETTINGS:
+        for variable in row.env:
+            text = env.get(variable)
+            if text is None or text == "":
+                continue
+            if not row.built:
+                try:
+                    on = parse_bool(text) if row.kind == "bool" else True
+                except ValueError:
+                    on = True
+                if on:
+                    row.refuse(f"environment variable {variable}={text!r}")
+            elif row.unbuilt_values:
+                try:
+                    value = row.convert(text)
+                except ValueError:
+                    continue  # a bad value is reported where the setting is read, with its own message
+                row.refuse(f"environment variable {variable}={text!r}", value)
+            break
