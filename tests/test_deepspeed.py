@@ -263,3 +263,69 @@ def test_deepspeeds_own_adamw_compiles_when_allowed_and_trains_like_torch():
 
     result = launch("deepspeed_jit.py", env={"HASTEN_DEEPSPEED_ALLOW_JIT": "1"}, timeout=1800)
     assert "OK jit_adamw" in result.stdout
+
+
+# -- launching --------------------------------------------------------------------------------------------------
+def _plan(*argv):
+    from hasten.commands.launch import launch_command_parser, plan_launch
+
+    return plan_launch(launch_command_parser().parse_args([*argv, "train.py"]))
+
+
+def test_launch_flags_become_the_plugins_variables(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    config = tmp_path / "ds.json"
+    config.write_text(json.dumps(CONFIG))
+    env = _plan("--num_processes", "2", "--use_deepspeed", "--zero_stage", "3", "--gradient_clipping", "1.0",
+                "--deepspeed_config_file", str(config), "--zero3_init_flag", "false").settings.env
+    assert env["HASTEN_USE_DEEPSPEED"] == "true" and env["HASTEN_DEEPSPEED_ZERO_STAGE"] == "3"
+    assert env["HASTEN_DEEPSPEED_CONFIG_FILE"] == str(config) and env["HASTEN_GRADIENT_CLIPPING"] == "1.0"
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    plugin = DeepSpeedPlugin()  # what the script's Accelerator() builds from them
+    assert (plugin.zero_stage, plugin.gradient_clipping, plugin.zero3_init_flag) == (3, 1.0, False)
+    monkeypatch.setenv("HASTEN_GRADIENT_CLIPPING", "0.5")
+    with pytest.raises(ConfigError, match=f"1.0 in DeepSpeed config {config} but 0.5 in "):
+        DeepSpeedPlugin()
+    with pytest.raises(ConfigError, match="DeepSpeed's own multi-node launchers .* --num_machines"):
+        _plan("--use_deepspeed", "--deepspeed_hostfile", "hosts")
+
+
+def test_hasten_config_asks_the_deepspeed_questions(tmp_path, monkeypatch):
+    from hasten.commands.config import Questions, questionnaire
+    from hasten.config import file as config_file
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    answers = iter([
+        "DEEPSPEED", "", "2",   # DeepSpeed, 1 machine, 2 processes
+        "", "3", "", "cpu",     # no JSON file; ZeRO-3; optimizer state kept; parameters offloaded to CPU
+        "4", "0.5", "yes",      # accumulation, clipping, zero3_init_flag
+        "no", "no", "bf16",     # no torch.compile, no debug, bf16
+    ])
+    config = questionnaire(Questions(read=lambda prompt: next(answers), write=lambda text: None),
+                           {"device": "cpu", "device_count": 0, "cpu_cores": 2})
+    assert config["distributed_type"] == "DEEPSPEED" and config["use_cpu"] is True
+    assert config["deepspeed_config"] == {
+        "zero_stage": 3, "offload_optimizer_device": "none", "offload_param_device": "cpu",
+        "gradient_accumulation_steps": 4, "gradient_clipping": 0.5, "zero3_init_flag": True,
+    }
+    config_file.validate(config)
+    path = tmp_path / "hf" / "hasten" / "default_config.yaml"
+    path.parent.mkdir(parents=True)
+    import yaml
+
+    path.write_text(yaml.safe_dump(config))
+    env = _plan().settings.env
+    assert env["HASTEN_USE_DEEPSPEED"] == "true" and env["HASTEN_DEEPSPEED_OFFLOAD_PARAM_DEVICE"] == "cpu"
+    assert env["HASTEN_GRADIENT_ACCUMULATION_STEPS"] == "4" and env["HASTEN_DEEPSPEED_ZERO3_INIT"] == "true"
+
+
+@needs_deepspeed
+def test_a_launched_script_gets_deepspeed_from_the_config_file_and_flags(tmp_path):
+    config = tmp_path / "config.yaml"
+    config.write_text("distributed_type: DEEPSPEED\nnum_processes: 2\nmixed_precision: bf16\ndeepspeed_config:\n"
+                      "  zero_stage: 1\n  gradient_accumulation_steps: 2\n")
+    from launching import launch
+
+    result = launch("deepspeed_launch.py", 1, 0.25, 2, flags=["--config_file", str(config), "--gradient_clipping", "0.25"])
+    assert "OK launch rank 0 main=True" in result.stdout and "OK launch rank 1 main=False" in result.stdout

@@ -66,10 +66,14 @@ def _check_flags(args) -> None:
         raise ConfigError("--module and --no_python cannot be combined: -m runs `python -m`, --no_python runs no python")
     if args.cpu and args.gpu_ids is not None and args.gpu_ids != "all":
         raise ConfigError(f"--cpu and --gpu_ids {args.gpu_ids} cannot be combined: a CPU run uses no GPU")
+
+
+def _check_requirements(args, values: dict) -> None:
+    """A typed flag that means nothing without another setting (from a flag or the config file)."""
     for row in table.SETTINGS:
         if row.requires and row.flags and table.flag_given(args, row):
             needed = table.BY_DEST.get(row.requires) or table.get(row.requires)
-            if getattr(args, needed.flag_dest, None) in (None, False, "no"):
+            if values[needed.name].value in (None, False, "no"):
                 example = f" {needed.example_text()}" if not needed.switch else ""
                 if needed.choices and "inductor" in needed.choices:
                     example = " inductor"
@@ -101,6 +105,8 @@ def resolve_launch(args, env: Mapping[str, str] | None = None) -> LaunchSettings
             for name in FSDP_ENV:
                 if values[name].source == "file":
                     values[name] = Resolved(name, None, "default", "built-in default")
+
+    _check_requirements(args, values)
 
     slurm = slurm_values(env)
     per_task = bool(slurm.get("slurm_per_task"))
