@@ -2,7 +2,7 @@
 
     python -m benchmarks                      # all, at the small sizes below (minutes)
     python -m benchmarks --quick              # all, tiny (the smoke test's size)
-    python -m benchmarks --full               # each benchmark at its own default size (1 GB checkpoint, ...)
+    python -m benchmarks --full               # each benchmark at its own default size (1 GB checkpoint, 2 GB big model, ...)
     python -m benchmarks --only startup,ddp_throughput --output docs/benchmarks.md
 
 With `--output FILE`, a file holding the markers `<!-- benchmark results start -->` and
@@ -33,6 +33,7 @@ OWN = {
     "ddp_throughput": ["--repeats", "3", "--steps", "200"],
     "startup": ["--repeats", "10", "--launch-repeats", "5"],
     "save_load_state": ["--size-mb", "256", "--repeats", "3"],
+    "big_model": ["--size-mb", "512", "--repeats", "2"],
 }
 # Benchmarks written elsewhere, run as scripts when present: their arguments for each size (they have no --quick).
 EXTERNAL = {

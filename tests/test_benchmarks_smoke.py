@@ -110,3 +110,15 @@ def test_runner_rejects_unknown_benchmark():
     result = subprocess.run([sys.executable, "-m", "benchmarks", "--only", "nope"], cwd=REPO, capture_output=True,
                             text=True, timeout=120)
     assert result.returncode == 2 and "unknown benchmark(s) nope" in result.stderr
+
+
+def test_big_model_reports_the_three_rows():
+    out = run_benchmark("-m", "benchmarks.big_model", "--quick")
+    header, *rows = table_rows(out, "Big-model inference")
+    check_sides(header)
+    names = [r[0] for r in rows]
+    assert names[0] == "meta init + load in RAM: time to first output"
+    assert "half of the layers on disk: time to first output" in names
+    assert names[-1] == "forward half on disk / all in RAM"
+    assert rows[-1][header.index("hasten")].endswith("×") and rows[-1][header.index("raw torch")] == "—"
+    assert "outputs of hasten and raw torch agree" in out

@@ -36,6 +36,18 @@ _EXPORTS = {
     "set_seed": "hasten.rng",
     "get_logger": "hasten.logging",
     "load_checkpoint_in_model": "hasten.modeling",
+    # big-model inference (issue 12)
+    "init_empty_weights": "hasten.big_modeling",
+    "init_on_device": "hasten.big_modeling",
+    "cpu_offload": "hasten.big_modeling",
+    "cpu_offload_with_hook": "hasten.big_modeling",
+    "disk_offload": "hasten.big_modeling",
+    "dispatch_model": "hasten.big_modeling",
+    "load_checkpoint_and_dispatch": "hasten.big_modeling",
+    "infer_auto_device_map": "hasten.device_map",
+    "prepare_pippy": "hasten.inference",
+    # -- issue 15, surface --
+    "is_rich_available": "hasten.availability",
 }
 
 __all__ = ["__version__", *_EXPORTS]

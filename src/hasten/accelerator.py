@@ -14,6 +14,7 @@ import torch
 
 from . import operations
 from .backends import backend_name_for, create_backend
+from .compilation import compile_model
 from .config.dataclasses import (
     AutocastKwargs,
     DataLoaderConfiguration,
@@ -328,13 +329,19 @@ class Accelerator:
             return model
         if device_placement is None:
             device_placement = self.device_placement
+        if self.verify_device_map(model):  # dispatched over several devices: its hooks place the weights
+            if self.distributed_type != DistributedType.NO and not env_flag("BYPASS_DEVICE_MAP"):
+                raise ConfigError("prepare() got a model dispatched with a device map over several devices, which "
+                                  "cannot train in a distributed run; launch one process (or set "
+                                  "HASTEN_BYPASS_DEVICE_MAP=1)")
+            device_placement = False
         if any(p.is_meta for p in model.parameters()) and device_placement:
             raise ConfigError("prepare() got a model with parameters on the meta device; load its weights first")
         self.precision.wrap_forward(model)
         model = self._backend.prepare_model(model, device_placement=device_placement, evaluation_mode=evaluation_mode)
         plugin = self.state.dynamo_plugin
         if plugin is not None and plugin.backend != DynamoBackend.NO and not _is_compiled(model):
-            model = torch.compile(model, **plugin.to_kwargs())
+            model = compile_model(model, plugin)
         model._is_accelerate_prepared = True
         self._models.append(model)
         return model

@@ -647,3 +647,12 @@ def write_weights(state_dict: dict, save_directory: str, max_bytes: int, safe_se
 def _write_text(path: str, text: str) -> None:
     with open(path, "w") as handle:
         handle.write(text)
+
+
+# Accelerate's standalone functions (`accelerate.checkpointing.save_accelerator_state`, ...) live in their own module.
+from .checkpoint_functions import (  # noqa: E402,F401
+    load_accelerator_state,
+    load_custom_state,
+    save_accelerator_state,
+    save_custom_state,
+)

@@ -741,3 +741,6 @@ def gather_for_metrics(input_data, use_gather_object: bool = False):
         return data
     except Exception:  # noqa: BLE001 - Accelerate's contract: never fail after the gather succeeded
         return data
+
+
+from .loader_adapter import DataLoaderAdapter  # noqa: E402,F401 - Accelerate's path for it

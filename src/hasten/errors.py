@@ -39,3 +39,11 @@ class TrackerError(HastenError, RuntimeError):
 
 class NotBuiltError(ConfigError, NotSupportedYetError):
     """A setting (or one value of it) that hasten knows by name but has not built yet: refused, never ignored."""
+
+
+class DeviceMapError(HastenError, ValueError):
+    """A device map, a memory budget or a big-model loading argument is wrong."""
+
+
+class OffloadError(HastenError, ValueError):
+    """Offloaded weights cannot be written or found (no offload folder, a missing index, a bad file)."""

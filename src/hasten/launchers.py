@@ -128,6 +128,13 @@ def _launch_function(function, args, nproc, env, *, master_addr, port, node_rank
                 os.environ[key] = value
 
 
+def test_launch():
+    """Check that this process can set up its distributed state (what `accelerate test` first runs)."""
+    from .state import PartialState
+
+    return PartialState()
+
+
 def notebook_launcher(function, args=(), num_processes=None, mixed_precision="no", use_port="29500",
                       master_addr="127.0.0.1", node_rank=0, num_nodes=1, rdzv_backend="static", rdzv_endpoint="",
                       rdzv_conf=None, rdzv_id="none", max_restarts=0, monitor_interval=0.1,

@@ -136,4 +136,15 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         return f"AcceleratedOptimizer({self.optimizer!r})"
 
 
-__all__ = ["AcceleratedOptimizer", "move_to_device", "send_to_device"]
+def patch_optimizer_step(accelerated_optimizer: AcceleratedOptimizer, method):
+    """`method` wrapped so that calling it records on `accelerated_optimizer` that a step ran
+    (`_accelerate_step_called`); schedulers use the flag to tell a real step from one fp16 overflow skipped."""
+
+    def patched_step(*args, **kwargs):
+        accelerated_optimizer._accelerate_step_called = True
+        return method(*args, **kwargs)
+
+    return patched_step
+
+
+__all__ = ["AcceleratedOptimizer", "move_to_device", "patch_optimizer_step", "send_to_device"]

@@ -92,3 +92,39 @@ def remove_precision_wrapper(model: torch.nn.Module) -> torch.nn.Module:
         del model._original_forward
         model._hasten_precision_wrapped = False
     return model
+
+
+# -- Accelerate's standalone helpers (`accelerate.utils.get_grad_scaler`, ...) ------------------------------------
+def get_grad_scaler(distributed_type=None, **kwargs):
+    """A gradient scaler for this process's device (kwargs go to its constructor).
+
+    FSDP gets torch's `ShardedGradScaler`. Elsewhere the scaler is made for the device hasten runs on, so a
+    CPU run gets a working CPU scaler (Accelerate 1.15 hands it a CUDA scaler that disables itself).
+    """
+    from .availability import is_torch_version
+    from .enums import DistributedType
+    from .state import PartialState
+
+    device_type = PartialState().device.type
+    if distributed_type == DistributedType.FSDP:
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+        return ShardedGradScaler(**{"device": device_type, **kwargs})
+    if device_type == "mps" and not is_torch_version(">=", "2.8.0"):
+        raise ConfigError("a gradient scaler on MPS needs torch >= 2.8; use mixed_precision='bf16' or upgrade torch")
+    return torch.amp.GradScaler(device_type, **kwargs)
+
+
+def get_mixed_precision_context_manager(native_amp: bool = False, autocast_kwargs=None):
+    """The autocast context of the run's mixed precision (`AcceleratorState().mixed_precision`): fp16 or bf16
+    (fp8 runs compute the rest in bf16); a do-nothing context when `native_amp` is False."""
+    if not native_amp:
+        return contextlib.nullcontext()
+    from .state import AcceleratorState
+
+    state = AcceleratorState()
+    kwargs = autocast_kwargs.to_kwargs() if autocast_kwargs is not None else {}
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.bfloat16}.get(state.mixed_precision)
+    if dtype is not None:
+        kwargs["dtype"] = dtype
+    return torch.autocast(device_type=state.device.type, **kwargs)

@@ -13,6 +13,9 @@ COMMANDS = {
     "test": ("hasten.commands.test", "Run a short self-check of distributed training with your configuration."),
     "estimate-memory": ("hasten.commands.estimate", "Estimate a model's memory for inference and training."),
     "merge-weights": ("hasten.commands.merge_weights", "Merge a sharded FSDP checkpoint into model.safetensors."),
+    "to-fsdp2": ("hasten.commands.to_fsdp2", "Rewrite a config file's FSDP1 settings for FSDP2."),
+    "tpu-config": ("hasten.commands.tpu", "Accelerate's TPU pod command: refused, hasten has no TPU backend."),
+    "alias": ("hasten.commands.alias", "Let `import accelerate` load hasten (install/remove/status), for transformers."),
 }
 
 

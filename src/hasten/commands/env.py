@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import platform
 import sys
@@ -50,17 +51,106 @@ def _config_summary(config_file):
         return f"{config_file or 'the default config file'} cannot be read: {error}"
 
 
+_SECTIONS = (
+    ("hasten", ("`hasten` version", "`hasten` bash location")),
+    ("Platform", ("Platform", "Python version", "Numpy version", "PyTorch version", "PyTorch accelerator",
+                  "System RAM", "GPU type", "GPU count")),
+)
+# optional libraries whose versions matter in a bug report, shown when installed
+_LIBRARIES = ("accelerate", "transformers", "datasets", "peft", "deepspeed", "safetensors", "tensorboard", "wandb",
+              "mlflow", "torchvision", "tqdm", "rich")
+
+
+def _installed_libraries() -> dict:
+    import importlib.metadata
+
+    found = {}
+    for name in _LIBRARIES:
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return found
+
+
+def collect_sections(info: dict) -> list:
+    """`info` grouped for display: [(title, [(key, value), ...]), ...]; nothing of `info` is left out."""
+    shown, sections = set(), []
+    for title, keys in _SECTIONS:
+        rows = [(key, info[key]) for key in keys if key in info]
+        shown.update(key for key, _ in rows)
+        sections.append((title, rows))
+    libraries = _installed_libraries()
+    if libraries:
+        sections.append(("Installed libraries", list(libraries.items())))
+    variables = [(key, value) for key, value in info.items() if key.startswith("env ")]
+    shown.update(key for key, _ in variables)
+    sections.append(("Environment variables", variables or [("(none set)", "")]))
+    config = info.get("Config file")
+    shown.add("Config file")
+    if isinstance(config, dict):
+        sections.append(("Config file", [(key, value) for key, value in config.items()]))
+    else:
+        sections.append(("Config file", [("Config file", config)]))
+    rest = [(key, value) for key, value in info.items() if key not in shown]
+    if rest:
+        sections.append(("Other", rest))
+    return sections
+
+
+def render_plain(sections: list) -> str:
+    """A text table: one block per section, keys right-aligned against their values (`key: value`)."""
+    width = max((len(str(key)) for _, rows in sections for key, _ in rows), default=0)
+    lines = []
+    for title, rows in sections:
+        lines += ["", title, "-" * len(title)]
+        lines += [f"{str(key).rjust(width)}: {value}" if value != "" else str(key).rjust(width) for key, value in rows]
+    return "\n".join(lines[1:])
+
+
+def print_rich(sections: list, console=None) -> None:
+    """The sections as one rich table (rich must be installed)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="hasten environment", show_header=False, title_justify="left")
+    table.add_column("key", style="bold", justify="right")
+    table.add_column("value", overflow="fold")
+    for title, rows in sections:
+        table.add_section()
+        table.add_row(f"[cyan]{title}[/cyan]", "")
+        for key, value in rows:
+            table.add_row(str(key), str(value))
+    (console or Console()).print(table)
+
+
+def render_markdown(info: dict) -> str:
+    """The list Accelerate's `accelerate env` prints, for pasting into a GitHub issue."""
+    lines = []
+    for key, value in info.items():
+        if isinstance(value, dict):
+            lines.append(f"- {key}:")
+            lines += [f"\t- {k}: {v}" for k, v in value.items()]
+        else:
+            lines.append(f"- {key}: {value}")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="hasten env", description="Print environment information for bug reports.")
     parser.add_argument("--config_file", "--config-file", default=None, help="Config file to show.")
+    parser.add_argument("--markdown", action="store_true",
+                        help="Print a Markdown list (as `accelerate env` does) instead of a table.")
     args = parser.parse_args(argv)
     info = collect_info(args.config_file)
-    print("\nCopy-and-paste the text below in your GitHub issue\n")
-    for key, value in info.items():
-        if isinstance(value, dict):
-            print(f"- {key}:")
-            for k, v in value.items():
-                print(f"\t- {k}: {v}")
-        else:
-            print(f"- {key}: {value}")
+    if args.markdown:
+        print("\nCopy-and-paste the text below in your GitHub issue\n")
+        print(render_markdown(info))
+        return 0
+    sections = collect_sections(info)
+    # rich draws boxes and colours for a person at a terminal; piped output stays plain text for pasting/grepping
+    if sys.stdout.isatty() and importlib.util.find_spec("rich") is not None:
+        print_rich(sections)
+    else:
+        print(render_plain(sections))
     return 0

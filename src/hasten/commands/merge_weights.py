@@ -23,17 +23,27 @@ def merge_weights_parser(subparsers=None) -> argparse.ArgumentParser:
                         help="Write pytorch_model.bin with torch.save instead of model.safetensors.")
     parser.add_argument("--remove_checkpoint_dir", action="store_true",
                         help="Delete the sharded folder after a successful merge.")
+    if subparsers is not None:
+        parser.set_defaults(func=merge_command)
     return parser
+
+
+merge_command_parser = merge_weights_parser  # Accelerate's name (accelerate.commands.merge)
+
+
+def merge_command(args):
+    """Run the merge for parsed arguments; raises CheckpointError on a bad checkpoint folder."""
+    from ..backends.fsdp_checkpoint import merge_fsdp_weights
+
+    return merge_fsdp_weights(args.checkpoint_directory, args.output_path,
+                              safe_serialization=not args.unsafe_serialization,
+                              remove_checkpoint_dir=args.remove_checkpoint_dir)
 
 
 def main(argv=None) -> int:
     args = merge_weights_parser().parse_args(argv)
-    from ..backends.fsdp_checkpoint import merge_fsdp_weights
-
     try:
-        target = merge_fsdp_weights(args.checkpoint_directory, args.output_path,
-                                    safe_serialization=not args.unsafe_serialization,
-                                    remove_checkpoint_dir=args.remove_checkpoint_dir)
+        target = merge_command(args)
     except CheckpointError as error:
         print(f"hasten merge-weights: {error}", file=sys.stderr)
         return 1

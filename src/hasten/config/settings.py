@@ -356,8 +356,7 @@ SETTINGS: tuple[Setting, ...] = (
     _dynamo("use_dynamic", "bool", "dynamic", switch=True, requires="dynamo_backend",
             question="Use dynamic shapes?", help="Dynamic shapes."),
     _dynamo("use_regional_compilation", "bool", "use_regional_compilation", default=False, switch=True,
-            requires="dynamo_backend", help="Compile repeated blocks once.",
-            unbuilt_values={True: ("regional compilation", "leave it off: hasten compiles the whole model")}),
+            requires="dynamo_backend", help="Compile repeated blocks once."),
     # -- training paradigm --------------------------------------------------------------------------------------
     Setting("use_fsdp", "bool", False, flags=("--use_fsdp",), switch=True, distributed_type="FSDP",
             owner="Accelerator", group="Training paradigm", help="Shard the model with FSDP.",

@@ -5,11 +5,14 @@ from __future__ import annotations
 import os
 import platform
 import socket
-import sys
-from contextlib import contextmanager
 
 import torch
 
+from ..checkpoint_functions import clean_state_dict_for_safetensors  # noqa: F401
+from ..compilation import compile_regions, compile_regions_deepspeed, compile_regions_fsdp2, has_compiled_regions  # noqa: F401
+from ..config.file import write_basic_config  # noqa: F401
+from ..env_tools import are_libraries_initialized, clear_environment, patch_environment  # noqa: F401
+from ..operations import wait_for_everyone  # noqa: F401
 from ..state import PartialState
 
 
@@ -17,35 +20,6 @@ def is_port_in_use(port: int | None = None) -> bool:
     port = port or 29500
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         return sock.connect_ex(("localhost", port)) == 0
-
-
-@contextmanager
-def patch_environment(**kwargs):
-    """Set environment variables (upper-cased keys, str values) for a block, then restore them."""
-    saved = {}
-    for key, value in kwargs.items():
-        key = key.upper()
-        saved[key] = os.environ.get(key)
-        os.environ[key] = str(value)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
-@contextmanager
-def clear_environment():
-    saved = dict(os.environ)
-    os.environ.clear()
-    try:
-        yield
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
 
 
 def merge_dicts(source: dict, destination: dict) -> dict:
@@ -111,10 +85,6 @@ def save(obj, f, save_on_each_node: bool = False, safe_serialization: bool = Fal
 def load(f, map_location=None, **kwargs):
     kwargs.setdefault("weights_only", True)
     return torch.load(f, map_location=map_location, **kwargs)
-
-
-def are_libraries_initialized(*library_names: str) -> list:
-    return [name for name in library_names if name in sys.modules]
 
 
 def check_os_kernel() -> None:

@@ -1,0 +1,123 @@
+"""Accelerate's launch helpers (`accelerate.utils.launch`): the command and environment a launch would use.
+
+They resolve a parsed `hasten launch` command line exactly as `hasten launch` does (`commands.launch.plan_launch`:
+flags, then environment, then config file), so what they return is what the launcher runs.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from .enums import DistributedType
+from .environment import parse_int
+from .errors import ConfigError
+
+# distributed types whose processes find their rank from LOCAL_RANK/RANK
+_RANKED_TYPES = (
+    DistributedType.MULTI_GPU, DistributedType.MULTI_MLU, DistributedType.MULTI_MUSA, DistributedType.MULTI_NPU,
+    DistributedType.MULTI_XPU, DistributedType.MULTI_CPU, DistributedType.MULTI_NEURON,
+)
+
+
+def _with_launch_defaults(args):
+    """`args` with every `hasten launch` option it lacks set to the parser's default (callers, like Accelerate's
+    own tests, build the Namespace by hand with Accelerate's fields only)."""
+    from .commands.launch import launch_command_parser
+
+    defaults = vars(launch_command_parser().parse_args(["script.py"]))
+    for name, value in defaults.items():
+        if not hasattr(args, name):
+            setattr(args, name, value)
+        elif value is None and getattr(args, name) is False:
+            setattr(args, name, None)  # an unset on/off flag, in hasten's terms ("not typed")
+    return args
+
+
+def _plan(args):
+    from .commands.launch import plan_launch
+
+    args = _with_launch_defaults(args)
+    if getattr(args, "no_python", False) and getattr(args, "module", False):
+        raise ConfigError("--module and --no_python cannot be used together; pass one of them")
+    return plan_launch(args)
+
+
+def _script_command(args) -> list:
+    command = [] if args.no_python else [sys.executable, *(["-m"] if args.module else [])]
+    return [*command, args.training_script, *args.training_script_args]
+
+
+def prepare_simple_launcher_cmd_env(args) -> tuple:
+    """(command, environment) to run the script as one process: `[python, script, *script_args]` and a copy of
+    `os.environ` with the run's settings added (the `HASTEN_*` variables `hasten launch` exports)."""
+    plan = _plan(args)
+    return _script_command(args), {**os.environ, **plan.env}
+
+
+def prepare_multi_gpu_env(args) -> dict:
+    """The environment for a torchrun launch of `args`, a copy of `os.environ` with the run's settings added.
+
+    As in Accelerate, torchrun's own options are also set on `args` (`nproc_per_node`, `nnodes`, `node_rank`,
+    `master_addr`, `master_port`, `rdzv_backend`, `rdzv_endpoint`, `rdzv_conf`, `max_restarts`,
+    `monitor_interval`), so `torch.distributed.run.run(args)` can start the processes. The port is chosen as
+    `hasten launch` chooses it: `main_process_port=0` (or no port on one machine) takes a free one, and a port
+    already in use on the main machine is a `LaunchError`.
+    """
+    from .commands.launch import _resolve_port
+
+    plan = _plan(args)
+    port = _resolve_port(plan)  # as `hasten launch`: 0 (or none, on one machine) picks a free port
+    args.nproc_per_node = str(plan.nproc_per_node)
+    args.nnodes = str(plan.num_machines)
+    args.node_rank = plan.machine_rank
+    args.master_addr = plan.main_process_ip
+    args.master_port = str(port)
+    args.rdzv_backend = plan.rdzv_backend
+    args.rdzv_endpoint = f"{plan.main_process_ip}:{port}" if plan.rdzv_backend != "static" or plan.num_machines > 1 else ""
+    args.rdzv_conf = ",".join(f"{k}={v}" for k, v in plan.rdzv_conf.items())
+    args.max_restarts = plan.max_restarts
+    args.monitor_interval = plan.monitor_interval
+    return {**os.environ, **plan.env}
+
+
+def env_var_path_add(env_var_name: str, path_to_add: str) -> str:
+    """`os.environ[env_var_name]` (a `:`-separated list of paths) with `path_to_add` appended; the result is
+    returned, the environment is not changed."""
+    paths = [p for p in os.environ.get(env_var_name, "").split(":") if p]
+    paths.append(str(path_to_add))
+    return ":".join(paths)
+
+
+class PrepareForLaunch:
+    """`launcher` made ready to be started as process number `index` of a forked group.
+
+    Called as `(index, *args)`. With `debug=True` it joins a gloo group through the file named by
+    `ACCELERATE_DEBUG_RDV_FILE` (or `HASTEN_DEBUG_RDV_FILE`), `WORLD_SIZE` processes in all; for the
+    multi-device distributed types it sets `LOCAL_RANK=index` and `RANK=NPROC*NODE_RANK+index`. It always
+    sets `FORK_LAUNCHED=1`, then calls `launcher(*args)`.
+    """
+
+    def __init__(self, launcher, distributed_type="NO", debug: bool = False):
+        self.launcher = launcher
+        self.distributed_type = DistributedType(distributed_type)
+        self.debug = debug
+
+    def __call__(self, index: int, *args):
+        if self.debug:
+            import torch.distributed as dist
+
+            store_file = os.environ.get("HASTEN_DEBUG_RDV_FILE") or os.environ.get("ACCELERATE_DEBUG_RDV_FILE")
+            if not store_file or "WORLD_SIZE" not in os.environ:
+                raise ConfigError("PrepareForLaunch(debug=True) needs WORLD_SIZE and ACCELERATE_DEBUG_RDV_FILE "
+                                  "(a file path every process can reach) in the environment")
+            world_size = parse_int(os.environ["WORLD_SIZE"], minimum=1)
+            dist.init_process_group("gloo", rank=index, world_size=world_size,
+                                    store=dist.FileStore(store_file, world_size))
+        elif self.distributed_type in _RANKED_TYPES:
+            nproc = parse_int(os.environ.get("NPROC", 1), minimum=1)
+            node_rank = parse_int(os.environ.get("NODE_RANK", 0), minimum=0)
+            os.environ["LOCAL_RANK"] = str(index)
+            os.environ["RANK"] = str(nproc * node_rank + index)
+        os.environ["FORK_LAUNCHED"] = "1"
+        return self.launcher(*args)

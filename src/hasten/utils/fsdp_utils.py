@@ -1,0 +1,14 @@
+"""Accelerate's `utils.fsdp_utils` path; the code lives in `hasten.fsdp_functions` and `hasten.backends`."""
+
+from ..fsdp_functions import (  # noqa: F401
+    disable_fsdp_ram_efficient_loading,
+    enable_fsdp_ram_efficient_loading,
+    fsdp2_canonicalize_names,
+    fsdp2_switch_optimizer_parameters,
+    get_fsdp2_grad_scaler,
+    load_fsdp_model,
+    load_fsdp_optimizer,
+    merge_fsdp_weights,
+    save_fsdp_model,
+    save_fsdp_optimizer,
+)

@@ -1,0 +1,8 @@
+"""Accelerate's `utils.launch` path; the code lives in `hasten.launch_env`."""
+
+from ..launch_env import (  # noqa: F401
+    PrepareForLaunch,
+    env_var_path_add,
+    prepare_multi_gpu_env,
+    prepare_simple_launcher_cmd_env,
+)

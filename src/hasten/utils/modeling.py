@@ -1,0 +1,38 @@
+"""Accelerate's `accelerate.utils.modeling` path: an index over hasten's rooms (no logic here)."""
+
+from ..device_map import (  # noqa: F401
+    calculate_maximum_sizes,
+    check_device_map,
+    check_tied_parameters_in_config,
+    check_tied_parameters_on_same_device,
+    clean_device_map,
+    compute_module_sizes,
+    compute_module_total_buffer_size,
+    convert_file_size_to_int,
+    dtype_byte_size,
+    fallback_allocate,
+    find_tied_parameters,
+    get_balanced_memory,
+    get_max_layer_size,
+    get_max_memory,
+    get_module_leaves,
+    get_module_size_with_ties,
+    infer_auto_device_map,
+)
+from ..precision import get_grad_scaler, get_mixed_precision_context_manager  # noqa: F401
+from ..modeling import (  # noqa: F401
+    align_module_device,
+    get_non_persistent_buffers,
+    get_state_dict_from_offload,
+    get_state_dict_offloaded_model,
+    has_offloaded_params,
+    id_tensor_storage,
+    is_peft_model,
+    load_checkpoint_in_model,
+    load_offloaded_weights,
+    load_state_dict,
+    named_module_tensors,
+    retie_parameters,
+    set_module_tensor_to_device,
+)
+from ..offload import offload_weight, save_offload_index  # noqa: F401

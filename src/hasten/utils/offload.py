@@ -1,0 +1,11 @@
+"""Accelerate's `accelerate.utils.offload` path: an index over `hasten.offload` (no logic here)."""
+
+from ..offload import (  # noqa: F401
+    OffloadedWeightsLoader,
+    PrefixedDataset,
+    extract_submodules_state_dict,
+    load_offloaded_weight,
+    offload_state_dict,
+    offload_weight,
+    save_offload_index,
+)

@@ -1,0 +1,3 @@
+"""Accelerate's `utils.versions` path; the code lives in `hasten.availability`."""
+
+from ..availability import compare_versions, is_torch_version, torch_version  # noqa: F401
