@@ -124,9 +124,13 @@ class DeepSpeedBackend(Backend):
         op = _CPU_JIT_OPTIMIZERS.get(kind)
         if op is None or (kind in ("adam", "adamw") and params.get("torch_adam")):
             return
-        from ..config.resolve import runtime_value
+        from ..environment import parse_bool
 
-        if runtime_value("deepspeed_allow_jit").value or _op_is_built(op):
+        try:
+            allowed = parse_bool(os.environ.get(_ALLOW_JIT_VARIABLE) or "0")
+        except ValueError:
+            raise ConfigError(f"{_ALLOW_JIT_VARIABLE}={os.environ[_ALLOW_JIT_VARIABLE]!r} is not true or false") from None
+        if allowed or _op_is_built(op):
             return
         raise ConfigError(
             f"DeepSpeed optimizer {kind!r} on a CPU needs the C++ op {op!r}, compiled on first use (4-5 minutes, not "
