@@ -403,7 +403,13 @@ class DeepSpeedBackend(Backend):
     def _engines(self, models) -> list:
         return [m if _is_engine(m) else self._engine_of.get(m) for m in models]
 
-    def save_checkpoint_files(self, models, optimizers, folder, **kwargs):
+    def save_model_and_optimizer(self, folder, models, optimizers, *, writer=True, rank=0, safe_serialization=True,
+                                 before_write=None, **save_model_func_kwargs) -> list:
+        """Each engine writes DeepSpeed's own checkpoint (tags `pytorch_model`, `pytorch_model_1`, ...: module,
+        optimizer and DeepSpeed scheduler state, every process its shards) into `folder`, hasten's temporary folder
+        that the caller commits whole. Returns the names this process wrote."""
+        if before_write is not None:
+            before_write([])  # the engines write their own files: no state dicts for pre-hooks to change
         if not GradientState().sync_gradients:
             raise CheckpointError(
                 "save_state() in the middle of a gradient accumulation window: DeepSpeed's checkpoint does not hold "
@@ -412,20 +418,29 @@ class DeepSpeedBackend(Backend):
         names = []
         for i, engine in enumerate(self._engines(models)):
             tag = MODEL_TAG if i == 0 else f"{MODEL_TAG}_{i}"
-            engine.save_checkpoint(folder, tag=tag, **kwargs)
+            engine.save_checkpoint(folder, tag=tag, **save_model_func_kwargs)
             names.append(tag)
-        if dist.get_rank() == 0:
+        if dist.get_rank() == 0:  # DeepSpeed's `latest` file and zero_to_fp32.py
             names += [n for n in os.listdir(folder) if n not in names and os.path.isfile(os.path.join(folder, n))]
         return names
 
-    def load_checkpoint_files(self, models, optimizers, folder, **kwargs):
+    def load_model_and_optimizer(self, folder, models, optimizers, *, map_location="cpu", load_kwargs=None,
+                                 strict=True, **load_model_func_kwargs) -> None:
+        load_model_func_kwargs.setdefault("load_module_strict", strict)
         for i, engine in enumerate(self._engines(models)):
             tag = MODEL_TAG if i == 0 else f"{MODEL_TAG}_{i}"
             if not os.path.isdir(os.path.join(folder, tag)):
                 raise CheckpointError(f"{folder} holds no DeepSpeed checkpoint {tag!r} for model {i}")
-            path, _ = engine.load_checkpoint(folder, tag=tag, **kwargs)
+            path, _ = engine.load_checkpoint(folder, tag=tag, **load_model_func_kwargs)
             if path is None:
                 raise CheckpointError(f"DeepSpeed could not load checkpoint {tag!r} from {folder}")
+
+    # The checkpoint protocol of this hasten version (until the one-pair protocol above lands in the facade).
+    def save_checkpoint_files(self, models, optimizers, folder, **kwargs):
+        return self.save_model_and_optimizer(folder, models, optimizers, **kwargs)
+
+    def load_checkpoint_files(self, models, optimizers, folder, **kwargs):
+        self.load_model_and_optimizer(folder, models, optimizers, **kwargs)
 
     def full_state_dict(self, model, unwrap=True):
         engine = model if _is_engine(model) else self._engine_of.get(model)
