@@ -113,6 +113,12 @@ def check_accumulation():
     state = accelerator.get_state_dict(model)
     difference = max_difference(state, reference(STEPS, num_processes=2))
     assert difference < FP32_TOLERANCE, f"accumulation differs from the larger batch by {difference}"
+    try:  # DeepSpeed clips inside its step: a different max_norm cannot be honoured, so it is refused
+        accelerator.clip_grad_norm_(model.parameters(), 0.5)
+    except ConfigError as error:
+        assert "gradient_clipping=1.0" in str(error) and "max_norm=0.5" in str(error), error
+    else:
+        raise AssertionError("clip_grad_norm_ with another max_norm than the config's must be refused")
     print("OK accumulation", flush=True)
 
 
