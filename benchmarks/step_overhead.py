@@ -152,10 +152,11 @@ def run(args) -> list[Table]:
     if with_accelerate:
         columns += ["accelerate / raw", "hasten / accelerate"]
     table = Table("Per-step overhead (time per micro-step, median)", columns)
-    for model_name, make in MODELS.items():
+    models = {name: make for name, make in MODELS.items() if args.model in (None, _key(name))}
+    for model_name, make in models.items():
         steps = (16 if quick else 240) if model_name == "tiny MLP" else (8 if quick else 24)
-        for precision in PRECISIONS:
-            for ga in ACCUMULATION:
+        for precision in args.precision or PRECISIONS:
+            for ga in args.ga or ACCUMULATION:
                 _, _, _, x_shape, y_shape = _fresh(make, quick)
                 batches = _batches(x_shape, y_shape, steps)
                 # Build the Accelerate side before hasten's: each resets only its own library's state.
@@ -195,9 +196,19 @@ def _cell(per_step: float, samples) -> str:
     return fmt_time(per_step) + ("" if rel != rel else f" ±{rel * 100:.0f}%")
 
 
+def _key(model_name: str) -> str:
+    return model_name.split()[-1].lower()  # "tiny MLP" -> "mlp", "small transformer" -> "transformer"
+
+
 def build_parser():
     parser = base_parser(__doc__.splitlines()[0])
     add_clock_option(parser)
+    parser.add_argument("--model", choices=[_key(name) for name in MODELS], default=None,
+                        help="measure one model only (default: both)")
+    parser.add_argument("--precision", choices=PRECISIONS, action="append", default=None,
+                        help="mixed precision to measure; repeat for several (default: no and bf16)")
+    parser.add_argument("--ga", type=int, action="append", default=None,
+                        help="gradient accumulation steps to measure; repeat for several (default: 1 and 4)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch intra-op threads (default 1: steadier timings on a shared machine)")
     return parser

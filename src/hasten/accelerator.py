@@ -31,7 +31,7 @@ from .enums import DistributedType, DynamoBackend
 from .config.resolve import runtime_value
 from .config.settings import refuse_unbuilt_environment
 from .errors import ConfigError, NotSupportedYetError
-from .precision import MixedPrecision
+from .precision import PrecisionPolicy
 from .state import AcceleratorState, GradientState, PartialState
 
 _NOT_PASSED = object()
@@ -114,8 +114,14 @@ class Accelerator:
             mixed_precision=mixed_precision, cpu=cpu, dynamo_plugin=dynamo_plugin, fsdp_plugin=fsdp_plugin,
             deepspeed_plugin=deepspeed_plugins, _from_accelerator=True, **init_kwargs,
         )
+        precision = PrecisionPolicy.from_setting(self.state.mixed_precision, self.device, self.autocast_handler,
+                                                 self.scaler_handler)
         backend_name = backend_name_for(self.distributed_type, self.num_processes)
-        self._backend = create_backend(backend_name, self.state, ddp_kwargs=self.ddp_handler, plugin=fsdp_plugin)
+        self._backend = create_backend(backend_name, self.state, precision=precision, ddp_kwargs=self.ddp_handler,
+                                       plugin=fsdp_plugin)
+        # The backend's view of precision: one whose engine applies it (DeepSpeed) keeps hasten's autocast off.
+        self.precision = self._backend.precision
+        self.scaler = self._backend.make_grad_scaler()
 
         # The launcher's value replaces the argument, as in Accelerate (the table's precedence says so).
         steps = runtime_value("gradient_accumulation_steps", gradient_accumulation_steps)
@@ -144,11 +150,11 @@ class Accelerator:
         self.device_placement = device_placement
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.rng_types = ["generator"] if rng_types is None else list(rng_types)
-        precision = "no" if self._backend.handles_mixed_precision else self.state.mixed_precision
-        self.precision = MixedPrecision(precision, self.device, self.autocast_handler, self.scaler_handler,
-                                        scaler_factory=getattr(self._backend, "grad_scaler_factory", None))
-        self.scaler = self.precision.scaler
         self.native_amp = self.precision.native_amp
+        # Decided once, read on every micro-step: without a scaler or a backend that owns backward, `backward` is
+        # `loss.backward()` itself; in one process, `accumulate` has no gradient sync to hold back.
+        self._plain_backward = self.scaler is None and self._backend.plain_backward
+        self._holds_back_sync = self.use_distributed
         self.fp8_enabled = False
         self.has_lomo_optimizer = False
         self.flag_tensor = None
@@ -353,7 +359,7 @@ class Accelerator:
             return optimizer
         if device_placement is None:
             device_placement = self.device_placement
-        wrapped = self._backend.wrap_optimizer(optimizer, device_placement=device_placement, scaler=self.scaler)
+        wrapped = self._backend.prepare_optimizer(optimizer, device_placement=device_placement, scaler=self.scaler)
         wrapped._is_accelerate_prepared = True
         self._optimizers.append(wrapped)
         return wrapped
@@ -363,8 +369,10 @@ class Accelerator:
             if scheduler not in self._schedulers:
                 self._schedulers.append(scheduler)
             return scheduler
-        wrapped = self._backend.wrap_scheduler(scheduler, self._optimizers, self.step_scheduler_with_optimizer,
-                                               self.split_batches)
+        # The backend finds the prepared optimizer that owns the scheduler's (and refuses one that has none).
+        wrapped = self._backend.prepare_scheduler(scheduler, list(self._optimizers),
+                                                  step_with_optimizer=self.step_scheduler_with_optimizer,
+                                                  split_batches=self.split_batches)
         wrapped._is_accelerate_prepared = True
         self._schedulers.append(wrapped)
         return wrapped
@@ -400,13 +408,16 @@ class Accelerator:
     def backward(self, loss, **kwargs):
         """`loss.backward()`, divided by the accumulation steps and scaled for fp16."""
         steps = self.gradient_state.num_steps
-        if steps != 1 and not self._backend.scales_loss_itself:
-            loss = loss / steps
-        self._backend.backward(loss, scaler=self.scaler, **kwargs)
+        if self._plain_backward:  # runs on every micro-step: no call into the backend when it would add nothing
+            (loss / steps if steps != 1 else loss).backward(**kwargs)
+            return
+        self._backend.backward(loss, accumulation_steps=steps, scaler=self.scaler, **kwargs)
 
     def _do_sync(self) -> None:
+        """Decide, once per micro-step, whether this one synchronises gradients; the prepared optimizers and
+        schedulers only read the answer (`gradient_state.sync_gradients`)."""
         state = self.gradient_state
-        if state.sync_with_dataloader and state.end_of_dataloader:
+        if state._dataloader_references and state.sync_with_dataloader and state.end_of_dataloader:
             self.step = 0
             state.sync_gradients = True
         else:
@@ -577,21 +588,37 @@ class Accelerator:
             self.wait_for_everyone()
 
     # -- checkpoints (hasten/checkpointing.py) --------------------------------------------------------------
+    def _checkpoint_contents(self):
+        """What `save_state` writes and `load_state` restores: every object this Accelerator holds right now."""
+        from .checkpointing import CheckpointContents
+
+        return CheckpointContents(
+            backend=self._backend, state=self.state, project=self.project_configuration,
+            models=list(self._models), optimizers=list(self._optimizers), schedulers=list(self._schedulers),
+            dataloaders=list(self._dataloaders), custom_objects=list(self._custom_objects), scaler=self.scaler,
+            step=self.step, save_hooks=list(self._save_model_state_pre_hook.values()),
+            load_hooks=list(self._load_model_state_pre_hook.values()),
+        )
+
     def save_state(self, output_dir=None, safe_serialization: bool = True, **save_model_func_kwargs):
         from . import checkpointing
 
-        return checkpointing.save_state(self, output_dir, safe_serialization=safe_serialization, **save_model_func_kwargs)
+        return checkpointing.save_state(self._checkpoint_contents(), output_dir, safe_serialization=safe_serialization,
+                                        **save_model_func_kwargs)
 
     def load_state(self, input_dir=None, load_kwargs=None, **load_model_func_kwargs):
         from . import checkpointing
 
-        return checkpointing.load_state(self, input_dir, load_kwargs=load_kwargs, **load_model_func_kwargs)
+        step = checkpointing.load_state(self._checkpoint_contents(), input_dir, load_kwargs=load_kwargs,
+                                        **load_model_func_kwargs)
+        if step is not None:
+            self.step = step
 
     def save_model(self, model, save_directory, max_shard_size="10GB", safe_serialization: bool = True):
         from . import checkpointing
 
-        return checkpointing.save_model(self, model, save_directory, max_shard_size=max_shard_size,
-                                        safe_serialization=safe_serialization)
+        return checkpointing.save_model(self._checkpoint_contents(), model, save_directory,
+                                        max_shard_size=max_shard_size, safe_serialization=safe_serialization)
 
     def save(self, obj, f, safe_serialization: bool = False):
         from .utils.other import save
@@ -660,19 +687,22 @@ class _AccumulationStep:
     def __enter__(self):
         accelerator = self.accelerator
         accelerator._do_sync()
-        state = accelerator.gradient_state
-        if state.sync_gradients or not self.models:
+        # Only several processes have a gradient sync to hold back (no_sync is a no-op in one).
+        if not accelerator._holds_back_sync or not self.models:
             return None
-        if not (state.sync_each_batch and accelerator.use_distributed):
-            self.entered = [accelerator.no_sync(model) for model in self.models]
-            for context in self.entered:
-                context.__enter__()
+        state = accelerator.gradient_state
+        if state.sync_gradients or state.sync_each_batch:
+            return None
+        self.entered = [accelerator.no_sync(model) for model in self.models]
+        for context in self.entered:
+            context.__enter__()
         return None
 
     def __exit__(self, *exc_info):
-        for context in reversed(self.entered):
-            context.__exit__(*exc_info)
-        self.entered = ()
+        if self.entered:
+            for context in reversed(self.entered):
+                context.__exit__(*exc_info)
+            self.entered = ()
         return False
 
 

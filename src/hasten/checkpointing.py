@@ -1,35 +1,71 @@
-"""`save_state` / `load_state` / `save_model`: Accelerate's checkpoint layout, written so that nothing is lost.
+"""`save_state` / `load_state` / `save_model`: what goes into Accelerate's checkpoint layout, and in which order.
 
-A save goes to a hidden temporary folder next to the target. Every process writes and fsyncs its files
-there; once all have finished, the committing process writes `hasten_checkpoint.json` (the file list with
-sizes) and renames the folder into place. A process killed at any moment leaves either the new checkpoint,
-whole, or nothing that `load_state` would take for one. Loading runs no pickled code unless asked to.
+The facade hands over a `CheckpointContents`: every object to save or restore, built fresh for each call.
+The backend writes and reads the model and optimizer files (`Backend.save_model_and_optimizer` /
+`load_model_and_optimizer`); this module writes the rest (schedulers, scaler, loader positions, registered
+objects, gradients of an unfinished accumulation window, RNG states) and leaves the folder's atomic commit,
+recovery and rotation to `checkpoint_folder.py`, and the files' bytes to `checkpoint_io.py`. Collectives are
+`operations.py`'s and RNG capture is `rng.py`'s. Loading runs no pickled code unless asked to.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import random
 import re
-import time
 import uuid
+from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
+from . import checkpoint_folder as folders
 from . import checkpoint_io as io
+from .backends.base import MODEL_NAME, SAFE_MODEL_NAME
 from .errors import CheckpointError, ConfigError
+from .operations import broadcast_object_list, gather_object
+from .rng import capture_rng_states, restore_rng_states
 
 logger = logging.getLogger(__name__)
 
-MODEL_NAME, SAFE_MODEL_NAME = "pytorch_model", "model"
-OPTIMIZER_NAME, SCHEDULER_NAME, SAMPLER_NAME = "optimizer", "scheduler", "sampler"
+SCHEDULER_NAME, SAMPLER_NAME = "scheduler", "sampler"
 SCALER_NAME = "scaler.pt"
 RNG_STATE_NAME = "random_states"
 GRADIENTS_NAME = "gradients"  # hasten only: gradients accumulated so far, when saved mid-window
 CUSTOM_PATTERN = re.compile(r"^custom_checkpoint_(\d+)\.pkl$")
-_DEVICE_RNGS = ("cuda", "xpu", "npu", "mlu", "musa", "sdaa", "hpu")
+
+# Kept importable from here: callers look for checkpoint folders through this module.
+list_checkpoints, newest_checkpoint = folders.list_checkpoints, folders.newest_checkpoint
+
+
+@dataclass
+class CheckpointContents:
+    """Everything `save_state` writes and `load_state` restores, as the facade holds it at the time of the call.
+
+    `state` answers who this process is (rank, number of processes, device); `project` names the folders
+    (automatic naming, `total_limit`, `save_on_each_node`) and counts saves (`iteration`, advanced here).
+    """
+
+    backend: object
+    state: object
+    project: object
+    models: list = field(default_factory=list)
+    optimizers: list = field(default_factory=list)
+    schedulers: list = field(default_factory=list)
+    dataloaders: list = field(default_factory=list)
+    custom_objects: list = field(default_factory=list)
+    scaler: object = None
+    step: int = 0
+    save_hooks: list = field(default_factory=list)  # hook(models, weights, folder) before the weights are written
+    load_hooks: list = field(default_factory=list)  # hook(models, folder) before anything is read
+
+    @property
+    def rank(self) -> int:
+        return self.state.process_index
+
+    @property
+    def writer(self) -> bool:
+        """Whether this process writes the files all processes share (one per machine with save_on_each_node)."""
+        return self.state.is_local_main_process if self.project.save_on_each_node else self.state.is_main_process
 
 
 def _numbered(prefix: str, index: int, suffix: str) -> str:
@@ -37,24 +73,13 @@ def _numbered(prefix: str, index: int, suffix: str) -> str:
 
 
 # -- collectives (no-ops in one process) ------------------------------------------------------------------------
-def _all_gather(state, value) -> list:
-    if state.num_processes == 1 or not state.use_distributed:
-        return [value]
-    import torch.distributed as dist
-
-    values = [None] * state.num_processes
-    dist.all_gather_object(values, value)
-    return values
+def _all_gather(value) -> list:
+    """`value` from every process, in rank order."""
+    return gather_object([value])
 
 
-def _broadcast(state, value):
-    if state.num_processes == 1 or not state.use_distributed:
-        return value
-    import torch.distributed as dist
-
-    box = [value]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
+def _broadcast(value):
+    return broadcast_object_list([value])[0]
 
 
 def _raise_failures(results: list, what: str) -> None:
@@ -68,119 +93,7 @@ def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
 
 
-# -- where checkpoints live -------------------------------------------------------------------------------------
-def _checkpoints_root(config) -> str:
-    if config.project_dir is None:
-        raise ConfigError(
-            "automatic_checkpoint_naming needs a project directory: pass Accelerator(project_dir=...) or "
-            "ProjectConfiguration(project_dir=...)"
-        )
-    return os.path.join(os.path.expanduser(config.project_dir), "checkpoints")
-
-
-def _number_in(name: str):
-    match = re.search(r"\d+", name)
-    return int(match.group()) if match else None
-
-
-def list_checkpoints(root: str) -> list:
-    """Checkpoint folders under `root`, oldest first (by the first number in the name, as Accelerate sorts)."""
-    if not os.path.isdir(root):
-        return []
-    entries = []
-    for name in os.listdir(root):
-        path = os.path.join(root, name)
-        if name.startswith(".") or not os.path.isdir(path) or _number_in(name) is None:
-            continue
-        entries.append((_number_in(name), name, path))
-    return [path for _, _, path in sorted(entries)]
-
-
-def newest_checkpoint(root: str):
-    """The newest folder under `root` that is a complete checkpoint (hasten marker verified, or written by
-    Accelerate, which has no marker); damaged or half-written ones are skipped with a warning."""
-    for path in reversed(list_checkpoints(root)):
-        try:
-            marker = io.read_marker(path)
-            if marker is None:
-                if os.path.isfile(os.path.join(path, f"{RNG_STATE_NAME}_0.pkl")):
-                    return path
-                continue
-            io.verify_files(path, marker)
-            return path
-        except CheckpointError as error:
-            logger.warning("skipping checkpoint %s: %s", path, error)
-    return None
-
-
-def _recover(target: str) -> None:
-    """Finish or undo a replacement of `target` that a crash interrupted (see `_commit`)."""
-    parent, name = os.path.split(target)
-    if not os.path.isdir(parent):
-        return
-    olds = sorted(n for n in os.listdir(parent) if n.startswith(f".{name}{io.OLD_TAG}"))
-    for old in olds:
-        old_path = os.path.join(parent, old)
-        if not os.path.exists(target) and io.is_complete(old_path):
-            os.rename(old_path, target)
-            io.fsync_dir(parent)
-        else:
-            io.remove_tree(old_path)
-
-
-def _remove_stale_temps(parent: str) -> None:
-    if not os.path.isdir(parent):
-        return
-    for name in os.listdir(parent):
-        if name.startswith(".") and io.TEMP_TAG in name:
-            path = os.path.join(parent, name)
-            io.remove_tree(path) if os.path.isdir(path) else os.remove(path)
-
-
-def _rotate(root: str, keep: str, total_limit: int, rank: int = 0) -> None:
-    """Delete the oldest checkpoints so that `total_limit` remain; the one just written always stays."""
-    others = [p for p in list_checkpoints(root) if os.path.abspath(p) != os.path.abspath(keep)]
-    excess = len(others) + 1 - total_limit
-    for path in others[:max(excess, 0)]:
-        # Rename first so that a crash mid-delete leaves a hidden folder, not a half-deleted checkpoint.
-        doomed = os.path.join(root, f".{os.path.basename(path)}{io.TEMP_TAG}rotated")
-        os.rename(path, doomed)
-        io.crash_point(rank)
-        io.remove_tree(doomed)
-    io.fsync_dir(root)
-
-
 # -- what goes into a checkpoint --------------------------------------------------------------------------------
-def _rng_payload(step: int) -> dict:
-    """Accelerate's `random_states_<i>.pkl` keys, in types `torch.load(weights_only=True)` accepts."""
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
-    payload = {
-        "step": int(step),
-        "random_state": random.getstate(),
-        "numpy_random_seed": (kind, keys.tolist(), int(pos), int(has_gauss), float(cached)),
-        "torch_manual_seed": torch.get_rng_state(),
-    }
-    for name in _DEVICE_RNGS:
-        module = getattr(torch, name, None)
-        if module is not None and getattr(module, "is_available", lambda: False)() and hasattr(module, "get_rng_state_all"):
-            payload[f"torch_{name}_manual_seed"] = module.get_rng_state_all()
-    return payload
-
-
-def _restore_rng(payload: dict) -> None:
-    version, inner, gauss = payload["random_state"]
-    random.setstate((version, tuple(inner), gauss))
-    kind, keys, pos, has_gauss, cached = payload["numpy_random_seed"]
-    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), int(pos), int(has_gauss), float(cached)))
-    torch.set_rng_state(torch.as_tensor(payload["torch_manual_seed"], dtype=torch.uint8).cpu())
-    for name in _DEVICE_RNGS:
-        key = f"torch_{name}_manual_seed"
-        module = getattr(torch, name, None)
-        if key in payload and module is not None and getattr(module, "is_available", lambda: False)():
-            states = payload[key] if isinstance(payload[key], (list, tuple)) else [payload[key]]
-            module.set_rng_state_all([torch.as_tensor(s, dtype=torch.uint8).cpu() for s in states])
-
-
 def _gradients(model) -> dict:
     """Gradients accumulated but not yet applied (a save in the middle of an accumulation window)."""
     return {name: p.grad for name, p in model.named_parameters() if p.grad is not None}
@@ -191,47 +104,32 @@ def _loader_state(loader):
     return state_dict() if callable(state_dict) else None
 
 
-def _writer(config, accelerator) -> bool:
-    return accelerator.is_local_main_process if config.save_on_each_node else accelerator.is_main_process
-
-
-def _plan_files(accelerator, weights: list, models: list, safe_serialization: bool, rank: int, writer: bool,
-                backend_writes: bool) -> list:
-    """(file name, write function) for everything this process writes."""
+def _plan_files(contents: CheckpointContents) -> list:
+    """(file name, write function) for everything this process writes besides the model and optimizer files."""
     plan = []
-    if writer and not backend_writes:
-        for i, state_dict in enumerate(weights):
-            if safe_serialization:
-                tensors = io.drop_aliases(state_dict)
-                plan.append((_numbered(SAFE_MODEL_NAME, i, ".safetensors"), lambda p, t=tensors: io.save_tensors(t, p)))
-            else:
-                plan.append((_numbered(MODEL_NAME, i, ".bin"), lambda p, s=state_dict: io.save_object(s, p)))
-        for i, opt in enumerate(accelerator._optimizers):
-            model = models[i] if i < len(models) else (models[0] if models else None)
-            state = accelerator._backend.optimizer_state_dict(opt, model)
-            plan.append((_numbered(OPTIMIZER_NAME, i, ".bin"), lambda p, s=state: io.save_object(s, p)))
-    if writer:
-        for i, scheduler in enumerate(accelerator._schedulers):
+    if contents.writer:
+        for i, scheduler in enumerate(contents.schedulers):
             plan.append((_numbered(SCHEDULER_NAME, i, ".bin"), lambda p, s=scheduler.state_dict(): io.save_object(s, p)))
-        if accelerator.scaler is not None:
-            plan.append((SCALER_NAME, lambda p, s=accelerator.scaler.state_dict(): io.save_object(s, p)))
-        for i, obj in enumerate(accelerator._custom_objects):
+        if contents.scaler is not None:
+            plan.append((SCALER_NAME, lambda p, s=contents.scaler.state_dict(): io.save_object(s, p)))
+        for i, obj in enumerate(contents.custom_objects):
             plan.append((f"custom_checkpoint_{i}.pkl", lambda p, s=obj.state_dict(): io.save_object(s, p)))
     grads = {}
-    for i, model in enumerate(accelerator._models):
+    for i, model in enumerate(contents.models):
         grads.update({f"{i}.{name}": g for name, g in _gradients(model).items()})
     if grads:
-        plan.append((f"{GRADIENTS_NAME}_{rank}.safetensors", lambda p, t=grads: io.save_tensors(t, p)))
-    plan.append((f"{RNG_STATE_NAME}_{rank}.pkl", lambda p, s=_rng_payload(accelerator.step): io.save_object(s, p)))
+        plan.append((f"{GRADIENTS_NAME}_{contents.rank}.safetensors", lambda p, t=grads: io.save_tensors(t, p)))
+    rng = {"step": int(contents.step), **capture_rng_states()}
+    plan.append((f"{RNG_STATE_NAME}_{contents.rank}.pkl", lambda p, s=rng: io.save_object(s, p)))
     return plan
 
 
-def _loader_files(accelerator, writer: bool) -> list:
+def _loader_files(contents: CheckpointContents) -> list:
     """Loader positions: gathered from every process, written once (as one state when all agree)."""
     plan = []
-    for i, loader in enumerate(accelerator._dataloaders):
-        states = _all_gather(accelerator.state, _loader_state(loader))
-        if not writer or states[0] is None:
+    for i, loader in enumerate(contents.dataloaders):
+        states = _all_gather(_loader_state(loader))
+        if not contents.writer or states[0] is None:
             continue
         payload = states[0] if all(s == states[0] for s in states) else {"hasten_per_process": states}
         plan.append((_numbered(SAMPLER_NAME, i, ".bin"), lambda p, s=payload: io.save_object(s, p)))
@@ -239,10 +137,9 @@ def _loader_files(accelerator, writer: bool) -> list:
 
 
 # -- save_state -------------------------------------------------------------------------------------------------
-def _target_for(accelerator, output_dir):
-    config = accelerator.project_configuration
-    if config.automatic_checkpoint_naming:
-        return os.path.abspath(os.path.join(_checkpoints_root(config), f"checkpoint_{config.iteration}"))
+def _target_for(project, output_dir):
+    if project.automatic_checkpoint_naming:
+        return os.path.abspath(os.path.join(folders.checkpoints_root(project), f"checkpoint_{project.iteration}"))
     if output_dir is None:
         raise ConfigError(
             "save_state() needs an output_dir, or ProjectConfiguration(automatic_checkpoint_naming=True, "
@@ -251,256 +148,139 @@ def _target_for(accelerator, output_dir):
     return os.path.abspath(os.path.expanduser(str(output_dir)))
 
 
-def _prepare_target(target: str, automatic: bool, token: str) -> str:
-    parent = os.path.dirname(target)
-    os.makedirs(parent, exist_ok=True)
-    _recover(target)
-    if automatic and os.path.exists(target):
-        raise ConfigError(
-            f"checkpoint {target} already exists; set accelerator.project_configuration.iteration past it, or "
-            "call load_state() first (hasten then continues the numbering)"
-        )
-    _remove_stale_temps(parent)
-    temp = _temp_for(target, token)
-    os.makedirs(temp)
-    return temp
-
-
-def _temp_for(target: str, token: str) -> str:
-    parent, name = os.path.split(target)
-    return os.path.join(parent, f".{name}{io.TEMP_TAG}{token}")
-
-
-def _commit(temp: str, target: str, files: dict, iteration, num_processes: int, rank: int) -> None:
-    marker = {
-        "format": io.MARKER_FORMAT, "version": 1, "complete": True, "iteration": iteration,
-        "num_processes": num_processes, "created": time.time(), "files": files,
-    }
-    io.write_file(os.path.join(temp, io.MARKER_NAME), lambda p: io.save_json(marker, p), rank)
-    io.fsync_dir(temp)
-    parent = os.path.dirname(target)
-    if not os.path.exists(target):
-        os.rename(temp, target)
-        io.fsync_dir(parent)
-        io.crash_point(rank)
-        return
-    if _holds_only_a_checkpoint(target):
-        # Replace a previous hasten checkpoint: move it aside, move the new one in, then delete the old one.
-        # A crash between the two renames is repaired by `_recover` on the next save or load.
-        old = os.path.join(parent, f".{os.path.basename(target)}{io.OLD_TAG}{os.path.basename(temp)[-12:]}")
-        os.rename(target, old)
-        io.crash_point(rank)
-        os.rename(temp, target)
-        io.fsync_dir(parent)
-        io.crash_point(rank)
-        io.remove_tree(old)
-        return
-    # A folder that holds other things too (logs, configs): mark it incomplete, move the files in one by one,
-    # then mark it complete. A crash in between leaves it marked incomplete, never half-loaded.
-    pending = dict(marker, complete=False)
-    io.atomic_write(os.path.join(target, io.MARKER_NAME), lambda p: io.save_json(pending, p))
-    for name in sorted(os.listdir(temp)):
-        if name == io.MARKER_NAME:
-            continue
-        destination = os.path.join(target, name)
-        if os.path.isdir(destination):
-            io.remove_tree(destination)
-        os.replace(os.path.join(temp, name), destination)
-        io.crash_point(rank)
-    io.fsync_dir(target)
-    os.replace(os.path.join(temp, io.MARKER_NAME), os.path.join(target, io.MARKER_NAME))
-    io.fsync_dir(target)
-    io.remove_tree(temp)
-
-
-def _holds_only_a_checkpoint(folder: str) -> bool:
-    """True for an empty folder or a hasten checkpoint with nothing else in it: safe to replace whole."""
-    entries = set(os.listdir(folder))
-    if not entries:
-        return True
-    try:
-        marker = io.read_marker(folder)
-    except CheckpointError:
-        return False
-    if marker is None:
-        return False
-    listed = {name.split("/", 1)[0] for name in marker.get("files", {})} | {io.MARKER_NAME}
-    return entries <= listed
-
-
-def save_state(accelerator, output_dir=None, safe_serialization: bool = True, **save_model_func_kwargs) -> str:
-    """Write every prepared object, RNG state and registered object to a checkpoint folder; return its path."""
-    config = accelerator.project_configuration
-    state = accelerator.state
-    rank = accelerator.process_index
-    writer = _writer(config, accelerator)
-    target = _target_for(accelerator, output_dir)
-    backend = accelerator._backend
-    backend_writes = getattr(backend, "writes_own_checkpoint_files", False)
-
-    # 1. The committing process(es) make the temporary folder; everybody learns whether that worked.
-    token = _broadcast(state, uuid.uuid4().hex[:12])
-    temp = _temp_for(target, token)
+def _make_temp(contents: CheckpointContents, target: str) -> str:
+    """Step 1 of a save: the writing process(es) make the temporary folder; everybody learns whether that worked."""
+    token = _broadcast(uuid.uuid4().hex[:12])
     problem = None
-    if writer:
+    if contents.writer:
         try:
-            _prepare_target(target, config.automatic_checkpoint_naming, token)
+            folders.prepare_target(target, contents.project.automatic_checkpoint_naming, token)
         except ConfigError as error:
             problem = error
         except OSError as error:
             problem = CheckpointError(f"cannot create checkpoint folder next to {target}: {error}")
-    outcomes = _all_gather(state, None if problem is None else _describe(problem))
+    outcomes = _all_gather(None if problem is None else _describe(problem))
     if problem is not None:
         raise problem
     if any(o and o.startswith("ConfigError") for o in outcomes):  # the same error type on every process
         raise ConfigError(next(o for o in outcomes if o).split(": ", 1)[1])
     _raise_failures(outcomes, f"save_state({target})")
+    return folders.temp_for(target, token)
 
-    # 2. State dicts are computed on every process (sharded backends gather them collectively), loader
-    # positions are gathered, then 3. every process writes its files. Failures are collected so that no
-    # process waits forever for another.
-    models = list(accelerator._models)
-    weights = [] if backend_writes else [backend.model_state_dict(m) for m in models]
-    plan = _loader_files(accelerator, writer)
+
+def _write_files(contents: CheckpointContents, temp: str, loader_plan: list, safe_serialization: bool,
+                 save_model_func_kwargs) -> dict:
+    """Step 3: the backend writes model and optimizer state (collectively where sharded), then every process
+    writes its other files; {name: size} of what this process wrote. Raises what went wrong here."""
+    models = list(contents.models)
+
+    def run_hooks(weights):
+        # Hooks get the temporary folder: whatever they write there (e.g. a model saved in its own format) is
+        # committed with the rest, atomically.
+        for hook in contents.save_hooks:
+            hook(models, weights, temp)
+
+    os.makedirs(temp, exist_ok=True)
+    names = contents.backend.save_model_and_optimizer(
+        temp, models, list(contents.optimizers), writer=contents.writer, rank=contents.rank,
+        safe_serialization=safe_serialization, before_write=run_hooks, **save_model_func_kwargs,
+    )
+    plan = _plan_files(contents) + loader_plan
+    written = {}
+    for name, write in plan:
+        written[name] = io.write_file(os.path.join(temp, name), write, contents.rank, sync=False)
+    # One flush pass after all writes: writing one file overlaps with the disk flushing the last.
+    for name in list(names) + [name for name, _ in plan]:
+        folders.make_durable(temp, name)
+    for name in names:
+        written.update(folders.sizes_under(temp, name))
+    return written
+
+
+def save_state(contents: CheckpointContents, output_dir=None, safe_serialization: bool = True,
+               **save_model_func_kwargs) -> str:
+    """Write every object of `contents` to a checkpoint folder, atomically; return its path."""
+    project = contents.project
+    target = _target_for(project, output_dir)
+    temp = _make_temp(contents, target)
+
+    # 2. Loader positions are gathered (a collective, so before anything that may fail on one process only),
+    # then 3. every process writes its files. Failures are collected so that no process waits for another.
+    loader_plan = _loader_files(contents)
     written, problem = {}, None
     try:
-        os.makedirs(temp, exist_ok=True)
-        # Hooks get the temporary folder: whatever they write there (e.g. a model saved in its own format)
-        # is committed with the rest, atomically.
-        for hook in accelerator._save_model_state_pre_hook.values():
-            hook(models, weights, temp)
-        plan = _plan_files(accelerator, weights, models, safe_serialization, rank, writer, backend_writes) + plan
-        if backend_writes:
-            for name in backend.save_checkpoint_files(models, list(accelerator._optimizers), temp,
-                                                      **save_model_func_kwargs):
-                path = os.path.join(temp, name)
-                io.fsync_tree(path) if os.path.isdir(path) else io.fsync_file(path)
-                written.update(_sizes_under(temp, name))
-        for name, write in plan:
-            written[name] = io.write_file(os.path.join(temp, name), write, rank, sync=False)
-        for name, _ in plan:  # one flush pass after all writes: durability before the commit is unchanged
-            io.fsync_file(os.path.join(temp, name))
+        written = _write_files(contents, temp, loader_plan, safe_serialization, save_model_func_kwargs)
     except Exception as error:  # noqa: BLE001 - reported to every rank below
         problem = error
-    reports = _all_gather(state, (None if problem is None else _describe(problem), sorted(written)))
+    reports = _all_gather((None if problem is None else _describe(problem), sorted(written)))
     if any(error for error, _ in reports):
-        if writer:
+        if contents.writer:
             io.remove_tree(temp)
         if problem is not None:
-            raise CheckpointError(f"save_state({target}) failed on rank {rank}: {_describe(problem)}") from problem
+            raise CheckpointError(f"save_state({target}) failed on rank {contents.rank}: {_describe(problem)}") from problem
         _raise_failures([error for error, _ in reports], f"save_state({target})")
 
     # 4. Commit, rotate, and let nobody return before the checkpoint exists. The marker lists every file in
     # the folder (on this machine's disk, with save_on_each_node), including any a hook wrote.
     problem = None
-    if writer:
+    if contents.writer:
         try:
             reported = {name for _, names in reports for name in names}
-            files = _sizes_under(temp, "")
+            files = folders.sizes_under(temp, "")
             if set(files) - reported:
                 io.fsync_tree(temp)
             io.fsync_dir(temp)
-            io.crash_point(rank)
-            _commit(temp, target, files, config.iteration, accelerator.num_processes, rank)
-            if config.automatic_checkpoint_naming and config.total_limit is not None:
-                _rotate(os.path.dirname(target), target, config.total_limit, rank)
+            io.crash_point(contents.rank)
+            folders.commit(temp, target, files, project.iteration, contents.state.num_processes, contents.rank)
+            if project.automatic_checkpoint_naming and project.total_limit is not None:
+                folders.rotate(os.path.dirname(target), target, project.total_limit, contents.rank)
         except Exception as error:  # noqa: BLE001
             problem = error
-    outcomes = _all_gather(state, None if problem is None else _describe(problem))
+    outcomes = _all_gather(None if problem is None else _describe(problem))
     if problem is not None:
         raise CheckpointError(f"could not commit checkpoint {target}: {_describe(problem)}") from problem
     _raise_failures(outcomes, f"committing {target}")
-    config.iteration += 1
+    project.iteration += 1
     return target
 
 
-def _sizes_under(folder: str, name: str) -> dict:
-    """{path relative to folder: size} for a file, or for every file under a folder ("" = all of `folder`)."""
-    path = os.path.join(folder, name) if name else folder
-    if os.path.isfile(path):
-        return {name: os.path.getsize(path)}
-    sizes = {}
-    for root, _dirs, files in os.walk(path):
-        for file in files:
-            full = os.path.join(root, file)
-            sizes[os.path.relpath(full, folder)] = os.path.getsize(full)
-    return sizes
-
-
 # -- load_state -------------------------------------------------------------------------------------------------
-def _map_location(accelerator, value):
+def _map_location(contents: CheckpointContents, value):
     if value == "on_device":
-        return accelerator.device
+        return contents.state.device
     if value in (None, "cpu"):
         return "cpu"
     raise TypeError(f"map_location must be None, 'cpu' or 'on_device', got {value!r}")
 
 
-def _resolve_input(accelerator, input_dir) -> str:
-    config = accelerator.project_configuration
+def _resolve_input(contents: CheckpointContents, input_dir) -> str:
+    project = contents.project
     if input_dir is None:
-        if not config.automatic_checkpoint_naming:
+        if not project.automatic_checkpoint_naming:
             raise ConfigError(
                 "load_state() needs an input_dir, or ProjectConfiguration(automatic_checkpoint_naming=True) to "
                 "pick the newest checkpoint itself"
             )
-        root = _checkpoints_root(config)
-        found = newest_checkpoint(root)
+        root = folders.checkpoints_root(project)
+        found = folders.newest_checkpoint(root)
         if found is None:
             raise CheckpointError(f"no complete checkpoint in {root} to load")
         return found
     path = os.path.abspath(os.path.expanduser(str(input_dir)))
-    if accelerator.is_main_process or (config.save_on_each_node and accelerator.is_local_main_process):
-        _recover(path)
-    accelerator.wait_for_everyone()
+    if contents.writer:
+        folders.recover(path)
+    contents.state.wait_for_everyone()
     if not os.path.isdir(path):
         raise ConfigError(f"load_state({input_dir!r}): {path} is not a directory")
     return path
 
 
-_WRAPPER_PREFIXES = ("module.", "_orig_mod.")
-
-
-def _bare_name(key: str) -> str:
-    while key.startswith(_WRAPPER_PREFIXES):
-        key = key.split(".", 1)[1]
-    return key
-
-
-def _match_wrapper_prefixes(model, state_dict: dict) -> dict:
-    """Rename keys saved with other wrapper prefixes (`module.` from DDP, `_orig_mod.` from compile) than the
-    model has now, so a checkpoint from 2 processes loads into 1 and back."""
-    expected = model.state_dict().keys()
-    if all(key in expected for key in state_dict):
-        return state_dict
-    by_bare = {_bare_name(key): key for key in expected}
-    return {by_bare.get(_bare_name(key), key): value for key, value in state_dict.items()}
-
-
-def _load_models(accelerator, models: list, folder: str, map_location, load_model_func_kwargs: dict) -> None:
-    strict = load_model_func_kwargs.pop("strict", True)
-    for i, model in enumerate(models):
-        safe_path = os.path.join(folder, _numbered(SAFE_MODEL_NAME, i, ".safetensors"))
-        bin_path = os.path.join(folder, _numbered(MODEL_NAME, i, ".bin"))
-        if os.path.isfile(safe_path):
-            state_dict = io.fill_aliases(model, io.load_tensors(safe_path, map_location))
-        elif os.path.isfile(bin_path):
-            state_dict = io.load_object(bin_path, map_location=map_location)
-        else:
-            raise CheckpointError(f"checkpoint file {safe_path} is missing (nor is there {os.path.basename(bin_path)})")
-        state_dict = _match_wrapper_prefixes(model, state_dict)
-        try:
-            accelerator._backend.load_model_state_dict(model, state_dict, strict=strict)
-        except RuntimeError as error:
-            raise CheckpointError(f"cannot load {os.path.basename(safe_path)} into model {i}: {error}") from None
-
-
-def _load_gradients(accelerator, folder: str) -> None:
-    path = os.path.join(folder, f"{GRADIENTS_NAME}_{accelerator.process_index}.safetensors")
+def _load_gradients(contents: CheckpointContents, folder: str) -> None:
+    path = os.path.join(folder, f"{GRADIENTS_NAME}_{contents.rank}.safetensors")
     if not os.path.isfile(path):
         return
     saved = io.load_tensors(path)
-    for i, model in enumerate(accelerator._models):
+    for i, model in enumerate(contents.models):
         for name, param in model.named_parameters():
             grad = saved.get(f"{i}.{name}")
             if grad is None:
@@ -511,105 +291,107 @@ def _load_gradients(accelerator, folder: str) -> None:
                 param.grad = grad.to(device=param.device, dtype=param.dtype)
 
 
-def _load_loaders(accelerator, folder: str, load_kwargs) -> None:
-    for i, loader in enumerate(accelerator._dataloaders):
+def _load_loaders(contents: CheckpointContents, folder: str, load_kwargs) -> None:
+    for i, loader in enumerate(contents.dataloaders):
         path = os.path.join(folder, _numbered(SAMPLER_NAME, i, ".bin"))
         if not os.path.isfile(path) or not callable(getattr(loader, "load_state_dict", None)):
             continue  # Accelerate never writes this file; start the loader afresh
         payload = io.load_object(path, load_kwargs)
         if isinstance(payload, dict) and "hasten_per_process" in payload:
             per_process = payload["hasten_per_process"]
-            payload = per_process[min(accelerator.process_index, len(per_process) - 1)]
+            payload = per_process[min(contents.rank, len(per_process) - 1)]
         loader.load_state_dict(payload)
 
 
-def _load_rng(accelerator, folder: str, load_kwargs) -> None:
-    path = os.path.join(folder, f"{RNG_STATE_NAME}_{accelerator.process_index}.pkl")
+def _load_rng(contents: CheckpointContents, folder: str, load_kwargs):
+    """Restore this process's random states; returns the saved step counter (None when there is none)."""
+    path = os.path.join(folder, f"{RNG_STATE_NAME}_{contents.rank}.pkl")
     if not os.path.isfile(path):
         logger.warning("no %s: random states were not restored (resuming on more processes?)", path)
-        return
+        return None
     payload = io.load_object(path, load_kwargs)  # an unsafe file raises; anything else is only logged
+    step = None
     try:
-        accelerator.step = int(payload.get("step", 0))
-        _restore_rng(payload)
+        step = int(payload.get("step", 0))
+        restore_rng_states(payload)
     except Exception as error:  # noqa: BLE001 - Accelerate logs this and goes on
         logger.warning("could not restore random states from %s: %s", path, error)
+    return step
 
 
-def _next_iteration(accelerator, folder: str, marker) -> None:
+def _next_iteration(project, folder: str, marker) -> None:
     """Continue automatic numbering after the loaded checkpoint and after every existing one (no collision)."""
-    config = accelerator.project_configuration
-    if not config.automatic_checkpoint_naming:
+    if not project.automatic_checkpoint_naming:
         return
     numbers = []
     if marker is not None and isinstance(marker.get("iteration"), int):
         numbers.append(marker["iteration"])
-    elif _number_in(os.path.basename(folder)) is not None:
-        numbers.append(_number_in(os.path.basename(folder)))
-    numbers += [_number_in(os.path.basename(p)) for p in list_checkpoints(_checkpoints_root(config))]
+    elif folders.number_in(os.path.basename(folder)) is not None:
+        numbers.append(folders.number_in(os.path.basename(folder)))
+    numbers += [folders.number_in(os.path.basename(p)) for p in folders.list_checkpoints(folders.checkpoints_root(project))]
     if numbers:
-        config.iteration = max(config.iteration, max(numbers) + 1)
+        project.iteration = max(project.iteration, max(numbers) + 1)
 
 
-def load_state(accelerator, input_dir=None, load_kwargs=None, **load_model_func_kwargs) -> None:
-    """Restore what `save_state` wrote (or an Accelerate checkpoint) into the prepared objects."""
-    folder = _resolve_input(accelerator, input_dir)
+def load_state(contents: CheckpointContents, input_dir=None, load_kwargs=None, **load_model_func_kwargs):
+    """Restore what `save_state` wrote (or an Accelerate checkpoint) into the objects of `contents`.
+
+    Returns the step counter saved with this process's random states (None if the file is missing), which
+    the facade takes over."""
+    folder = _resolve_input(contents, input_dir)
     marker = io.read_marker(folder)
     if marker is not None:
         io.verify_files(folder, marker)
-    map_location = _map_location(accelerator, load_model_func_kwargs.pop("map_location", None))
+    map_location = _map_location(contents, load_model_func_kwargs.pop("map_location", None))
     load_kwargs = dict(load_kwargs or {})
-    backend = accelerator._backend
-    models = list(accelerator._models)
-    for hook in accelerator._load_model_state_pre_hook.values():
-        hook(models, folder)
+    models = list(contents.models)
+    for hook in contents.load_hooks:
+        hook(models, folder)  # a hook may remove the models it loads itself
 
-    if getattr(backend, "writes_own_checkpoint_files", False):
-        backend.load_checkpoint_files(models, list(accelerator._optimizers), folder, **load_model_func_kwargs)
-    else:
-        _load_models(accelerator, models, folder, map_location, load_model_func_kwargs)
-        for i, opt in enumerate(accelerator._optimizers):
-            state = io.load_object(os.path.join(folder, _numbered(OPTIMIZER_NAME, i, ".bin")), load_kwargs, map_location)
-            model = models[i] if i < len(models) else (models[0] if models else None)
-            backend.load_optimizer_state_dict(opt, state, model)
-    for i, scheduler in enumerate(accelerator._schedulers):
+    contents.backend.load_model_and_optimizer(
+        folder, models, list(contents.optimizers), map_location=map_location, load_kwargs=load_kwargs,
+        **load_model_func_kwargs,
+    )
+    for i, scheduler in enumerate(contents.schedulers):
         scheduler.load_state_dict(io.load_object(os.path.join(folder, _numbered(SCHEDULER_NAME, i, ".bin")), load_kwargs))
-    _load_loaders(accelerator, folder, load_kwargs)
+    _load_loaders(contents, folder, load_kwargs)
     scaler_path = os.path.join(folder, SCALER_NAME)
-    if accelerator.scaler is not None and os.path.isfile(scaler_path):
-        accelerator.scaler.load_state_dict(io.load_object(scaler_path, load_kwargs))
-    _load_gradients(accelerator, folder)
-    _load_rng(accelerator, folder, load_kwargs)
+    if contents.scaler is not None and os.path.isfile(scaler_path):
+        contents.scaler.load_state_dict(io.load_object(scaler_path, load_kwargs))
+    _load_gradients(contents, folder)
+    step = _load_rng(contents, folder, load_kwargs)
 
     custom_files = sorted((int(m.group(1)), n) for n in os.listdir(folder) if (m := CUSTOM_PATTERN.match(n)))
-    if len(custom_files) != len(accelerator._custom_objects):
+    if len(custom_files) != len(contents.custom_objects):
         raise CheckpointError(
-            f"{folder} holds {len(custom_files)} custom_checkpoint_*.pkl file(s) but {len(accelerator._custom_objects)} "
+            f"{folder} holds {len(custom_files)} custom_checkpoint_*.pkl file(s) but {len(contents.custom_objects)} "
             "object(s) are registered with register_for_checkpointing; register the same objects as when saving"
         )
-    for index, obj in enumerate(accelerator._custom_objects):
+    for index, obj in enumerate(contents.custom_objects):
         obj.load_state_dict(io.load_object(os.path.join(folder, f"custom_checkpoint_{index}.pkl"), load_kwargs))
-    _next_iteration(accelerator, folder, marker)
+    _next_iteration(contents.project, folder, marker)
+    return step
 
 
 # -- save_model -------------------------------------------------------------------------------------------------
-def save_model(accelerator, model, save_directory, max_shard_size="10GB", safe_serialization: bool = True) -> None:
+def save_model(contents: CheckpointContents, model, save_directory, max_shard_size="10GB",
+               safe_serialization: bool = True) -> None:
     """Write the unwrapped model's weights as (sharded) safetensors plus an index, the layout HF tools read."""
     save_directory = os.path.expanduser(str(save_directory))
     if os.path.isfile(save_directory):
         logger.error("save_model: %s should be a directory, not a file", save_directory)
         return
     max_bytes = io.parse_size(max_shard_size)
-    state_dict = accelerator.get_state_dict(model)  # collective for sharded backends: every process calls it
+    state_dict = contents.backend.full_state_dict(model, unwrap=True)  # collective for sharded backends
     # None: a backend that gathers onto the main process only (DeepSpeed ZeRO-3) has nothing here to write,
     # but this process still joins the barrier below.
     if state_dict is not None:
         meta = [name for name, t in state_dict.items() if isinstance(t, torch.Tensor) and t.is_meta]
         if meta:
             raise RuntimeError(f"save_model: {len(meta)} tensor(s) are on the meta device (e.g. {meta[0]}); load weights first")
-        if _writer(accelerator.project_configuration, accelerator):
+        if contents.writer:
             write_weights(state_dict, save_directory, max_bytes, safe_serialization)
-    accelerator.wait_for_everyone()
+    contents.state.wait_for_everyone()
 
 
 def write_weights(state_dict: dict, save_directory: str, max_bytes: int, safe_serialization: bool = True) -> list:

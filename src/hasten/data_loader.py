@@ -22,13 +22,9 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSa
 
 from .enums import RNGType
 from .errors import ConfigError, DistributedOperationException, NotSupportedYetError
-from .operations import (
-    broadcast,
-    broadcast_object_list,
+from .nested import (
     concatenate,
     find_batch_size,
-    gather,
-    gather_object,
     get_data_structure,
     initialize_tensors,
     is_torch_tensor,
@@ -36,6 +32,7 @@ from .operations import (
     send_to_device,
     slice_tensors,
 )
+from .operations import broadcast, broadcast_object_list, gather, gather_object
 from .rng import synchronize_rng_states
 from .samplers import (
     BatchSamplerShard,

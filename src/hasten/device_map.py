@@ -11,6 +11,7 @@ pull their modules onto the same device.
 from __future__ import annotations
 
 import inspect
+import itertools
 import logging
 import re
 import warnings
@@ -81,12 +82,14 @@ def _as_dtype(dtype):
 def compute_module_sizes(model, dtype=None, special_dtypes=None, buffers_only: bool = False):
     """Bytes of every module and tensor name prefix ("" is the whole model), counted at `dtype` if given
     (floating tensors only shrink to it; integer and bool tensors keep their size)."""
-    from .modeling import named_module_tensors
-
     dtype_size = dtype_byte_size(_as_dtype(dtype)) if dtype is not None else None
     special = {k: dtype_byte_size(_as_dtype(v)) for k, v in (special_dtypes or {}).items()}
     sizes = defaultdict(int)
-    tensors = model.named_buffers(recurse=True) if buffers_only else named_module_tensors(model, recurse=True)
+    # Parameters then buffers (modeling.named_module_tensors' order), without importing modeling, which imports
+    # this module: tests/test_import_cycles.py keeps the package free of cycles.
+    tensors = model.named_buffers(recurse=True)
+    if not buffers_only:
+        tensors = itertools.chain(model.named_parameters(recurse=True), tensors)
     for name, tensor in tensors:
         own = dtype_byte_size(tensor.dtype)
         if name in special:

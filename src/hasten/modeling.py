@@ -10,6 +10,7 @@ import contextlib
 import json
 import logging
 import os
+import sys
 
 import torch
 
@@ -424,10 +425,11 @@ def load_checkpoint_in_model(model: torch.nn.Module, checkpoint, device_map=None
 # -- models with offloaded weights -----------------------------------------------------------------------------
 def has_offloaded_params(module) -> bool:
     """Whether `module` has an offloading `AlignDevicesHook`."""
-    from .hooks import AlignDevicesHook
-
+    # hooks.py imports this module; a hook can only exist once hooks.py is loaded, so look it up instead of
+    # importing it (tests/test_import_cycles.py keeps the package free of cycles).
+    hooks = sys.modules.get(f"{__package__}.hooks")
     hook = getattr(module, "_hf_hook", None)
-    return isinstance(hook, AlignDevicesHook) and hook.offload
+    return hooks is not None and isinstance(hook, hooks.AlignDevicesHook) and hook.offload
 
 
 @contextlib.contextmanager

@@ -6,7 +6,7 @@ import inspect
 
 import torch
 
-from .operations import send_to_device
+from .nested import send_to_device
 from .state import AcceleratorState, GradientState
 
 

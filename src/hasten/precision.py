@@ -1,48 +1,81 @@
-"""Mixed precision: the autocast context, the fp16 gradient scaler, and fp32 outputs from prepared models."""
+"""Mixed precision: the run's precision policy (autocast dtype, loss scaling) and fp32 outputs from prepared models."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
+from dataclasses import dataclass, field
 
 import torch
 
 from .errors import ConfigError, NotSupportedYetError
-from .operations import convert_outputs_to_fp32
+from .nested import convert_outputs_to_fp32
 
-_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+#: The one table from a precision name to the dtype it computes in (None: full precision, nothing to cast).
+#: fp8 keeps everything but its matmuls (and FSDP's parameters) in bf16. Used by the policy below, by
+#: `config/fsdp.py` for FSDP's mixed-precision policy, and by anything else that turns a name into a dtype.
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.bfloat16, "fp32": torch.float32, "no": None}
+_AUTOCAST_MODES = ("fp16", "bf16")
 
 
-class MixedPrecision:
-    """The precision policy of one run: which dtype autocast uses and whether gradients need scaling.
+def dtype_for(name: str):
+    """The torch dtype of a precision name ("bf16" -> torch.bfloat16; "no" -> None)."""
+    key = str(name).lower()
+    if key not in DTYPES:
+        raise ConfigError(f"unknown precision {name!r}; choose one of {', '.join(DTYPES)}")
+    return DTYPES[key]
 
-    Unlike Accelerate 1.15 (where fp16 on CPU silently trains in fp32), fp16 on CPU autocasts and scales
-    for real, since torch supports both there; a device that cannot autocast to the dtype is an error.
+
+@dataclass(frozen=True)
+class PrecisionPolicy:
+    """The precision of one run, built once from the mixed_precision setting and handed to the backend.
+
+    `autocast_dtype` is what forward passes compute in (None: fp32); `uses_grad_scaler` says whether losses are
+    scaled (fp16), and the backend makes the scaler (`Backend.make_grad_scaler`), since sharded backends need
+    their own kind. Unlike Accelerate 1.15 (where fp16 on CPU silently trains in fp32), fp16 on CPU autocasts
+    and scales for real, since torch supports both there; a device that cannot autocast to the dtype is an error.
     """
 
-    def __init__(self, mode: str, device: torch.device, autocast_kwargs=None, scaler_kwargs=None,
-                 scaler_factory=None):
-        self.mode = mode
-        self.device_type = device.type
-        self.autocast_kwargs = autocast_kwargs.to_kwargs() if autocast_kwargs is not None else {}
+    mode: str = "no"
+    device_type: str = "cpu"
+    autocast_kwargs: dict = field(default_factory=dict)
+    scaler_kwargs: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_setting(cls, mode: str, device: torch.device, autocast_handler=None, scaler_handler=None):
+        """Validate `mode` for `device` once; the kwargs handlers' values are read here and frozen."""
         if mode == "fp8":
             raise NotSupportedYetError(
                 "mixed_precision='fp8' is not supported by hasten yet; use 'bf16' (or 'fp16' with a scaler)"
             )
-        self.dtype = _DTYPES.get(mode)
-        self.native_amp = self.dtype is not None
-        if self.native_amp and not torch.amp.is_autocast_available(self.device_type):
+        device_type = torch.device(device).type
+        if mode in _AUTOCAST_MODES and not torch.amp.is_autocast_available(device_type):
             raise ConfigError(
-                f"mixed_precision={mode!r} needs autocast on {self.device_type!r}, which this torch build lacks; "
+                f"mixed_precision={mode!r} needs autocast on {device_type!r}, which this torch build lacks; "
                 "use mixed_precision='no' or another device"
             )
-        if mode == "bf16" and self.device_type == "cuda" and not torch.cuda.is_bf16_supported():
+        if mode == "bf16" and device_type == "cuda" and not torch.cuda.is_bf16_supported():
             raise ConfigError("mixed_precision='bf16' is not supported by this GPU; use 'fp16' (or 'no')")
-        self.scaler = None
-        if mode == "fp16":
-            kwargs = scaler_kwargs.to_kwargs() if scaler_kwargs is not None else {}
-            factory = scaler_factory or functools.partial(torch.amp.GradScaler, self.device_type)
-            self.scaler = factory(**kwargs)
+        return cls(
+            mode=mode, device_type=device_type,
+            autocast_kwargs=autocast_handler.to_kwargs() if autocast_handler is not None else {},
+            scaler_kwargs=scaler_handler.to_kwargs() if scaler_handler is not None else {},
+        )
+
+    @property
+    def autocast_dtype(self):
+        return DTYPES[self.mode] if self.mode in _AUTOCAST_MODES else None
+
+    # Accelerate's names for the same facts.
+    dtype = autocast_dtype
+
+    @property
+    def native_amp(self) -> bool:
+        return self.mode in _AUTOCAST_MODES
+
+    @property
+    def uses_grad_scaler(self) -> bool:
+        return self.mode == "fp16"
 
     def autocast(self, autocast_handler=None):
         """A context manager running the block in the policy's precision (a no-op for 'no')."""
@@ -51,7 +84,7 @@ class MixedPrecision:
         kwargs = self.autocast_kwargs
         if autocast_handler is not None:
             kwargs = {**kwargs, **autocast_handler.to_kwargs()}
-        return torch.autocast(device_type=self.device_type, dtype=self.dtype, **kwargs)
+        return torch.autocast(device_type=self.device_type, dtype=self.autocast_dtype, **kwargs)
 
     def wrap_forward(self, model: torch.nn.Module) -> None:
         """Run `model.forward` under autocast and hand its fp16/bf16 outputs back in fp32.
@@ -71,18 +104,21 @@ class MixedPrecision:
 class _AutocastForward:
     """`forward` run under the policy's autocast; a class (not a closure) so the chain can be undone."""
 
-    def __init__(self, forward, policy: MixedPrecision):
+    def __init__(self, forward, policy: PrecisionPolicy):
         self.__wrapped__ = forward
         self.policy = policy
         functools.update_wrapper(self, forward)
+        # Read once: this runs on every forward.
+        self._autocast_args = (policy.device_type, policy.autocast_dtype, dict(policy.autocast_kwargs))
 
     def __call__(self, *args, **kwargs):
-        with self.policy.autocast():
+        device_type, dtype, autocast_kwargs = self._autocast_args
+        with torch.autocast(device_type, dtype=dtype, **autocast_kwargs):
             return self.__wrapped__(*args, **kwargs)
 
 
 def remove_precision_wrapper(model: torch.nn.Module) -> torch.nn.Module:
-    """Undo `MixedPrecision.wrap_forward` on `model` (restoring its original bound forward)."""
+    """Undo `PrecisionPolicy.wrap_forward` on `model` (restoring its original bound forward)."""
     original = getattr(model, "_original_forward", None)
     if original is not None:
         if "forward" in model.__dict__:
@@ -124,7 +160,7 @@ def get_mixed_precision_context_manager(native_amp: bool = False, autocast_kwarg
 
     state = AcceleratorState()
     kwargs = autocast_kwargs.to_kwargs() if autocast_kwargs is not None else {}
-    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.bfloat16}.get(state.mixed_precision)
+    dtype = DTYPES.get(state.mixed_precision)
     if dtype is not None:
         kwargs["dtype"] = dtype
     return torch.autocast(device_type=state.device.type, **kwargs)

@@ -74,30 +74,37 @@ def synchronize_rng_states(rng_types, generator: torch.Generator | None = None) 
         synchronize_rng_state(_rng_type(rng_type), generator=generator)
 
 
-def capture_rng_states() -> dict:
-    """Every RNG state of this process as plain data (lists and ints), for JSON checkpoints."""
-    py_version, py_state, py_gauss = random.getstate()
-    np_state = np.random.get_state()
-    states = {
-        "python": [py_version, list(py_state), py_gauss],
-        "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
-        "torch": torch.get_rng_state().tolist(),
-    }
+def _device_rng_modules():
+    """(name, torch.<name>) for every accelerator kind present and available in this process."""
     for name in _DEVICE_RNG_TYPES:
         module = getattr(torch, name, None)
         if module is not None and getattr(module, "is_available", lambda: False)() and hasattr(module, "get_rng_state_all"):
-            states[name] = [s.tolist() for s in module.get_rng_state_all()]
+            yield name, module
+
+
+def capture_rng_states() -> dict:
+    """Every RNG state of this process, under the keys of Accelerate's `random_states_<i>.pkl`, in types that
+    `torch.load(weights_only=True)` accepts (so loading it runs no pickled code)."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    states = {
+        "random_state": random.getstate(),
+        "numpy_random_seed": (kind, keys.tolist(), int(pos), int(has_gauss), float(cached)),
+        "torch_manual_seed": torch.get_rng_state(),
+    }
+    for name, module in _device_rng_modules():
+        states[f"torch_{name}_manual_seed"] = module.get_rng_state_all()
     return states
 
 
 def restore_rng_states(states: dict) -> None:
-    """Inverse of `capture_rng_states`."""
-    version, py_state, gauss = states["python"]
-    random.setstate((version, tuple(py_state), gauss))
-    kind, keys, pos, has_gauss, cached = states["numpy"]
-    np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
-    torch.set_rng_state(torch.tensor(states["torch"], dtype=torch.uint8))
-    for name in _DEVICE_RNG_TYPES:
-        if name in states:
-            module = getattr(torch, name)
-            module.set_rng_state_all([torch.tensor(s, dtype=torch.uint8) for s in states[name]])
+    """Inverse of `capture_rng_states`; also reads the files Accelerate wrote (NumPy arrays, single states)."""
+    version, inner, gauss = states["random_state"]
+    random.setstate((version, tuple(inner), gauss))
+    kind, keys, pos, has_gauss, cached = states["numpy_random_seed"]
+    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), int(pos), int(has_gauss), float(cached)))
+    torch.set_rng_state(torch.as_tensor(states["torch_manual_seed"], dtype=torch.uint8).cpu())
+    for name, module in _device_rng_modules():
+        saved = states.get(f"torch_{name}_manual_seed")
+        if saved is not None:
+            saved = saved if isinstance(saved, (list, tuple)) else [saved]
+            module.set_rng_state_all([torch.as_tensor(s, dtype=torch.uint8).cpu() for s in saved])

@@ -26,12 +26,13 @@ class AcceleratedScheduler:
         self._num_processes = None  # read once, on the first real step (the state exists by then)
 
     def step(self, *args, **kwargs):
+        gradient_state = self.gradient_state
+        if not gradient_state.sync_gradients and self.step_with_optimizer:  # an accumulation micro-step
+            if gradient_state.adjust_scheduler:
+                self.scheduler._step_count += 1
+            return
         if not self.step_with_optimizer:
             self.scheduler.step(*args, **kwargs)
-            return
-        if not self.gradient_state.sync_gradients:
-            if self.gradient_state.adjust_scheduler:
-                self.scheduler._step_count += 1
             return
         for optimizer in self.optimizers:  # a plain loop: this runs on every optimizer step
             if getattr(optimizer, "step_was_skipped", False):

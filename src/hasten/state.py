@@ -292,7 +292,7 @@ class PartialState(_SharedState):
     @contextmanager
     def split_between_processes(self, inputs, apply_padding: bool = False):
         """Yield this process's contiguous share of a list, tuple, tensor or dict of equal-length values."""
-        from .operations import split_for_process
+        from .nested import split_for_process
 
         if self.num_processes == 1:
             yield inputs
@@ -521,9 +521,14 @@ def is_initialized() -> bool:
 
 
 class GradientState(_SharedState):
-    """Whether gradients synchronise on this step, and which prepared data loader is being iterated."""
+    """Whether gradients synchronise on this step, and which prepared data loader is being iterated.
 
-    _known_attrs = ("sync_gradients", "plugin_kwargs", "_dataloader_references")
+    The accumulation settings (`num_steps`, `adjust_scheduler`, `sync_with_dataloader`, `sync_each_batch`) are
+    plain attributes, refreshed whenever `plugin_kwargs` is set: they are read on every micro-step.
+    """
+
+    _known_attrs = ("sync_gradients", "_plugin_kwargs", "_dataloader_references", "num_steps", "adjust_scheduler",
+                    "sync_with_dataloader", "sync_each_batch")
 
     def __init__(self, gradient_accumulation_plugin=None):
         self.__dict__ = self._shared_state
@@ -540,20 +545,16 @@ class GradientState(_SharedState):
         return self._shared_state != {}
 
     @property
-    def num_steps(self) -> int:
-        return self.plugin_kwargs.get("num_steps", 1)
+    def plugin_kwargs(self) -> dict:
+        return self._plugin_kwargs
 
-    @property
-    def adjust_scheduler(self) -> bool:
-        return self.plugin_kwargs.get("adjust_scheduler", False)
-
-    @property
-    def sync_with_dataloader(self) -> bool:
-        return self.plugin_kwargs.get("sync_with_dataloader", True)
-
-    @property
-    def sync_each_batch(self) -> bool:
-        return self.plugin_kwargs.get("sync_each_batch", False)
+    @plugin_kwargs.setter
+    def plugin_kwargs(self, kwargs: dict) -> None:
+        self._plugin_kwargs = kwargs
+        self.num_steps = kwargs.get("num_steps", 1)
+        self.adjust_scheduler = kwargs.get("adjust_scheduler", False)
+        self.sync_with_dataloader = kwargs.get("sync_with_dataloader", True)
+        self.sync_each_batch = kwargs.get("sync_each_batch", False)
 
     @property
     def dataloader_references(self):

@@ -2,15 +2,45 @@
 
 The facade (`Accelerator`) never asks which backend it has; it asks the backend. A new backend is one
 module in this package plus one line in `REGISTRY` (see `__init__.py`).
+
+A backend answers, for its strategy:
+
+- preparing:   `prepare_together`, `prepare_model`, `prepare_optimizer`, `prepare_scheduler` (the last two
+               return the objects whose `step`/`zero_grad` the script calls: a backend whose engine steps
+               itself returns wrappers that leave that to the engine)
+- precision:   `make_grad_scaler` (from the run's `PrecisionPolicy`, given at construction; a backend whose
+               engine applies precision itself replaces `self.precision`, and the facade uses the backend's)
+- accumulation: `accumulation_steps` (agree the Accelerator's steps with the backend's own setting)
+- one step:    `backward` (gets the raw loss and the accumulation steps: a backend whose engine divides the
+               loss itself skips the division), `no_sync`, `trigger_sync_in_backward`, `clip_grad_norm_`,
+               `supports_clip_grad_value`
+- checkpoints: `save_model_and_optimizer` / `load_model_and_optimizer` (the model and optimizer files of a
+               `save_state` folder: safetensors/bin here, DCP folders for FSDP, an engine's own files for
+               DeepSpeed), and `full_state_dict` (`save_model`, `get_state_dict`)
+- unwrapping:  `unwrap_model`
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 
 import torch
 
+from .. import checkpoint_io as io
+from ..errors import CheckpointError, ConfigError
+from ..optimizer import AcceleratedOptimizer
+from ..precision import PrecisionPolicy
+from ..scheduler import AcceleratedScheduler
 from .unwrap import unwrap_model
+
+# Accelerate's file names for model and optimizer state in a `save_state` folder (i > 0 adds `_<i>`).
+MODEL_NAME, SAFE_MODEL_NAME, OPTIMIZER_NAME = "pytorch_model", "model", "optimizer"
+_WRAPPER_PREFIXES = ("module.", "_orig_mod.")
+
+
+def numbered(prefix: str, index: int, suffix: str) -> str:
+    return f"{prefix}{'' if index == 0 else f'_{index}'}{suffix}"
 
 
 class Backend:
@@ -19,18 +49,12 @@ class Backend:
     name = "base"
     #: Whether `clip_grad_value_` is meaningful (not for sharded parameters).
     supports_clip_grad_value = True
-    #: Whether `save_state`/`load_state` leave model and optimizer files to `save_checkpoint_files` /
-    #: `load_checkpoint_files` (sharded checkpoints); False: hasten writes them from the state dicts below.
-    writes_own_checkpoint_files = False
-    #: Whether `backward` divides the loss by the accumulation steps itself (DeepSpeed's engine does).
-    scales_loss_itself = False
-    #: Whether the backend applies mixed precision itself (then hasten's autocast and scaler stay off).
-    handles_mixed_precision = False
     #: Accelerate's `accelerator.deepspeed_engine_wrapped`: the engine a backend drives, if it has one.
     engine_wrapper = None
 
-    def __init__(self, state, ddp_kwargs=None, plugin=None):
+    def __init__(self, state, precision: PrecisionPolicy | None = None, ddp_kwargs=None, plugin=None):
         self.state = state
+        self.precision = precision if precision is not None else PrecisionPolicy(device_type=state.device.type)
         self.ddp_kwargs = ddp_kwargs
         self.plugin = plugin
 
@@ -46,16 +70,20 @@ class Backend:
         """Hook for backends that must see everything one `prepare` call got at once (sharding, an engine built
         from model, optimizer, scheduler and batch size together); default: nothing."""
 
-    def wrap_optimizer(self, optimizer, device_placement: bool = True, scaler=None):
-        from ..optimizer import AcceleratedOptimizer
+    def accumulation_steps(self, steps: int, source: str) -> int:
+        """Agree the Accelerator's gradient accumulation steps with the backend's own setting, if it has one."""
+        return steps
 
+    def free_memory(self) -> None:
+        """Release what the backend holds for prepared objects (`accelerator.free_memory()`)."""
+
+    def prepare_optimizer(self, optimizer, device_placement: bool, scaler):
+        """The object the script steps: steps and zeroes only on synchronisation steps, through `scaler`."""
         return AcceleratedOptimizer(optimizer, device_placement=device_placement, scaler=scaler)
 
-    def wrap_scheduler(self, scheduler, optimizers: list, step_with_optimizer: bool = True, split_batches: bool = False):
-        """Wrap a scheduler so it steps with the prepared optimizer that owns its optimizer."""
-        from ..errors import ConfigError
-        from ..scheduler import AcceleratedScheduler
-
+    def prepare_scheduler(self, scheduler, optimizers: list, step_with_optimizer: bool, split_batches: bool):
+        """The object the script steps: follows the real steps of the prepared optimizer (among `optimizers`, all
+        prepared so far) that owns its optimizer."""
         target = getattr(scheduler, "optimizer", None)
         owners = [opt for opt in optimizers if getattr(opt, "optimizer", None) is target]
         if target is not None and not owners:
@@ -66,15 +94,25 @@ class Backend:
         return AcceleratedScheduler(scheduler, owners or optimizers, step_with_optimizer=step_with_optimizer,
                                     split_batches=split_batches)
 
-    def accumulation_steps(self, steps: int, source: str) -> int:
-        """Agree the Accelerator's gradient accumulation steps with the backend's own setting, if it has one."""
-        return steps
-
-    def free_memory(self) -> None:
-        """Release what the backend holds for prepared objects (`accelerator.free_memory()`)."""
+    # -- precision ------------------------------------------------------------------------------------------
+    def make_grad_scaler(self):
+        """The fp16 loss scaler the run uses, or None (no fp16, or the backend scales losses itself)."""
+        if not self.precision.uses_grad_scaler:
+            return None
+        return torch.amp.GradScaler(self.precision.device_type, **self.precision.scaler_kwargs)
 
     # -- the training step ----------------------------------------------------------------------------------
-    def backward(self, loss: torch.Tensor, scaler=None, **kwargs) -> None:
+    @property
+    def plain_backward(self) -> bool:
+        """True when `backward` is this class's own (divide, `loss.backward()`), so that without a scaler the
+        facade may do that inline on every micro-step. A backend that owns backward (DeepSpeed's engine)
+        overrides `backward` and is then always called."""
+        return type(self).backward is Backend.backward
+
+    def backward(self, loss: torch.Tensor, accumulation_steps: int = 1, scaler=None, **kwargs) -> None:
+        """Backward of one micro-step's loss: divided by the accumulation steps, scaled for fp16."""
+        if accumulation_steps != 1:
+            loss = loss / accumulation_steps
         if scaler is not None:
             scaler.scale(loss).backward(**kwargs)
         else:
@@ -90,33 +128,85 @@ class Backend:
     def clip_grad_norm_(self, parameters, max_norm: float, norm_type: float = 2.0):
         return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
 
-    # -- state for checkpoints ------------------------------------------------------------------------------
-    def model_state_dict(self, model: torch.nn.Module) -> dict:
-        """The state dict `save_state` writes (wrapper prefixes kept, as Accelerate does)."""
-        return model.state_dict()
+    # -- checkpoints ----------------------------------------------------------------------------------------
+    def save_model_and_optimizer(self, folder: str, models: list, optimizers: list, *, writer: bool = True,
+                                 rank: int = 0, safe_serialization: bool = True, before_write=None,
+                                 **save_model_func_kwargs) -> list:
+        """Write the models' and optimizers' state into `folder`; return the names (files or folders, relative
+        to `folder`) this process wrote. Every process calls it (sharded backends gather or write collectively).
 
-    def load_model_state_dict(self, model: torch.nn.Module, state_dict: dict, strict: bool = True):
-        return model.load_state_dict(state_dict, strict=strict)
+        `before_write(weights)` runs first with the list of model state dicts this backend is about to write
+        (`[]` for backends that write no such dicts): `save_state` pre-hooks may change or drop them there.
+        `writer` says whether this process writes the files every process shares (the main process, or each
+        machine's with save_on_each_node). The caller makes the returned names durable before the commit.
+        Here: `model[_i].safetensors` (or `pytorch_model[_i].bin`) and `optimizer[_i].bin`, Accelerate's layout.
+        """
+        weights = [model.state_dict() for model in models]  # wrapper prefixes kept, as Accelerate does
+        if before_write is not None:
+            before_write(weights)
+        if not writer:
+            return []
+        written = []
+
+        def write(name, function):
+            io.write_file(os.path.join(folder, name), function, rank, sync=False)
+            written.append(name)
+
+        for i, state_dict in enumerate(weights):
+            if safe_serialization:
+                tensors = io.drop_aliases(state_dict)
+                write(numbered(SAFE_MODEL_NAME, i, ".safetensors"), lambda p, t=tensors: io.save_tensors(t, p))
+            else:
+                write(numbered(MODEL_NAME, i, ".bin"), lambda p, s=state_dict: io.save_object(s, p))
+        for i, optimizer in enumerate(optimizers):
+            state = optimizer.state_dict()
+            write(numbered(OPTIMIZER_NAME, i, ".bin"), lambda p, s=state: io.save_object(s, p))
+        return written
+
+    def load_model_and_optimizer(self, folder: str, models: list, optimizers: list, *, map_location="cpu",
+                                 load_kwargs: dict | None = None, strict: bool = True,
+                                 **load_model_func_kwargs) -> None:
+        """Restore what `save_model_and_optimizer` wrote (or what Accelerate wrote) into `models`/`optimizers`.
+
+        Every process calls it. `load_kwargs` go to `torch.load` for pickled files (weights_only unless the
+        user opted out); `strict` to `load_state_dict`."""
+        for i, model in enumerate(models):
+            safe_path = os.path.join(folder, numbered(SAFE_MODEL_NAME, i, ".safetensors"))
+            bin_path = os.path.join(folder, numbered(MODEL_NAME, i, ".bin"))
+            if os.path.isfile(safe_path):
+                state_dict = io.fill_aliases(model, io.load_tensors(safe_path, map_location))
+            elif os.path.isfile(bin_path):
+                state_dict = io.load_object(bin_path, map_location=map_location)
+            else:
+                raise CheckpointError(f"checkpoint file {safe_path} is missing (nor is there {os.path.basename(bin_path)})")
+            try:
+                model.load_state_dict(_match_wrapper_prefixes(model, state_dict), strict=strict)
+            except RuntimeError as error:
+                raise CheckpointError(f"cannot load {os.path.basename(safe_path)} into model {i}: {error}") from None
+        for i, optimizer in enumerate(optimizers):
+            path = os.path.join(folder, numbered(OPTIMIZER_NAME, i, ".bin"))
+            optimizer.load_state_dict(io.load_object(path, load_kwargs, map_location))
 
     def full_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict:
         """A complete, unsharded state dict for `save_model` / `get_state_dict`."""
         return (self.unwrap_model(model) if unwrap else model).state_dict()
 
-    def optimizer_state_dict(self, optimizer, model=None) -> dict:
-        return optimizer.state_dict()
-
-    def load_optimizer_state_dict(self, optimizer, state_dict: dict, model=None) -> None:
-        optimizer.load_state_dict(state_dict)
-
-    def save_checkpoint_files(self, models: list, optimizers: list, folder: str, **kwargs) -> list:
-        """Write model and optimizer state into `folder` on every process (a collective); return the names of
-        the files or folders this process wrote, relative to `folder`. Only used when `writes_own_checkpoint_files`."""
-        raise NotImplementedError(f"the {self.name} backend does not write its own checkpoint files")
-
-    def load_checkpoint_files(self, models: list, optimizers: list, folder: str, **kwargs) -> None:
-        """Inverse of `save_checkpoint_files`."""
-        raise NotImplementedError(f"the {self.name} backend does not read its own checkpoint files")
-
     # -- unwrapping -----------------------------------------------------------------------------------------
     def unwrap_model(self, model, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True):
         return unwrap_model(model, keep_fp32_wrapper=keep_fp32_wrapper, keep_torch_compile=keep_torch_compile)
+
+
+def _bare_name(key: str) -> str:
+    while key.startswith(_WRAPPER_PREFIXES):
+        key = key.split(".", 1)[1]
+    return key
+
+
+def _match_wrapper_prefixes(model, state_dict: dict) -> dict:
+    """Rename keys saved with other wrapper prefixes (`module.` from DDP, `_orig_mod.` from compile) than the
+    model has now, so a checkpoint from 2 processes loads into 1 and back."""
+    expected = model.state_dict().keys()
+    if all(key in expected for key in state_dict):
+        return state_dict
+    by_bare = {_bare_name(key): key for key in expected}
+    return {by_bare.get(_bare_name(key), key): value for key, value in state_dict.items()}

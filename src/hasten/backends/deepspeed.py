@@ -23,6 +23,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from ..config.deepspeed import AUTO, DummyOptim, DummyScheduler, get_active_deepspeed_plugin
 from ..errors import CheckpointError, ConfigError, NotSupportedYetError
+from ..precision import PrecisionPolicy
 from ..state import GradientState
 from .base import Backend
 from .deepspeed_wrappers import DeepSpeedEngineWrapper, DeepSpeedOptimizerWrapper, DeepSpeedSchedulerWrapper
@@ -73,14 +74,12 @@ def _plain(optimizer):
 class DeepSpeedBackend(Backend):
     name = "deepspeed"
     supports_clip_grad_value = False
-    writes_own_checkpoint_files = True
-    #: The engine divides the loss by the accumulation steps inside its backward.
-    scales_loss_itself = True
-    #: The engine casts the model (fp16/bf16 config blocks); hasten's autocast stays off.
-    handles_mixed_precision = True
 
-    def __init__(self, state, ddp_kwargs=None, plugin=None):
-        super().__init__(state, ddp_kwargs=ddp_kwargs, plugin=plugin)
+    def __init__(self, state, precision=None, ddp_kwargs=None, plugin=None):
+        super().__init__(state, precision=precision, ddp_kwargs=ddp_kwargs, plugin=plugin)
+        # The engine casts the model and scales fp16 losses itself (the config's fp16/bf16 sections, which the
+        # plugins got from the mixed_precision setting): hasten's autocast and loss scaler stay off.
+        self.precision = PrecisionPolicy(device_type=state.device.type)
         self._wrappers: list = []  # one DeepSpeedEngineWrapper per engine, in prepare order
         self._engine_of = WeakIdKeyDictionary()  # the user's model -> its engine
         self._pending = None  # what the current prepare() call built: consumed by prepare_model & co.
@@ -331,7 +330,7 @@ class DeepSpeedBackend(Backend):
         self.prepare_together([model], [])
         return self._engine_of[model]
 
-    def wrap_optimizer(self, optimizer, device_placement=True, scaler=None):
+    def prepare_optimizer(self, optimizer, device_placement=True, scaler=None):
         pending = self._pending
         if pending is None or pending["optimizer"] is not optimizer:
             raise ConfigError("under DeepSpeed, pass the optimizer to the same prepare() call as its model")
@@ -339,10 +338,10 @@ class DeepSpeedBackend(Backend):
         pending["wrapped_optimizer"] = wrapped
         return wrapped
 
-    def wrap_scheduler(self, scheduler, optimizers, step_with_optimizer=True, split_batches=False):
+    def prepare_scheduler(self, scheduler, optimizers, step_with_optimizer=True, split_batches=False):
         pending = self._pending
         if pending is None or pending["scheduler"] is not scheduler:
-            return super().wrap_scheduler(scheduler, optimizers, step_with_optimizer, split_batches)
+            return super().prepare_scheduler(scheduler, optimizers, step_with_optimizer, split_batches)
         owner = [pending["wrapped_optimizer"]] if "wrapped_optimizer" in pending else []
         if pending["ds_scheduler"] is not None:
             return DeepSpeedSchedulerWrapper(pending["lr_scheduler"], owner)
@@ -370,7 +369,8 @@ class DeepSpeedBackend(Backend):
             )
         return owners[0]
 
-    def backward(self, loss, scaler=None, **kwargs):
+    def backward(self, loss, accumulation_steps=1, scaler=None, **kwargs):
+        # The engine divides by its gradient_accumulation_steps itself (the same number: prepare filled it).
         self._wrapper_for_loss(loss).backward(loss, sync_gradients=GradientState().sync_gradients, **kwargs)
 
     def _wrapper_for_parameters(self, parameters):
@@ -435,13 +435,6 @@ class DeepSpeedBackend(Backend):
             if path is None:
                 raise CheckpointError(f"DeepSpeed could not load checkpoint {tag!r} from {folder}")
 
-    # The checkpoint protocol of this hasten version (until the one-pair protocol above lands in the facade).
-    def save_checkpoint_files(self, models, optimizers, folder, **kwargs):
-        return self.save_model_and_optimizer(folder, models, optimizers, **kwargs)
-
-    def load_checkpoint_files(self, models, optimizers, folder, **kwargs):
-        self.load_model_and_optimizer(folder, models, optimizers, **kwargs)
-
     def full_state_dict(self, model, unwrap=True):
         engine = model if _is_engine(model) else self._engine_of.get(model)
         if engine is None:
@@ -450,9 +443,6 @@ class DeepSpeedBackend(Backend):
             # ZeRO-3: gather one layer at a time; rank 0 receives the whole state dict, the others None.
             return engine._zero3_consolidated_16bit_state_dict()
         return (engine.module if unwrap else engine).state_dict()
-
-    def model_state_dict(self, model):
-        return self.full_state_dict(model, unwrap=False)
 
     def unwrap_model(self, model, keep_fp32_wrapper=True, keep_torch_compile=True):
         if _is_engine(model):

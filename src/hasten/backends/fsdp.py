@@ -44,13 +44,13 @@ class FSDPBackend(Backend):
     name = "fsdp"
     supports_clip_grad_value = False  # a value clip on shards is fine, but Accelerate refuses it: keep one rule
 
-    def __init__(self, state, ddp_kwargs=None, plugin=None):
+    def __init__(self, state, precision=None, ddp_kwargs=None, plugin=None):
         if plugin is None:
             from ..config.fsdp import FullyShardedDataParallelPlugin
 
             plugin = FullyShardedDataParallelPlugin()
-        super().__init__(state, ddp_kwargs=ddp_kwargs, plugin=plugin)
-        plugin.set_mixed_precision(state.mixed_precision)
+        super().__init__(state, precision=precision, ddp_kwargs=ddp_kwargs, plugin=plugin)
+        plugin.set_mixed_precision(self.precision.mode)
         self.version = plugin.fsdp_version
         # user's module -> what prepare_model returns (the same module for FSDP2, the FSDP1 container for 1)
         self._prepared = WeakIdKeyDictionary()
@@ -59,15 +59,14 @@ class FSDPBackend(Backend):
         self._roots: list = []  # every sharded model, to find a parameter's owner (clipping, optimizer state)
         self._mesh = None
 
-    @property
-    def grad_scaler_factory(self):
+    def make_grad_scaler(self):
         """fp16 loss scaling: FSDP1's local gradients need every process to agree on overflow (FSDP2's DTensor
         gradients already make torch's GradScaler agree)."""
-        if self.version != 1:
-            return None
+        if self.version != 1 or not self.precision.uses_grad_scaler:
+            return super().make_grad_scaler()
         from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
-        return functools.partial(ShardedGradScaler, self.state.device.type)
+        return ShardedGradScaler(self.precision.device_type, **self.precision.scaler_kwargs)
 
     # -- preparing ------------------------------------------------------------------------------------------
     def prepare_together(self, models, optimizers, **_):
@@ -321,60 +320,37 @@ class FSDPBackend(Backend):
                     return root.clip_grad_norm_(max_norm, norm_type)
         return _clip_sharded_grad_norm(params, float(max_norm), float(norm_type), self.version == 1)
 
-    # -- state for checkpoints ------------------------------------------------------------------------------
-    def model_state_dict(self, model):
-        """The whole model's state on the main process (empty elsewhere); used when a checkpoint wants one file."""
-        return fsdp_checkpoint.full_model_state_dict(model)
-
-    def load_model_state_dict(self, model, state_dict, strict=True):
-        return fsdp_checkpoint.load_full_model_state_dict(model, state_dict, strict=strict)
-
+    # -- checkpoints ----------------------------------------------------------------------------------------
     def full_state_dict(self, model, unwrap=True):
+        """The whole model's state on the main process (empty elsewhere), gathered one tensor at a time."""
         return fsdp_checkpoint.full_model_state_dict(model)
 
-    def optimizer_state_dict(self, optimizer, model=None):
-        model = model if model is not None else self.owner_of(optimizer)
-        return fsdp_checkpoint.full_optimizer_state_dict(model, _plain(optimizer))
-
-    def load_optimizer_state_dict(self, optimizer, state_dict, model=None):
-        model = model if model is not None else self.owner_of(optimizer)
-        fsdp_checkpoint.load_full_optimizer_state_dict(model, _plain(optimizer), state_dict)
-
-    # The checkpoint module lets this backend write the model and optimizer files itself.
-    writes_own_checkpoint_files = True
-
-    def save_model_and_optimizer(self, output_dir, models, optimizers) -> list:
-        """Write the models' and optimizers' state into `output_dir` with Accelerate's FSDP names.
+    def save_model_and_optimizer(self, folder, models, optimizers, *, writer=True, rank=0, safe_serialization=True,
+                                 before_write=None, **save_model_func_kwargs) -> list:
+        """Write the models' and optimizers' state into `folder` with Accelerate's FSDP names.
 
         SHARDED_STATE_DICT: every process writes its own shard into `pytorch_model_fsdp_<i>/` and `optimizer_<i>/`
         (torch.distributed.checkpoint); FULL_STATE_DICT: the main process writes `pytorch_model_fsdp[_<i>].bin`
-        and `optimizer[_<i>].bin`, gathered one tensor at a time. Returns the names this process wrote.
+        and `optimizer[_<i>].bin`, gathered one tensor at a time. Save hooks see no weights (there is no whole
+        state dict to hand them). Returns the names this process wrote.
         """
+        if before_write is not None:
+            before_write([])
         sharded = fsdp_checkpoint.is_sharded(self.plugin)
-        written = [fsdp_checkpoint.save_model(model, output_dir, index, sharded) for index, model in enumerate(models)]
+        written = [fsdp_checkpoint.save_model(model, folder, index, sharded) for index, model in enumerate(models)]
         written += [
-            fsdp_checkpoint.save_optimizer(self.owner_of(optimizer), _plain(optimizer), output_dir, index, sharded)
+            fsdp_checkpoint.save_optimizer(self.owner_of(optimizer), _plain(optimizer), folder, index, sharded)
             for index, optimizer in enumerate(optimizers)
         ]
         return [name for name in written if name is not None]
 
-    def load_model_and_optimizer(self, input_dir, models, optimizers) -> None:
+    def load_model_and_optimizer(self, folder, models, optimizers, *, map_location="cpu", load_kwargs=None,
+                                 strict=True, **load_model_func_kwargs) -> None:
         """Read what `save_model_and_optimizer` wrote, whatever number of processes wrote it."""
         for index, model in enumerate(models):
-            fsdp_checkpoint.load_model(model, input_dir, index)
+            fsdp_checkpoint.load_model(model, folder, index)
         for index, optimizer in enumerate(optimizers):
-            fsdp_checkpoint.load_optimizer(self.owner_of(optimizer), _plain(optimizer), input_dir, index)
-
-    def save_checkpoint_files(self, models, optimizers, output_dir, **save_model_func_kwargs) -> list:
-        return self.save_model_and_optimizer(output_dir, models, optimizers)
-
-    def load_checkpoint_files(self, models, optimizers, input_dir, **load_model_func_kwargs) -> None:
-        self.load_model_and_optimizer(input_dir, models, optimizers)
-
-    # -- unwrapping -----------------------------------------------------------------------------------------
-    def unwrap_model(self, model, keep_fp32_wrapper=True, keep_torch_compile=True):
-        # FSDP2 modules are the user's own objects (sharded in place); FSDP1 containers are stripped by the base.
-        return super().unwrap_model(model, keep_fp32_wrapper=keep_fp32_wrapper, keep_torch_compile=keep_torch_compile)
+            fsdp_checkpoint.load_optimizer(self.owner_of(optimizer), _plain(optimizer), folder, index)
 
 
 def _on_any_rank(flag: bool) -> bool:

@@ -22,9 +22,9 @@ from ..enums import FSDP_AUTO_WRAP_POLICY
 from ..environment import parse_bool, parse_int
 from .settings import SETTINGS
 from ..errors import ConfigError
+from ..precision import DTYPES as _DTYPES
 
 _AUTO_WRAP_NAMES = tuple(name.lower() for name in FSDP_AUTO_WRAP_POLICY)
-_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.bfloat16, "fp32": torch.float32, "no": None}
 
 
 _ROWS = {row.env[0][len("FSDP_"):].lower(): row for row in SETTINGS if row.owner == "FullyShardedDataParallelPlugin"}
