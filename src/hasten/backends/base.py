@@ -43,6 +43,13 @@ def numbered(prefix: str, index: int, suffix: str) -> str:
     return f"{prefix}{'' if index == 0 else f'_{index}'}{suffix}"
 
 
+def _state_files(folder: str, num_models: int, num_optimizers: int) -> list:
+    """The files a load reads into new memory (safetensors weights are read into the model itself)."""
+    paths = [os.path.join(folder, numbered(MODEL_NAME, i, ".bin")) for i in range(num_models)
+             if not os.path.isfile(os.path.join(folder, numbered(SAFE_MODEL_NAME, i, ".safetensors")))]
+    return paths + [os.path.join(folder, numbered(OPTIMIZER_NAME, i, ".bin")) for i in range(num_optimizers)]
+
+
 class Backend:
     """Single-process defaults; distributed backends override what differs."""
 
@@ -170,11 +177,13 @@ class Backend:
 
         Every process calls it. `load_kwargs` go to `torch.load` for pickled files (weights_only unless the
         user opted out); `strict` to `load_state_dict`."""
+        # Held until this returns: the optimizer (and .bin model) files are read while the models load.
+        queued = io.prefetch(_state_files(folder, len(models), len(optimizers)), load_kwargs, map_location)  # noqa: F841
         for i, model in enumerate(models):
             safe_path = os.path.join(folder, numbered(SAFE_MODEL_NAME, i, ".safetensors"))
             bin_path = os.path.join(folder, numbered(MODEL_NAME, i, ".bin"))
             if os.path.isfile(safe_path):
-                state_dict = io.fill_aliases(model, io.load_tensors(safe_path, map_location))
+                state_dict = io.fill_aliases(model, io.load_tensors(safe_path, map_location, into=model.state_dict()))
             elif os.path.isfile(bin_path):
                 state_dict = io.load_object(bin_path, map_location=map_location)
             else:
