@@ -140,18 +140,21 @@ def test_dummy_optimizer_and_scheduler_are_recognised_by_prepare():
 
 
 # -- the Accelerator with DeepSpeed (one process, no engine yet) ------------------------------------------------
+# ZeRO-2 here: with ZeRO-3 and transformers installed, Accelerator() already starts DeepSpeed's communication
+# (for zero3_init), which belongs in a launched process, not in the test runner's.
+CONFIG2 = {**CONFIG, "zero_optimization": {"stage": 2}}
 @needs_deepspeed
 def test_accelerator_accumulation_steps_agree_with_the_config():
     from hasten import Accelerator
     from hasten.state import AcceleratorState
 
-    accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config={**CONFIG, "gradient_accumulation_steps": 4}))
+    accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config={**CONFIG2, "gradient_accumulation_steps": 4}))
     assert accelerator.gradient_accumulation_steps == 4  # the config's value, the Accelerator gave none
     assert accelerator.distributed_type == "DEEPSPEED" and accelerator.deepspeed_plugin.selected
     AcceleratorState._reset_state(True)
     with pytest.raises(ConfigError) as info:
         Accelerator(gradient_accumulation_steps=2,
-                    deepspeed_plugin=DeepSpeedPlugin(hf_ds_config={**CONFIG, "gradient_accumulation_steps": 4}))
+                    deepspeed_plugin=DeepSpeedPlugin(hf_ds_config={**CONFIG2, "gradient_accumulation_steps": 4}))
     assert "Accelerator(gradient_accumulation_steps=...)" in str(info.value) and "4" in str(info.value)
 
 
@@ -180,7 +183,7 @@ def test_jit_only_optimizers_are_refused_on_cpu_before_deepspeed_runs(monkeypatc
     from hasten.backends import deepspeed as backend
 
     monkeypatch.setattr(backend, "_op_is_built", lambda op: False)  # as on a machine that never compiled it
-    config = {**CONFIG, "optimizer": optimizer}
+    config = {**CONFIG2, "optimizer": optimizer}
     accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=config))
     model = torch.nn.Linear(2, 2)
     with pytest.raises(ConfigError, match=message) as info:
@@ -199,15 +202,15 @@ def test_prepare_rule_errors_come_before_deepspeed():
         accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
     AcceleratorState._reset_state(True)
     accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config={
-        **CONFIG, "optimizer": {"type": "AdamW", "params": {"lr": 0.1, "torch_adam": True}}}))
+        **CONFIG2, "optimizer": {"type": "AdamW", "params": {"lr": 0.1, "torch_adam": True}}}))
     with pytest.raises(ConfigError, match="optimizer.*section"):
         accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
     AcceleratorState._reset_state(True)
-    accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=CONFIG))
+    accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=CONFIG2))
     with pytest.raises(ConfigError, match="DummyOptim needs"):
         accelerator.prepare(model, DummyOptim(model.parameters()))
     AcceleratorState._reset_state(True)
-    accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=CONFIG))
+    accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=CONFIG2))
     loader = torch.utils.data.DataLoader(list(range(8)), batch_size=2)
     with pytest.raises(ConfigError, match=r"train_micro_batch_size_per_gpu is 4 in .* but 2 in the DataLoader's batch_size"):
         accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1), loader)
