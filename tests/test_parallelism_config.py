@@ -150,6 +150,10 @@ def test_an_fsdp1_plugin_cannot_shard_a_layout():
     with pytest.raises(ConfigError) as error:
         backend_for_layout(ParallelismConfig(dp_replicate_size=2), 2, FullyShardedDataParallelPlugin(fsdp_version=2))
     assert "no dimension to shard over" in _one_line(error)
+    with pytest.raises(ConfigError) as error:
+        backend_for_layout(ParallelismConfig(dp_shard_size=2), 2, deepspeed=True)
+    assert "DeepSpeed shards by its ZeRO stage" in _one_line(error)
+    assert backend_for_layout(ParallelismConfig(dp_replicate_size=2), 2, deepspeed=True) == "deepspeed"
 
 
 def test_the_environment_turns_the_config_on(monkeypatch):

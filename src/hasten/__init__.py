@@ -31,6 +31,7 @@ _EXPORTS = {
     "TorchDynamoPlugin": "hasten.config.dataclasses",
     "FullyShardedDataParallelPlugin": "hasten.config.fsdp",
     "ParallelismConfig": "hasten.parallelism_config",
+    "DeepSpeedPlugin": "hasten.config.deepspeed",
     "find_executable_batch_size": "hasten.memory",
     "synchronize_rng_states": "hasten.rng",
     "set_seed": "hasten.rng",

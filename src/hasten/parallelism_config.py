@@ -239,9 +239,9 @@ class ParallelismConfig:
                               "nothing to configure", UserWarning, stacklevel=3)
 
 
-def backend_for_layout(config: ParallelismConfig, num_processes: int, fsdp_plugin=None) -> str:
-    """The backend that runs `config` on `num_processes` processes ("single", "ddp" or "fsdp"), or a one-line
-    refusal for a layout hasten has not built. Fits the config to the run first (`_validate_accelerator`)."""
+def backend_for_layout(config: ParallelismConfig, num_processes: int, fsdp_plugin=None, deepspeed: bool = False) -> str:
+    """The backend that runs `config` on `num_processes` processes ("single", "ddp", "fsdp" or "deepspeed"), or a
+    one-line refusal for a layout hasten has not built. Fits the config to the run first (`_validate_accelerator`)."""
     if not isinstance(config, ParallelismConfig):
         raise TypeError(f"parallelism_config must be a ParallelismConfig, got {type(config).__name__}")
     for dim in ("tp", "cp", "sp"):
@@ -253,6 +253,11 @@ def backend_for_layout(config: ParallelismConfig, num_processes: int, fsdp_plugi
     if config.dp_replicate_enabled and config.dp_shard_enabled:
         raise NotBuiltError(f"ParallelismConfig dp_replicate_size={config.dp_replicate_size} with dp_shard_size="
                             f"{config.dp_shard_size}: HSDP is {_ISSUE}; fix: use one of the two")
+    if deepspeed:
+        if config.dp_shard_enabled:
+            raise ConfigError(f"ParallelismConfig dp_shard_size={config.dp_shard_size} shards with FSDP2, but a DeepSpeed "
+                              "plugin is given (DeepSpeed shards by its ZeRO stage); fix: leave dp_shard_size at 1")
+        return "deepspeed"
     if config.dp_shard_enabled:
         if fsdp_plugin is not None and fsdp_plugin.fsdp_version != 2:
             raise ConfigError(f"ParallelismConfig dp_shard_size={config.dp_shard_size} shards with FSDP2, but the "
@@ -284,10 +289,10 @@ def config_for_run(config: ParallelismConfig | None) -> ParallelismConfig | None
     return None
 
 
-def fsdp_plugin_for_layout(config: ParallelismConfig, num_processes: int, fsdp_plugin):
+def fsdp_plugin_for_layout(config: ParallelismConfig, num_processes: int, fsdp_plugin, deepspeed_plugins=None):
     """The FSDP plugin the run needs for `config`: a new FSDP2 plugin when sharding and none was given, the given
     one (or None) otherwise. Refuses in one line what hasten cannot run (`backend_for_layout`)."""
-    backend = backend_for_layout(config, num_processes, fsdp_plugin)
+    backend = backend_for_layout(config, num_processes, fsdp_plugin, deepspeed=deepspeed_plugins is not None)
     if backend == "fsdp" and fsdp_plugin is None:
         from .config.fsdp import FullyShardedDataParallelPlugin
 
