@@ -4,9 +4,13 @@
 Prints one `OK <check>` line per check that passed; any failure raises (the launch exits non-zero).
 """
 
+import importlib.metadata
+import importlib.util
 import json
 import os
+import site
 import sys
+import tempfile
 
 import torch
 from deepspeed_common import (
@@ -17,6 +21,17 @@ from hasten import Accelerator, DeepSpeedPlugin
 from hasten.errors import ConfigError
 from hasten.modeling import load_checkpoint_in_model
 from hasten.utils import DummyOptim, DummyScheduler
+
+if importlib.util.find_spec("transformers") is not None:
+    try:
+        importlib.metadata.version("accelerate")
+    except importlib.metadata.PackageNotFoundError:
+        # transformers reaches hasten's DeepSpeed config only through an `accelerate` distribution, which it
+        # checks when first imported: give this process hasten's alias from a throwaway folder (metadata and
+        # import hook), as `hasten alias install` gives a virtual environment
+        from hasten.commands.alias import install
+
+        site.addsitedir(install(tempfile.mkdtemp(prefix="hasten-alias-")))
 
 STEPS = 4
 FP32_TOLERANCE = 1e-5  # partitioned flat buffers and a two-process all-reduce change float rounding only

@@ -481,8 +481,11 @@ class DeepSpeedPlugin:
 
     def set_deepspeed_weakref(self) -> None:
         """Let transformers' `from_pretrained` build models partitioned (ZeRO-3 init), as Accelerate does."""
-        if not self.zero3_init_flag or not _transformers_installed():
-            return  # without transformers no model can be built through it (Accelerate raises here instead)
+        if not self.zero3_init_flag or not _transformers_sees_accelerate():
+            # Without transformers no model is built through it (Accelerate raises here instead); without the
+            # accelerate alias (`hasten alias install`) transformers' DeepSpeed config refuses to start and its
+            # from_pretrained would not reach hasten anyway.
+            return
         from transformers.integrations import HfDeepSpeedConfig as TransformersConfig
 
         config = copy.deepcopy(self.deepspeed_config)
@@ -551,10 +554,18 @@ class DeepSpeedPlugin:
         self._selected = False
 
 
-def _transformers_installed() -> bool:
+def _transformers_sees_accelerate() -> bool:
+    """transformers is installed and finds an `accelerate` distribution (hasten's alias, or a real one)."""
+    import importlib.metadata
     import importlib.util
 
-    return importlib.util.find_spec("transformers") is not None
+    if importlib.util.find_spec("transformers") is None:
+        return False
+    try:
+        importlib.metadata.version("accelerate")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
 
 
 def _walk(config: dict, prefix: str = ""):
