@@ -17,10 +17,12 @@ from hasten.config.deepspeed import DeepSpeedPlugin
 from hasten.config.fsdp import FullyShardedDataParallelPlugin
 from hasten.enums import DynamoBackend, PrecisionType
 from hasten.errors import NotBuiltError
+from hasten.parallelism_config import ParallelismConfig, TorchContextParallelConfig
 from hasten.state import AcceleratorState
 
 OWNERS = {"Accelerator": Accelerator, "TorchDynamoPlugin": TorchDynamoPlugin,
-          "FullyShardedDataParallelPlugin": FullyShardedDataParallelPlugin, "DeepSpeedPlugin": DeepSpeedPlugin}
+          "FullyShardedDataParallelPlugin": FullyShardedDataParallelPlugin, "DeepSpeedPlugin": DeepSpeedPlugin,
+          "ParallelismConfig": ParallelismConfig, "TorchContextParallelConfig": TorchContextParallelConfig}
 ENUM_ROWS = [row for row in table.SETTINGS if row.built and row.choices and row.role == "setting"]
 NOT_BUILT = [row for row in table.SETTINGS if not row.built]
 UNBUILT_VALUES = [(row, value) for row in table.SETTINGS for value in row.unbuilt_values]

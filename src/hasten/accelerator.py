@@ -31,6 +31,7 @@ from .enums import DistributedType, DynamoBackend
 from .config.resolve import runtime_value
 from .config.settings import refuse_unbuilt_environment
 from .errors import ConfigError, NotSupportedYetError
+from .parallelism_config import config_for_run, fsdp_plugin_for_layout, mesh_rank
 from .precision import PrecisionPolicy
 from .state import AcceleratorState, GradientState, PartialState
 
@@ -84,8 +85,7 @@ class Accelerator:
         deepspeed_plugins=None,
         parallelism_config=None,
     ):
-        for name, value in (("torch_tp_plugin", torch_tp_plugin), ("megatron_lm_plugin", megatron_lm_plugin),
-                            ("parallelism_config", parallelism_config)):
+        for name, value in (("torch_tp_plugin", torch_tp_plugin), ("megatron_lm_plugin", megatron_lm_plugin)):
             if value is not None:
                 raise NotSupportedYetError(f"Accelerator({name}=...) is not supported by hasten yet")
         refuse_unbuilt_environment(os.environ)  # e.g. ACCELERATE_USE_MEGATRON_LM=true: refused, not ignored
@@ -110,10 +110,17 @@ class Accelerator:
         deepspeed_plugins = self._deepspeed_plugins(deepspeed_plugin, deepspeed_plugins, fsdp_plugin)
 
         init_kwargs = self.init_handler.to_kwargs() if self.init_handler is not None else {}
+        parallelism_config = config_for_run(parallelism_config)
+        if parallelism_config is not None:  # the layout picks the backend: dp_shard -> FSDP2, dp_replicate -> DDP
+            num_processes = PartialState(cpu, **init_kwargs).num_processes
+            fsdp_plugin = fsdp_plugin_for_layout(parallelism_config, num_processes, fsdp_plugin, deepspeed_plugins)
         self.state = AcceleratorState(
             mixed_precision=mixed_precision, cpu=cpu, dynamo_plugin=dynamo_plugin, fsdp_plugin=fsdp_plugin,
-            deepspeed_plugin=deepspeed_plugins, _from_accelerator=True, **init_kwargs,
+            deepspeed_plugin=deepspeed_plugins, parallelism_config=parallelism_config, _from_accelerator=True,
+            **init_kwargs,
         )
+        if parallelism_config is not None:
+            self.state.device_mesh = parallelism_config.get_device_mesh(self.state.device.type)
         precision = PrecisionPolicy.from_setting(self.state.mixed_precision, self.device, self.autocast_handler,
                                                  self.scaler_handler)
         backend_name = backend_name_for(self.distributed_type, self.num_processes)
@@ -238,6 +245,13 @@ class Accelerator:
             raise AttributeError("'Accelerator' object has no attribute 'deepspeed_config' (DeepSpeed is not in use)")
         return plugin.deepspeed_config
     should_save_model = property(lambda self: True)
+    parallelism_config = property(lambda self: self.state.parallelism_config)
+    torch_device_mesh = property(lambda self: self.state.device_mesh)
+    is_composable_parallelism_enabled = property(lambda self: self.state.is_fsdp2)
+    tensor_parallel_rank = property(lambda self: mesh_rank(self.state, "tp"))
+    context_parallel_rank = property(lambda self: mesh_rank(self.state, "cp"))
+    data_parallel_rank = property(lambda self: mesh_rank(self.state, "dp_replicate"))
+    data_parallel_shard_rank = property(lambda self: mesh_rank(self.state, "dp_shard"))
 
     @property
     def multi_device(self) -> bool:

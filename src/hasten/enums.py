@@ -139,6 +139,8 @@ TORCH_DISTRIBUTED_TYPES = frozenset(
 # Allowed values that Accelerate keeps as plain lists (its `utils.constants`); hasten keeps every allowed value
 # here, and the settings table (`hasten.config.settings`) takes its choices from this module only.
 TORCH_DYNAMO_MODES = ("default", "reduce-overhead", "max-autotune")
+CP_BACKENDS = ("torch",)  # ParallelismConfig.cp_backend
+CP_COMM_STRATEGIES = ("allgather", "alltoall")  # TorchContextParallelConfig.cp_comm_strategy
 FSDP_SHARDING_STRATEGY = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")
 FSDP_AUTO_WRAP_POLICY = ("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP")
 FSDP_BACKWARD_PREFETCH = ("BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH")

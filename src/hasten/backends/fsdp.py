@@ -97,7 +97,11 @@ class FSDPBackend(Backend):
             if not dist.is_initialized():
                 _init_single_process_group()
 
-            self._mesh = init_device_mesh(self.state.device.type, (dist.get_world_size(),))
+            layout = getattr(self.state, "parallelism_config", None)
+            if layout is not None and layout.device_mesh is not None:  # shard over the layout's FSDP view
+                self._mesh = layout.submesh("dp_shard_cp")
+            else:
+                self._mesh = init_device_mesh(self.state.device.type, (dist.get_world_size(),))
         return self._mesh
 
     def _shard(self, model: torch.nn.Module) -> torch.nn.Module:

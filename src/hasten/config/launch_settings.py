@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from ..errors import ConfigError
+from ..errors import ConfigError, NotBuiltError
 from . import file as config_file
 from . import settings as table
 from .resolve import FSDP_ENV, PARADIGM_FLAGS, SETTINGS, SOURCES_VARIABLE, Resolved, _text, resolve, slurm_values
@@ -120,6 +120,14 @@ def resolve_launch(args, env: Mapping[str, str] | None = None) -> LaunchSettings
     return settings
 
 
+def _layout_size(values: dict) -> int:
+    """The product of the parallelism_config sizes (1 when none is set)."""
+    product = 1
+    for dim in ("dp_replicate", "dp_shard", "tp", "cp"):
+        product *= values[f"parallelism_config_{dim}_size"].value or 1
+    return product
+
+
 def _fill_num_processes(values: dict, per_task: bool, env: Mapping[str, str]) -> None:
     current = values["num_processes"]
     if per_task:
@@ -135,7 +143,17 @@ def _fill_num_processes(values: dict, per_task: bool, env: Mapping[str, str]) ->
         values["num_machines"] = Resolved("num_machines", 1, "environment", "SLURM: one process per srun task")
         values["machine_rank"] = Resolved("machine_rank", 0, "environment", "SLURM: one process per srun task")
         return
+    layout = _layout_size(values)
     if current.value is not None:
+        if layout > 1 and current.value != layout:
+            raise ConfigError(
+                f"the parallelism_config sizes multiply to {layout} but num_processes is {current.value} (from "
+                f"{_where(current)}); fix: --num_processes {layout}, or change the sizes"
+            )
+        return
+    if layout > 1:
+        values["num_processes"] = Resolved("num_processes", layout, "default",
+                                           "built-in default (the product of the parallelism_config sizes)")
         return
     machines = values["num_machines"].value
     gpus = 0 if values["use_cpu"].value else _gpu_count()
@@ -149,6 +167,13 @@ def _fill_num_processes(values: dict, per_task: bool, env: Mapping[str, str]) ->
 def _check_values(values: dict) -> None:
     """Combinations that cannot work, whatever source each value came from."""
     v = {name: r.value for name, r in values.items()}
+    for dim, kind in (("tp", "tensor"), ("cp", "context")):
+        size = values[f"parallelism_config_{dim}_size"]
+        if (size.value or 1) > 1:  # read, so that it is refused here rather than ignored (issue 14 builds it)
+            raise NotBuiltError(
+                f"{_where(size)}: {dim}_size={size.value}: {kind} parallelism is not built in hasten yet (issue 14); "
+                "fix: use --parallelism_config_dp_shard_size (FSDP) or --parallelism_config_dp_replicate_size (DDP)"
+            )
     if v["use_cpu"] and v["use_fsdp"]:
         raise ConfigError(
             f"use_cpu (from {_where(values['use_cpu'])}) and use_fsdp (from {_where(values['use_fsdp'])}) cannot "

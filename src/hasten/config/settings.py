@@ -372,8 +372,8 @@ SETTINGS: tuple[Setting, ...] = (
                help="Train with DeepSpeed ZeRO (see docs/deepspeed.md)."),
     _megatron("use_megatron_lm", "bool", switch=True, distributed_type="MEGATRON_LM", env=_pair("USE_MEGATRON_LM"),
               export="HASTEN_USE_MEGATRON_LM", help="Train with Megatron-LM."),
-    _nd("use_parallelism_config", "bool", switch=True, env=_pair("USE_PARALLELISM_CONFIG"),
-        export="HASTEN_USE_PARALLELISM_CONFIG", help="Build a ParallelismConfig from --parallelism_config_* flags."),
+    _nd("use_parallelism_config", "bool", switch=True, env=_pair("USE_PARALLELISM_CONFIG"), built=True,
+        owner="Accelerator", export="HASTEN_USE_PARALLELISM_CONFIG", help="Build a ParallelismConfig from --parallelism_config_* flags."),
     # -- distributed ----------------------------------------------------------------------------------------------
     Setting("gpu_ids", "gpu_ids", "all", flags=("--gpu_ids",), file_key=("gpu_ids",), env=("CUDA_VISIBLE_DEVICES",),
             export="CUDA_VISIBLE_DEVICES", group="Distributed GPUs", question="Which GPUs (ids) should be used?",
@@ -523,20 +523,31 @@ SETTINGS: tuple[Setting, ...] = (
             ("use_mxfp8_block_scaling", "bool", "use_mxfp8_block_scaling", (), "MXFP8 block scaling."),
         )
     ),
-    # -- N-D parallelism (not built) ----------------------------------------------------------------------------------
-    Setting("parallelism_config", "dict", {}, file_key=("parallelism_config",), role="file", built=False,
+    # -- N-D parallelism: the sizes hasten runs are built (dp_replicate alone: DDP, dp_shard alone: FSDP2); tensor and
+    # context sizes above 1 are read and then refused by hasten.parallelism_config.backend_for_layout (issue 14);
+    # DeepSpeed sequence parallelism is not built. A size given alone turns the config on (no --use_parallelism_config).
+    Setting("parallelism_config", "dict", {}, file_key=("parallelism_config",), role="file",
             prefix="parallelism_config_", feature="N-D parallelism (the parallelism_config block)", fix=_ND_FIX,
             help="N-D parallelism sizes."),
+    *(
+        _nd(f"parallelism_config_{name}", kind, env=(f"PARALLELISM_CONFIG_{name.upper()}",), default=default,
+            file_key=("parallelism_config", f"parallelism_config_{name}"), help=text, built=True, requires=None,
+            owner="TorchContextParallelConfig" if name == "cp_comm_strategy" else "ParallelismConfig", code=name,
+            **extra)
+        for name, kind, default, text, extra in (
+            ("dp_replicate_size", "int", 1, "Replicated data-parallel size (alone: DDP).", {"minimum": 1}),
+            ("dp_shard_size", "int", 1, "Sharded data-parallel size (alone: FSDP2).", {"minimum": 1}),
+            ("tp_size", "int", 1, "Tensor-parallel size (above 1: not built yet, refused).", {"minimum": 1}),
+            ("cp_size", "int", 1, "Context-parallel size (above 1: not built yet, refused).", {"minimum": 1}),
+            ("cp_backend", "str", "torch", "Context-parallel backend.", {"choices": enums.CP_BACKENDS}),
+            ("cp_comm_strategy", "str", "allgather", "Context-parallel communication strategy.",
+             {"choices": enums.CP_COMM_STRATEGIES}),
+        )
+    ),
     *(
         _nd(f"parallelism_config_{name}", kind, env=(f"PARALLELISM_CONFIG_{name.upper()}",),
             file_key=("parallelism_config", f"parallelism_config_{name}"), help=text)
         for name, kind, text in (
-            ("dp_replicate_size", "int", "Replicated data-parallel size."),
-            ("dp_shard_size", "int", "Sharded data-parallel size."),
-            ("tp_size", "int", "Tensor-parallel size."),
-            ("cp_size", "int", "Context-parallel size."),
-            ("cp_backend", "str", "Context-parallel backend."),
-            ("cp_comm_strategy", "str", "Context-parallel communication strategy."),
             ("sp_size", "int", "Sequence-parallel size."),
             ("sp_backend", "str", "Sequence-parallel backend."),
             ("sp_seq_length", "int", "Sequence length."),

@@ -1,0 +1,314 @@
+"""`ParallelismConfig`: the sizes of data, sharded-data, tensor and context parallelism, and the mesh they make.
+
+Accelerate 1.15's surface (transformers imports it at start-up). What hasten runs today (issue 14 builds the rest):
+all sizes 1, or `dp_replicate_size` alone (DDP), or `dp_shard_size` alone (FSDP2). Tensor, context and sequence
+parallelism and HSDP (replicate and shard both above 1) are refused in one line by `backend_for_layout`, never
+ignored. Unset sizes are read from `PARALLELISM_CONFIG_*` through the settings table, as Accelerate reads them.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from .enums import CP_COMM_STRATEGIES
+from .errors import ConfigError, NotBuiltError
+
+# The order of the mesh dimensions, outermost first (Accelerate's: replicas outside, tensor parallel innermost).
+MESH_ORDER = ("dp_replicate", "dp_shard", "cp", "sp", "tp")
+_ISSUE = "not built in hasten yet (issue 14)"
+_KIND = {"tp": "tensor", "cp": "context", "sp": "sequence (DeepSpeed)"}
+
+
+def _setting(name: str, code, default=None):
+    """`code` > the row's variable > its default, through the settings table. A row not built (DeepSpeed sequence
+    parallelism) has no variable to read: set, it is refused in one line; from code, `backend_for_layout` refuses."""
+    import os
+
+    from .config import settings
+    from .config.resolve import BY_NAME, runtime_value
+
+    if name in BY_NAME:
+        return runtime_value(name, code).value
+    if code is None:
+        row = settings.BY_NAME[name]
+        for variable in row.env:
+            if os.environ.get(variable):
+                row.refuse(f"environment variable {variable}={os.environ[variable]!r}")
+    return default if code is None else code
+
+
+@dataclass
+class TorchTensorParallelConfig:
+    """Options of tensor parallelism (`ParallelismConfig(tp_handler=...)`)."""
+
+    enable_async_tp: bool = False
+
+    def __post_init__(self):
+        if self.enable_async_tp:
+            # Accelerate warns and runs without it; hasten refuses instead of ignoring an option.
+            raise NotBuiltError(f"TorchTensorParallelConfig(enable_async_tp=True): async tensor parallelism is {_ISSUE}; "
+                                "fix: leave enable_async_tp=False")
+
+
+@dataclass
+class TorchContextParallelConfig:
+    """Options of context parallelism (`ParallelismConfig(cp_handler=...)`)."""
+
+    cp_comm_strategy: Optional[str] = None
+
+    def __post_init__(self):
+        self.cp_comm_strategy = _setting("parallelism_config_cp_comm_strategy", self.cp_comm_strategy)
+        if self.cp_comm_strategy not in CP_COMM_STRATEGIES:
+            raise ConfigError(f"cp_comm_strategy={self.cp_comm_strategy!r} must be one of "
+                              f"{', '.join(CP_COMM_STRATEGIES)}")
+
+
+@dataclass
+class TorchTensorParallelPlugin:
+    """Accelerate's older tensor-parallel plugin (deprecated there in favour of `ParallelismConfig(tp_size=...)`)."""
+
+    tp_size: int = 1
+    torch_device_mesh: Any = None
+
+
+@dataclass
+class ParallelismConfig:
+    """How many processes each kind of parallelism spans; their product is the number of processes."""
+
+    dp_replicate_size: Optional[int] = None
+    dp_shard_size: Optional[int] = None
+    tp_size: Optional[int] = None
+    cp_size: Optional[int] = None
+    cp_backend: Optional[str] = None
+    sp_size: Optional[int] = None
+    sp_backend: Optional[str] = None
+    tp_handler: Optional[TorchTensorParallelConfig] = None
+    cp_handler: Optional[TorchContextParallelConfig] = None
+    sp_handler: Any = None
+    _sizes: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    device_mesh = None  # a class attribute, as in Accelerate: set by get_device_mesh
+
+    def __post_init__(self):
+        for name in ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "sp_size"):
+            value = _setting(f"parallelism_config_{name}", getattr(self, name), 1)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"ParallelismConfig {name}={value!r} must be a whole number of 1 or more")
+            setattr(self, name, value)
+        self.cp_backend = _setting("parallelism_config_cp_backend", self.cp_backend)
+        if self.cp_backend != "torch":
+            raise ConfigError(f"ParallelismConfig cp_backend={self.cp_backend!r} must be 'torch'")
+        self.sp_backend = self.sp_backend or "deepspeed"
+        if self.sp_backend != "deepspeed":
+            raise ConfigError(f"ParallelismConfig sp_backend={self.sp_backend!r} must be 'deepspeed'")
+        if self.cp_size > 1 and self.sp_size > 1:
+            raise ConfigError(f"ParallelismConfig cp_size={self.cp_size} and sp_size={self.sp_size} cannot both be "
+                              "above 1 (context and sequence parallelism exclude each other); set one of them to 1")
+        if (self.tp_size > 1 or self.cp_size > 1) and self.dp_replicate_size > 1 and self.dp_shard_size == 1:
+            raise ConfigError("ParallelismConfig: tensor/context parallelism does not compose with pure replication "
+                              f"(dp_replicate_size={self.dp_replicate_size}, dp_shard_size=1); fix: use "
+                              "dp_shard_size instead of dp_replicate_size")
+        if self.tp_size > 1 and self.tp_handler is None:
+            self.tp_handler = TorchTensorParallelConfig()
+        if self.cp_size > 1 and self.cp_handler is None:
+            self.cp_handler = TorchContextParallelConfig()
+        if self.cp_handler is not None and not isinstance(self.cp_handler, TorchContextParallelConfig):
+            raise ConfigError(f"ParallelismConfig cp_handler must be a TorchContextParallelConfig for cp_backend "
+                              f"'torch', got {type(self.cp_handler).__name__}")
+        self._sizes = {"dp_replicate": self.dp_replicate_size, "dp_shard": self.dp_shard_size, "tp": self.tp_size,
+                       "cp": self.cp_size, "sp": self.sp_size}
+
+    def _set_size(self, dim: str, size: int) -> None:
+        self._sizes[dim] = size
+        setattr(self, f"{dim}_size", size)
+
+    # -- sizes -------------------------------------------------------------------------------------------------
+    @property
+    def total_size(self) -> int:
+        return self.dp_replicate_size * self.dp_shard_size * self.tp_size * self.cp_size * self.sp_size
+
+    @property
+    def data_parallel_size(self) -> int:
+        return self.dp_replicate_size * self.dp_shard_size
+
+    @property
+    def non_data_parallel_size(self) -> int:
+        return self.tp_size * self.cp_size * self.sp_size
+
+    dp_replicate_enabled = property(lambda self: self.dp_replicate_size > 1)
+    dp_shard_enabled = property(lambda self: self.dp_shard_size > 1)
+    tp_enabled = property(lambda self: self.tp_size > 1)
+    cp_enabled = property(lambda self: self.cp_size > 1)
+    sp_enabled = property(lambda self: self.sp_size > 1)
+
+    # -- mesh dimension names ----------------------------------------------------------------------------------
+    def _enabled(self, *dims: str) -> list:
+        return [dim for dim in dims if self._sizes[dim] > 1]
+
+    @property
+    def dp_dim_names(self) -> list:
+        """Dimensions over which batches differ."""
+        return self._enabled("dp_replicate", "dp_shard")
+
+    @property
+    def non_dp_dim_names(self) -> list:
+        """Dimensions whose ranks receive the same batch."""
+        return self._enabled("tp", "cp", "sp")
+
+    @property
+    def dp_shard_cp_dim_names(self) -> list:
+        """Dimensions flattened into the one FSDP shards the model over."""
+        return self._enabled("dp_shard", "cp")
+
+    @property
+    def dp_cp_dim_names(self) -> list:
+        """Dimensions the loss is averaged over."""
+        return self._enabled("dp_replicate", "dp_shard", "cp")
+
+    @property
+    def fsdp_dim_names(self) -> list:
+        return self._enabled("dp_replicate") + ["dp_shard_cp"]
+
+    @property
+    def active_mesh_dims(self) -> list:
+        return self.dp_dim_names + self.non_dp_dim_names
+
+    # -- the mesh ----------------------------------------------------------------------------------------------
+    def build_device_mesh(self, device_type: str):
+        """A DeviceMesh over the enabled dimensions (in `MESH_ORDER`), with the flattened views `dp`, `dp_shard_cp`
+        and `dp_cp`; None when every size is 1 or with DeepSpeed sequence parallelism (DeepSpeed keeps its own)."""
+        if self.sp_enabled:
+            return None
+        dims = [dim for dim in MESH_ORDER if dim in self.active_mesh_dims]
+        if not dims:
+            return None
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh(device_type, tuple(self._sizes[dim] for dim in dims), mesh_dim_names=tuple(dims))
+        # Kept here because torch deprecates slicing a flattened view back out of the root mesh (mesh["dp"]).
+        self._views = {}
+        for name, names in (("dp", self.dp_dim_names), ("dp_shard_cp", self.dp_shard_cp_dim_names),
+                            ("dp_cp", self.dp_cp_dim_names)):
+            if names:
+                self._views[name] = mesh[tuple(names)]._flatten(name)
+        return mesh
+
+    def submesh(self, name: str):
+        """One dimension of the built mesh, or one of its flattened views (`dp`, `dp_shard_cp`, `dp_cp`)."""
+        if self.device_mesh is None:
+            raise ConfigError(f"ParallelismConfig.submesh({name!r}): no mesh is built (every size is 1, or "
+                              "get_device_mesh was not called)")
+        views = getattr(self, "_views", {})
+        return views[name] if name in views else self.device_mesh[name]
+
+    def get_device_mesh(self, device_type: str | None = None):
+        """The mesh, built on first call (a device type is then needed) and the same one afterwards."""
+        if self.device_mesh is None:
+            if device_type is None:
+                raise ConfigError("ParallelismConfig.get_device_mesh needs a device_type (e.g. 'cuda') to build the "
+                                  "mesh the first time")
+            self.device_mesh = self.build_device_mesh(device_type)
+        elif device_type is not None and self.device_mesh.device_type != device_type:
+            raise ConfigError(f"the device mesh was built for {self.device_mesh.device_type!r}, not {device_type!r}")
+        return self.device_mesh
+
+    def to_json(self) -> dict:
+        """The sizes and handlers as plain data (Accelerate's returns None: it builds the dict and drops it)."""
+        data = {}
+        for key, value in self.__dict__.items():
+            if key == "device_mesh" or key.startswith("_"):
+                continue
+            data[key] = dict(value.__dict__) if hasattr(value, "__dict__") else value
+        return data
+
+    # -- what hasten can run -------------------------------------------------------------------------------------
+    def _validate_accelerator(self, num_processes: int) -> None:
+        """Fit the sizes to the run: all 1 on many processes means plain replication; otherwise the product must
+        be the number of processes."""
+        if self.total_size == 1 and num_processes > 1:
+            self._set_size("dp_replicate", num_processes)
+        if self.total_size != num_processes:
+            sizes = ", ".join(f"{dim}_size={size}" for dim, size in self._sizes.items() if size > 1)
+            raise ConfigError(f"ParallelismConfig sizes multiply to {self.total_size} ({sizes}) but this run has "
+                              f"{num_processes} process(es); fix: make the product of the sizes {num_processes}")
+        for dim, size in self._sizes.items():
+            if size == 1 and getattr(self, f"{dim}_handler", None) is not None:
+                warnings.warn(f"ParallelismConfig.{dim}_handler is set but {dim}_size is 1; the handler has "
+                              "nothing to configure", UserWarning, stacklevel=3)
+
+
+def backend_for_layout(config: ParallelismConfig, num_processes: int, fsdp_plugin=None, deepspeed: bool = False) -> str:
+    """The backend that runs `config` on `num_processes` processes ("single", "ddp", "fsdp" or "deepspeed"), or a
+    one-line refusal for a layout hasten has not built. Fits the config to the run first (`_validate_accelerator`)."""
+    if not isinstance(config, ParallelismConfig):
+        raise TypeError(f"parallelism_config must be a ParallelismConfig, got {type(config).__name__}")
+    for dim in ("tp", "cp", "sp"):
+        if config._sizes[dim] > 1:
+            raise NotBuiltError(f"ParallelismConfig {dim}_size={config._sizes[dim]}: "
+                                f"{_KIND[dim]} parallelism is "
+                                f"{_ISSUE}; fix: use dp_shard_size (FSDP) or dp_replicate_size (DDP) only")
+    config._validate_accelerator(num_processes)
+    if config.dp_replicate_enabled and config.dp_shard_enabled:
+        raise NotBuiltError(f"ParallelismConfig dp_replicate_size={config.dp_replicate_size} with dp_shard_size="
+                            f"{config.dp_shard_size}: HSDP is {_ISSUE}; fix: use one of the two")
+    if deepspeed:
+        if config.dp_shard_enabled:
+            raise ConfigError(f"ParallelismConfig dp_shard_size={config.dp_shard_size} shards with FSDP2, but a DeepSpeed "
+                              "plugin is given (DeepSpeed shards by its ZeRO stage); fix: leave dp_shard_size at 1")
+        return "deepspeed"
+    if config.dp_shard_enabled:
+        if fsdp_plugin is not None and fsdp_plugin.fsdp_version != 2:
+            raise ConfigError(f"ParallelismConfig dp_shard_size={config.dp_shard_size} shards with FSDP2, but the "
+                              "FSDP plugin asks for fsdp_version 1; fix: fsdp_version=2")
+        return "fsdp"
+    if fsdp_plugin is not None and num_processes > 1:
+        raise ConfigError(f"ParallelismConfig has no dimension to shard over (dp_shard_size=1) but an FSDP plugin is "
+                          f"given; fix: set dp_shard_size={num_processes} or drop the FSDP plugin")
+    if fsdp_plugin is not None:
+        return "fsdp"
+    return "ddp" if config.dp_replicate_enabled else "single"
+
+
+_SIZE_SETTINGS = ("parallelism_config_dp_replicate_size", "parallelism_config_dp_shard_size",
+                  "parallelism_config_tp_size", "parallelism_config_cp_size")
+
+
+def config_for_run(config: ParallelismConfig | None) -> ParallelismConfig | None:
+    """The config an Accelerator runs with: the one passed, else one built from the environment when the launcher
+    (or the user) asked for it: `--use_parallelism_config`, or any `--parallelism_config_*` size (a size given
+    alone is honoured, not ignored as Accelerate ignores it without the switch)."""
+    if config is not None:
+        return config
+    from .config.resolve import runtime_value
+
+    asked = runtime_value("use_parallelism_config").value
+    if asked or any(runtime_value(name).source != "default" for name in _SIZE_SETTINGS):
+        return ParallelismConfig()
+    return None
+
+
+def fsdp_plugin_for_layout(config: ParallelismConfig, num_processes: int, fsdp_plugin, deepspeed_plugins=None):
+    """The FSDP plugin the run needs for `config`: a new FSDP2 plugin when sharding and none was given, the given
+    one (or None) otherwise. Refuses in one line what hasten cannot run (`backend_for_layout`)."""
+    backend = backend_for_layout(config, num_processes, fsdp_plugin, deepspeed=deepspeed_plugins is not None)
+    if backend == "fsdp" and fsdp_plugin is None:
+        from .config.fsdp import FullyShardedDataParallelPlugin
+
+        return FullyShardedDataParallelPlugin(fsdp_version=2)
+    return fsdp_plugin
+
+
+def mesh_rank(state, dim: str) -> int:
+    """This process's index along mesh dimension `dim` (0 when that dimension is not in use)."""
+    config = getattr(state, "parallelism_config", None)
+    if config is None:
+        raise ConfigError(f"the {dim} rank needs a parallelism_config; pass Accelerator(parallelism_config="
+                          "ParallelismConfig(...))")
+    if config._sizes[dim] <= 1:
+        return 0
+    return state.device_mesh.get_local_rank(dim)
+
+
+__all__ = ["ParallelismConfig", "TorchContextParallelConfig", "TorchTensorParallelConfig", "TorchTensorParallelPlugin"]
