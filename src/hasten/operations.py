@@ -11,6 +11,7 @@ instead of hanging or silently mixing data.
 
 from __future__ import annotations
 
+import warnings
 from functools import wraps
 from typing import Any
 
@@ -25,6 +26,10 @@ from .nested import (  # noqa: F401 - re-exported: Accelerate keeps these in its
     ConvertOutputsToFp32, convert_outputs_to_fp32, pad_input_tensors, split_for_process,
 )
 from .state import PartialState
+
+
+class CannotPadNestedTensorWarning(UserWarning):
+    """`pad_across_processes` met a nested tensor, which it leaves unpadded."""
 
 
 # -- collectives -----------------------------------------------------------------------------------------
@@ -183,7 +188,12 @@ def pad_across_processes(tensor, dim: int = 0, pad_index: int = 0, pad_first: bo
     """Pad every tensor leaf along `dim` to the largest size any process has."""
 
     def _pad_one(t):
-        if getattr(t, "is_nested", False) or dim >= len(t.shape) or dim < -len(t.shape):
+        if getattr(t, "is_nested", False):
+            warnings.warn("pad_across_processes cannot pad a nested tensor; it is returned unchanged (pad its "
+                          "components, or convert it with `to_padded_tensor`, first)", CannotPadNestedTensorWarning,
+                          stacklevel=4)
+            return t
+        if dim >= len(t.shape) or dim < -len(t.shape):
             return t
         size = torch.tensor(t.shape, device=t.device)[None]
         sizes = gather(size).cpu()
@@ -231,5 +241,5 @@ __all__ = [
     "get_data_structure", "get_shape", "honor_type", "ignorant_find_batch_size", "initialize_tensors",
     "is_namedtuple", "is_tensor_information", "is_torch_tensor", "listify", "pad_across_processes",
     "pad_input_tensors", "recursively_apply", "reduce", "send_to_device", "slice_tensors", "wait_for_everyone",
-    "DistributedOperationException", "DistributedType",
+    "DistributedOperationException", "DistributedType", "CannotPadNestedTensorWarning",
 ]
