@@ -12,6 +12,7 @@ instead of hanging or silently mixing data.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping
 from functools import wraps
 from typing import Any
 
@@ -188,12 +189,7 @@ def pad_across_processes(tensor, dim: int = 0, pad_index: int = 0, pad_first: bo
     """Pad every tensor leaf along `dim` to the largest size any process has."""
 
     def _pad_one(t):
-        if getattr(t, "is_nested", False):
-            warnings.warn("pad_across_processes cannot pad a nested tensor; it is returned unchanged (pad its "
-                          "components, or convert it with `to_padded_tensor`, first)", CannotPadNestedTensorWarning,
-                          stacklevel=4)
-            return t
-        if dim >= len(t.shape) or dim < -len(t.shape):
+        if getattr(t, "is_nested", False) or dim >= len(t.shape) or dim < -len(t.shape):
             return t
         size = torch.tensor(t.shape, device=t.device)[None]
         sizes = gather(size).cpu()
@@ -211,9 +207,24 @@ def pad_across_processes(tensor, dim: int = 0, pad_index: int = 0, pad_first: bo
         out[tuple(index)] = t
         return out
 
+    # Warned on one process too, so the gap shows before the run scales out.
+    if _has_nested_tensor(tensor):
+        warnings.warn("pad_across_processes cannot pad a nested tensor; it is returned unchanged (pad its components, "
+                      "or convert it with `torch.nested.to_padded_tensor`, first)", CannotPadNestedTensorWarning,
+                      stacklevel=3)
     if not _distributed(PartialState()):
         return tensor
     return recursively_apply(_pad_one, tensor, error_on_other_type=True)
+
+
+def _has_nested_tensor(data) -> bool:
+    if isinstance(data, torch.Tensor):
+        return data.is_nested
+    if isinstance(data, Mapping):
+        data = data.values()
+    elif not isinstance(data, (list, tuple)):
+        return False
+    return any(_has_nested_tensor(item) for item in data)
 
 
 def copy_tensor_to_devices(tensor=None):
