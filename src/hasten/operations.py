@@ -207,7 +207,7 @@ def pad_across_processes(tensor, dim: int = 0, pad_index: int = 0, pad_first: bo
         out[tuple(index)] = t
         return out
 
-    # Warned on one process too, so the gap shows before the run scales out.
+    # Warned on one process too (as Accelerate does), so the gap shows before the run scales out.
     if _has_nested_tensor(tensor):
         warnings.warn("pad_across_processes cannot pad a nested tensor; it is returned unchanged (pad its components, "
                       "or convert it with `torch.nested.to_padded_tensor`, first)", CannotPadNestedTensorWarning,
