@@ -80,6 +80,13 @@ print("ALIAS-OK")
     assert status.startswith("accelerate alias: active") and "1.15.0+hasten" in status
 
 
+def test_hasten_env_shows_the_alias(aliased, tmp_path):
+    python, _ = aliased
+    assert "`accelerate` alias: active: `import accelerate` loads hasten" in run(python, "-m", "hasten", "env").stdout
+    python, _ = make_venv(tmp_path / "plain")
+    assert "`accelerate` alias: not installed" in run(python, "-m", "hasten", "env").stdout
+
+
 def test_the_project_environment_is_never_changed(aliased):
     assert not os.path.exists(os.path.join(sysconfig.get_path("purelib"), alias.PTH_FILE))
     assert not any(type(f).__name__ == "AccelerateAliasFinder" for f in sys.meta_path)
