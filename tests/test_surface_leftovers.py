@@ -15,6 +15,7 @@ from launching import launch
 def test_fsdp2_functions_on_two_processes():
     result = launch("fsdp2_functions.py", timeout=300)
     assert result.stdout.count("fsdp2 functions ok") == 2, result.stdout
+    assert result.stdout.count("bypass device map ok") == 2, result.stdout  # prepare() and a dispatched model
 
 
 def test_fsdp2_functions_refuse_an_accelerator_without_fsdp2():

@@ -63,3 +63,22 @@ assert torch.allclose(empty(x), source(x), atol=1e-6)
 
 accelerator.wait_for_everyone()
 print(f"fsdp2 functions ok on rank {rank}")
+
+# -- prepare() and a model dispatched over several devices (HASTEN_BYPASS_DEVICE_MAP) ----------------------
+import os  # noqa: E402
+
+from hasten.errors import ConfigError  # noqa: E402
+
+dispatched = make_model()
+dispatched.hf_device_map = {"inp": "cpu", "blocks": "disk"}
+try:
+    accelerator.prepare(dispatched)
+    raise AssertionError("a dispatched model was prepared in a distributed run")
+except ConfigError as error:
+    assert "BYPASS_DEVICE_MAP" in str(error)
+os.environ["ACCELERATE_BYPASS_DEVICE_MAP"] = "true"  # Accelerate's spelling works too
+accelerator.prepare(dispatched)  # taken as it is: its hooks place the weights
+del os.environ["ACCELERATE_BYPASS_DEVICE_MAP"]
+
+accelerator.wait_for_everyone()
+print(f"bypass device map ok on rank {rank}")
