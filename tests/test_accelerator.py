@@ -67,7 +67,7 @@ def test_prepare_rejects_bad_objects():
         ({"kwargs_handlers": ["bf16"]}, ConfigError, "KwargsHandler objects"),
         ({"dynamo_backend": "inductor", "dynamo_plugin": TorchDynamoPlugin()}, ConfigError, "not both"),
         ({"dynamo_backend": "turbo"}, ConfigError, "Unknown dynamo backend"),
-        ({"deepspeed_plugin": object()}, NotSupportedYetError, "deepspeed_plugin"),
+        ({"deepspeed_plugin": object()}, ConfigError, "DeepSpeedPlugin"),
         ({"megatron_lm_plugin": object()}, NotSupportedYetError, "megatron_lm_plugin"),
     ],
 )

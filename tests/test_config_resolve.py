@@ -166,11 +166,16 @@ def test_slurm_step_needs_no_flags(home, monkeypatch):
 
 
 def test_paradigm_flag_replaces_the_files_distributed_type(home):
-    write_config(home, "distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 2\n")
-    with pytest.raises(ValueError, match="DeepSpeed"):
+    write_config(home, "distributed_type: MEGATRON_LM\n")
+    with pytest.raises(ValueError, match="Megatron-LM"):
         plan()
     launch = plan("--cpu")
     assert launch.env["HASTEN_USE_CPU"] == "true"
+    write_config(home, "distributed_type: DEEPSPEED\nnum_processes: 2\ndeepspeed_config:\n  zero_stage: 3\n")
+    launch = plan()
+    assert launch.env["HASTEN_USE_DEEPSPEED"] == "true" and launch.env["HASTEN_DEEPSPEED_ZERO_STAGE"] == "3"
+    launch = plan("--cpu")  # the flag replaces the file's DeepSpeed: none of its variables are passed on
+    assert "HASTEN_USE_DEEPSPEED" not in launch.env and "HASTEN_DEEPSPEED_ZERO_STAGE" not in launch.env
 
 
 def test_the_two_documented_exceptions_to_code_wins():

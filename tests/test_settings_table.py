@@ -13,13 +13,14 @@ from hasten.commands.launch import launch_command_parser, plan_launch
 from hasten.config import file as config_file
 from hasten.config import settings as table
 from hasten.config.dataclasses import TorchDynamoPlugin
+from hasten.config.deepspeed import DeepSpeedPlugin
 from hasten.config.fsdp import FullyShardedDataParallelPlugin
 from hasten.enums import DynamoBackend, PrecisionType
 from hasten.errors import NotBuiltError
 from hasten.state import AcceleratorState
 
 OWNERS = {"Accelerator": Accelerator, "TorchDynamoPlugin": TorchDynamoPlugin,
-          "FullyShardedDataParallelPlugin": FullyShardedDataParallelPlugin}
+          "FullyShardedDataParallelPlugin": FullyShardedDataParallelPlugin, "DeepSpeedPlugin": DeepSpeedPlugin}
 ENUM_ROWS = [row for row in table.SETTINGS if row.built and row.choices and row.role == "setting"]
 NOT_BUILT = [row for row in table.SETTINGS if not row.built]
 UNBUILT_VALUES = [(row, value) for row in table.SETTINGS for value in row.unbuilt_values]
@@ -45,6 +46,8 @@ def _context_flags(row) -> list:
 def _context_file(row) -> dict:
     if row.requires == "use_fsdp":
         return {"distributed_type": "FSDP"}
+    if row.requires == "use_deepspeed":
+        return {"distributed_type": "DEEPSPEED"}
     if row.requires == "dynamo_backend":
         return {"dynamo_config": {"dynamo_backend": "inductor"}}
     return {}

@@ -30,6 +30,7 @@ _EXPORTS = {
     "GradientAccumulationPlugin": "hasten.config.dataclasses",
     "TorchDynamoPlugin": "hasten.config.dataclasses",
     "FullyShardedDataParallelPlugin": "hasten.config.fsdp",
+    "DeepSpeedPlugin": "hasten.config.deepspeed",
     "find_executable_batch_size": "hasten.memory",
     "synchronize_rng_states": "hasten.rng",
     "set_seed": "hasten.rng",

@@ -84,12 +84,11 @@ class Accelerator:
         deepspeed_plugins=None,
         parallelism_config=None,
     ):
-        for name, value in (("deepspeed_plugin", deepspeed_plugin), ("deepspeed_plugins", deepspeed_plugins),
-                            ("torch_tp_plugin", torch_tp_plugin), ("megatron_lm_plugin", megatron_lm_plugin),
+        for name, value in (("torch_tp_plugin", torch_tp_plugin), ("megatron_lm_plugin", megatron_lm_plugin),
                             ("parallelism_config", parallelism_config)):
             if value is not None:
                 raise NotSupportedYetError(f"Accelerator({name}=...) is not supported by hasten yet")
-        refuse_unbuilt_environment(os.environ)  # e.g. ACCELERATE_USE_DEEPSPEED=true: refused, not ignored
+        refuse_unbuilt_environment(os.environ)  # e.g. ACCELERATE_USE_MEGATRON_LM=true: refused, not ignored
         if split_batches is not _NOT_PASSED:
             warnings.warn(
                 "Accelerator(split_batches=...) is ignored (as in Accelerate); pass "
@@ -108,15 +107,29 @@ class Accelerator:
         dynamo_plugin = dynamo_plugin or TorchDynamoPlugin(backend=dynamo_backend)
         if fsdp_plugin is not None or runtime_value("use_fsdp").value:
             fsdp_plugin = self._fsdp_plugin(fsdp_plugin)
+        deepspeed_plugins = self._deepspeed_plugins(deepspeed_plugin, deepspeed_plugins, fsdp_plugin)
 
         init_kwargs = self.init_handler.to_kwargs() if self.init_handler is not None else {}
         self.state = AcceleratorState(
             mixed_precision=mixed_precision, cpu=cpu, dynamo_plugin=dynamo_plugin, fsdp_plugin=fsdp_plugin,
-            _from_accelerator=True, **init_kwargs,
+            deepspeed_plugin=deepspeed_plugins, _from_accelerator=True, **init_kwargs,
         )
+        precision = PrecisionPolicy.from_setting(self.state.mixed_precision, self.device, self.autocast_handler,
+                                                 self.scaler_handler)
+        backend_name = backend_name_for(self.distributed_type, self.num_processes)
+        self._backend = create_backend(backend_name, self.state, precision=precision, ddp_kwargs=self.ddp_handler,
+                                       plugin=fsdp_plugin)
+        # The backend's view of precision: one whose engine applies it (DeepSpeed) keeps hasten's autocast off.
+        self.precision = self._backend.precision
+        self.scaler = self._backend.make_grad_scaler()
 
         # The launcher's value replaces the argument, as in Accelerate (the table's precedence says so).
-        gradient_accumulation_steps = runtime_value("gradient_accumulation_steps", gradient_accumulation_steps).value
+        steps = runtime_value("gradient_accumulation_steps", gradient_accumulation_steps)
+        if steps.source == "environment":
+            steps_source = f"environment variable {steps.origin}"
+        else:
+            steps_source = "Accelerator(gradient_accumulation_steps=...)" if steps.value != 1 else "default"
+        gradient_accumulation_steps = steps.value
         if gradient_accumulation_plugin is not None:
             if gradient_accumulation_steps != 1:
                 raise ConfigError(
@@ -127,17 +140,16 @@ class Accelerator:
             if not isinstance(gradient_accumulation_steps, int) or gradient_accumulation_steps < 1:
                 raise ConfigError(f"gradient_accumulation_steps must be a positive integer, got {gradient_accumulation_steps!r}")
             gradient_accumulation_plugin = GradientAccumulationPlugin(num_steps=gradient_accumulation_steps)
+        if gradient_accumulation_plugin.num_steps is not None:
+            if gradient_accumulation_plugin.num_steps != 1 and steps_source == "default":
+                steps_source = "GradientAccumulationPlugin(num_steps=...)"
+            gradient_accumulation_plugin.num_steps = self._backend.accumulation_steps(
+                gradient_accumulation_plugin.num_steps, steps_source)
         self.gradient_state = GradientState(gradient_accumulation_plugin=gradient_accumulation_plugin)
 
         self.device_placement = device_placement
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.rng_types = ["generator"] if rng_types is None else list(rng_types)
-        self.precision = PrecisionPolicy.from_setting(self.state.mixed_precision, self.device, self.autocast_handler,
-                                                      self.scaler_handler)
-        backend_name = backend_name_for(self.distributed_type, self.num_processes)
-        self._backend = create_backend(backend_name, self.state, precision=self.precision, ddp_kwargs=self.ddp_handler,
-                                       plugin=fsdp_plugin)
-        self.scaler = self._backend.make_grad_scaler()
         self.native_amp = self.precision.native_amp
         # Decided once, read on every micro-step: without a scaler or a backend that owns backward, `backward` is
         # `loss.backward()` itself; in one process, `accumulate` has no gradient sync to hold back.
@@ -176,6 +188,23 @@ class Accelerator:
             setattr(self, slot, handler)
 
     @staticmethod
+    def _deepspeed_plugins(deepspeed_plugin, deepspeed_plugins, fsdp_plugin):
+        if deepspeed_plugin is None and deepspeed_plugins is None and not runtime_value("use_deepspeed").value:
+            return None
+        from .config.deepspeed import DeepSpeedPlugin, plugins_from
+
+        if deepspeed_plugin is None and deepspeed_plugins is None:
+            deepspeed_plugin = DeepSpeedPlugin()
+        if fsdp_plugin is not None:
+            raise ConfigError("DeepSpeed and FSDP cannot be combined: pass one of deepspeed_plugin and fsdp_plugin")
+        plugins = plugins_from(deepspeed_plugin, deepspeed_plugins)
+        from .utils.imports import is_deepspeed_available
+
+        if not is_deepspeed_available():
+            raise ImportError('DeepSpeed is not installed: pip install "hasten[deepspeed]"')
+        return plugins
+
+    @staticmethod
     def _fsdp_plugin(plugin):
         try:
             from .config.fsdp import FullyShardedDataParallelPlugin
@@ -199,6 +228,15 @@ class Accelerator:
     use_distributed = property(lambda self: self.state.use_distributed)
     mixed_precision = property(lambda self: self.state.mixed_precision)
     is_fsdp2 = property(lambda self: self.state.is_fsdp2)
+    deepspeed_plugin = property(lambda self: self.state.deepspeed_plugin)
+    deepspeed_engine_wrapped = property(lambda self: self._backend.engine_wrapper)
+
+    @property
+    def deepspeed_config(self):
+        plugin = self.state.deepspeed_plugin
+        if plugin is None:
+            raise AttributeError("'Accelerator' object has no attribute 'deepspeed_config' (DeepSpeed is not in use)")
+        return plugin.deepspeed_config
     should_save_model = property(lambda self: True)
 
     @property
@@ -262,7 +300,11 @@ class Accelerator:
         result = list(args)
         models = [(i, o) for i, o in enumerate(args) if isinstance(o, torch.nn.Module)]
         optimizers = [(i, o) for i, o in enumerate(args) if isinstance(o, torch.optim.Optimizer)]
-        self._backend.prepare_together([o for _, o in models], [o for _, o in optimizers])
+        self._backend.prepare_together(
+            [o for _, o in models], [o for _, o in optimizers], schedulers=[o for o in args if _is_scheduler(o)],
+            data_loaders=[o for o in args if _is_dataloader(o)], split_batches=self.split_batches,
+            accumulation_steps=self.gradient_accumulation_steps,
+        )
         # Pass 1: everything but schedulers (they must find their wrapped optimizer in pass 2).
         for i, obj in enumerate(args):
             if not _is_scheduler(obj):
@@ -327,17 +369,10 @@ class Accelerator:
             if scheduler not in self._schedulers:
                 self._schedulers.append(scheduler)
             return scheduler
-        target = getattr(scheduler, "optimizer", None)
-        owners = [opt for opt in self._optimizers if opt.optimizer is target]
-        if target is not None and not owners:
-            raise ConfigError(
-                f"prepare() got a {type(scheduler).__name__} whose optimizer was not prepared: pass the optimizer "
-                "to prepare() as well (in the same call or before)"
-            )
-        wrapped = self._backend.prepare_scheduler(
-            scheduler, owners or self._optimizers, step_with_optimizer=self.step_scheduler_with_optimizer,
-            split_batches=self.split_batches,
-        )
+        # The backend finds the prepared optimizer that owns the scheduler's (and refuses one that has none).
+        wrapped = self._backend.prepare_scheduler(scheduler, list(self._optimizers),
+                                                  step_with_optimizer=self.step_scheduler_with_optimizer,
+                                                  split_batches=self.split_batches)
         wrapped._is_accelerate_prepared = True
         self._schedulers.append(wrapped)
         return wrapped
@@ -533,6 +568,7 @@ class Accelerator:
     def free_memory(self, *objects):
         from .memory import release_memory
 
+        self._backend.free_memory()
         self._models, self._optimizers, self._schedulers, self._dataloaders = [], [], [], []
         self.step = 0
         return release_memory(*objects)

@@ -383,13 +383,14 @@ def save_model(contents: CheckpointContents, model, save_directory, max_shard_si
         return
     max_bytes = io.parse_size(max_shard_size)
     state_dict = contents.backend.full_state_dict(model, unwrap=True)  # collective for sharded backends
-    if state_dict is None:
-        return
-    meta = [name for name, t in state_dict.items() if isinstance(t, torch.Tensor) and t.is_meta]
-    if meta:
-        raise RuntimeError(f"save_model: {len(meta)} tensor(s) are on the meta device (e.g. {meta[0]}); load weights first")
-    if contents.writer:
-        write_weights(state_dict, save_directory, max_bytes, safe_serialization)
+    # None: a backend that gathers onto the main process only (DeepSpeed ZeRO-3) has nothing here to write,
+    # but this process still joins the barrier below.
+    if state_dict is not None:
+        meta = [name for name, t in state_dict.items() if isinstance(t, torch.Tensor) and t.is_meta]
+        if meta:
+            raise RuntimeError(f"save_model: {len(meta)} tensor(s) are on the meta device (e.g. {meta[0]}); load weights first")
+        if contents.writer:
+            write_weights(state_dict, save_directory, max_bytes, safe_serialization)
     contents.state.wait_for_everyone()
 
 

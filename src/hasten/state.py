@@ -427,6 +427,14 @@ class AcceleratorState(_SharedState):
             # Unlike Accelerate, FSDP also runs on CPU processes (gloo) and on a single process (the backend then
             # makes a one-process group), so that a sharded checkpoint resumes on any number of processes.
             self.distributed_type = PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+        if deepspeed_plugin is not None:
+            # As FSDP: DeepSpeed also runs on CPU processes (gloo) and in one process. Ranks stay hasten's own
+            # (torch.distributed), so every process knows its index and reads its share of the data.
+            self.distributed_type = PartialState._shared_state["distributed_type"] = DistributedType.DEEPSPEED
+            source = "Accelerator(mixed_precision=...)" if mixed_precision is not None else "the mixed_precision setting"
+            plugins = deepspeed_plugin.values() if isinstance(deepspeed_plugin, dict) else [deepspeed_plugin]
+            for plugin in plugins:
+                plugin.set_mixed_precision(self._mixed_precision, source)
 
     @property
     def initialized(self) -> bool:
@@ -434,7 +442,8 @@ class AcceleratorState(_SharedState):
 
     @property
     def mixed_precision(self) -> str:
-        return self._mixed_precision
+        plugin = self.deepspeed_plugin if self.distributed_type == DistributedType.DEEPSPEED else None
+        return self._mixed_precision if plugin is None else plugin.mixed_precision
 
     @property
     def is_fsdp2(self) -> bool:
@@ -447,6 +456,23 @@ class AcceleratorState(_SharedState):
         if isinstance(plugins, dict):
             return next((p for p in plugins.values() if getattr(p, "selected", False)), None)
         return plugins
+
+    def get_deepspeed_plugin(self, name: str):
+        plugins = getattr(self, "deepspeed_plugins", None)
+        if not isinstance(plugins, dict) or name not in plugins:
+            known = ", ".join(plugins) if isinstance(plugins, dict) else "none"
+            raise ValueError(f"no DeepSpeed plugin named {name!r} (known: {known})")
+        return plugins[name]
+
+    def select_deepspeed_plugin(self, name: str | None = None) -> None:
+        """Make the plugin `name` the active one: the next prepare() builds its engine with it."""
+        plugins = getattr(self, "deepspeed_plugins", None)
+        if not isinstance(plugins, dict):
+            raise ValueError("select_deepspeed_plugin needs Accelerator(deepspeed_plugins={name: plugin, ...})")
+        chosen = self.get_deepspeed_plugin(name)
+        for plugin in plugins.values():
+            plugin._unselect()
+        chosen.select(_from_accelerator_state=True)
 
     def __repr__(self) -> str:
         return PartialState().__repr__() + f"\nMixed precision type: {self.mixed_precision}\n"

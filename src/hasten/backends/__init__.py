@@ -17,6 +17,7 @@ REGISTRY = {
     "single": ("hasten.backends.single", "SingleBackend"),
     "ddp": ("hasten.backends.ddp", "DDPBackend"),
     "fsdp": ("hasten.backends.fsdp", "FSDPBackend"),
+    "deepspeed": ("hasten.backends.deepspeed", "DeepSpeedBackend"),
 }
 
 # Which backend serves each distributed type (absent: not supported yet).

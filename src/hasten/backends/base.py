@@ -8,7 +8,9 @@ A backend answers, for its strategy:
 - preparing:   `prepare_together`, `prepare_model`, `prepare_optimizer`, `prepare_scheduler` (the last two
                return the objects whose `step`/`zero_grad` the script calls: a backend whose engine steps
                itself returns wrappers that leave that to the engine)
-- precision:   `make_grad_scaler` (from the run's `PrecisionPolicy`, given at construction)
+- precision:   `make_grad_scaler` (from the run's `PrecisionPolicy`, given at construction; a backend whose
+               engine applies precision itself replaces `self.precision`, and the facade uses the backend's)
+- accumulation: `accumulation_steps` (agree the Accelerator's steps with the backend's own setting)
 - one step:    `backward` (gets the raw loss and the accumulation steps: a backend whose engine divides the
                loss itself skips the division), `no_sync`, `trigger_sync_in_backward`, `clip_grad_norm_`,
                `supports_clip_grad_value`
@@ -26,7 +28,7 @@ import os
 import torch
 
 from .. import checkpoint_io as io
-from ..errors import CheckpointError
+from ..errors import CheckpointError, ConfigError
 from ..optimizer import AcceleratedOptimizer
 from ..precision import PrecisionPolicy
 from ..scheduler import AcceleratedScheduler
@@ -54,6 +56,8 @@ class Backend:
     name = "base"
     #: Whether `clip_grad_value_` is meaningful (not for sharded parameters).
     supports_clip_grad_value = True
+    #: Accelerate's `accelerator.deepspeed_engine_wrapped`: the engine a backend drives, if it has one.
+    engine_wrapper = None
 
     def __init__(self, state, precision: PrecisionPolicy | None = None, ddp_kwargs=None, plugin=None):
         self.state = state
@@ -68,16 +72,33 @@ class Backend:
             model = model.to(self.state.device)
         return model
 
-    def prepare_together(self, models: list, optimizers: list) -> None:
-        """Hook for backends that must see models and optimizers at once (sharding); default: nothing."""
+    def prepare_together(self, models: list, optimizers: list, schedulers=(), data_loaders=(), split_batches=False,
+                         accumulation_steps: int = 1) -> None:
+        """Hook for backends that must see everything one `prepare` call got at once (sharding, an engine built
+        from model, optimizer, scheduler and batch size together); default: nothing."""
+
+    def accumulation_steps(self, steps: int, source: str) -> int:
+        """Agree the Accelerator's gradient accumulation steps with the backend's own setting, if it has one."""
+        return steps
+
+    def free_memory(self) -> None:
+        """Release what the backend holds for prepared objects (`accelerator.free_memory()`)."""
 
     def prepare_optimizer(self, optimizer, device_placement: bool, scaler):
         """The object the script steps: steps and zeroes only on synchronisation steps, through `scaler`."""
         return AcceleratedOptimizer(optimizer, device_placement=device_placement, scaler=scaler)
 
     def prepare_scheduler(self, scheduler, optimizers: list, step_with_optimizer: bool, split_batches: bool):
-        """The object the script steps: follows the optimizers' real steps."""
-        return AcceleratedScheduler(scheduler, optimizers, step_with_optimizer=step_with_optimizer,
+        """The object the script steps: follows the real steps of the prepared optimizer (among `optimizers`, all
+        prepared so far) that owns its optimizer."""
+        target = getattr(scheduler, "optimizer", None)
+        owners = [opt for opt in optimizers if getattr(opt, "optimizer", None) is target]
+        if target is not None and not owners:
+            raise ConfigError(
+                f"prepare() got a {type(scheduler).__name__} whose optimizer was not prepared: pass the optimizer "
+                "to prepare() as well (in the same call or before)"
+            )
+        return AcceleratedScheduler(scheduler, owners or optimizers, step_with_optimizer=step_with_optimizer,
                                     split_batches=split_batches)
 
     # -- precision ------------------------------------------------------------------------------------------

@@ -69,7 +69,7 @@ class FSDPBackend(Backend):
         return ShardedGradScaler(self.precision.device_type, **self.precision.scaler_kwargs)
 
     # -- preparing ------------------------------------------------------------------------------------------
-    def prepare_together(self, models, optimizers):
+    def prepare_together(self, models, optimizers, **_):
         """Shard every model of this `prepare` call, then point the optimizers at the sharded parameters."""
         for model in models:
             if model not in self._prepared and not getattr(model, "_is_accelerate_prepared", False):

@@ -1,6 +1,9 @@
-"""Strip the containers hasten (or the user) put around a model: DDP, DataParallel, FSDP1, torch.compile."""
+"""Strip the containers hasten (or the user) put around a model: DDP, DataParallel, FSDP1, DeepSpeed's engine,
+torch.compile."""
 
 from __future__ import annotations
+
+import sys
 
 import torch
 
@@ -13,6 +16,9 @@ def _containers():
         types.append(FullyShardedDataParallel)
     except ImportError:  # pragma: no cover - torch without distributed
         pass
+    engine_module = sys.modules.get("deepspeed.runtime.engine")  # only once deepspeed is in use
+    if engine_module is not None:
+        types.append(engine_module.DeepSpeedEngine)
     return tuple(types)
 
 

@@ -66,10 +66,14 @@ def _check_flags(args) -> None:
         raise ConfigError("--module and --no_python cannot be combined: -m runs `python -m`, --no_python runs no python")
     if args.cpu and args.gpu_ids is not None and args.gpu_ids != "all":
         raise ConfigError(f"--cpu and --gpu_ids {args.gpu_ids} cannot be combined: a CPU run uses no GPU")
+
+
+def _check_requirements(args, values: dict) -> None:
+    """A typed flag that means nothing without another setting (from a flag or the config file)."""
     for row in table.SETTINGS:
         if row.requires and row.flags and table.flag_given(args, row):
             needed = table.BY_DEST.get(row.requires) or table.get(row.requires)
-            if getattr(args, needed.flag_dest, None) in (None, False, "no"):
+            if values[needed.name].value in (None, False, "no"):
                 example = f" {needed.example_text()}" if not needed.switch else ""
                 if needed.choices and "inductor" in needed.choices:
                     example = " inductor"
@@ -94,13 +98,15 @@ def resolve_launch(args, env: Mapping[str, str] | None = None) -> LaunchSettings
 
     # A paradigm typed on the command line replaces the file's distributed_type entirely.
     if any(getattr(args, name, None) for name in PARADIGM_FLAGS):
-        for name in ("use_fsdp", "multi_gpu"):
+        for name in ("use_fsdp", "multi_gpu", "use_deepspeed"):
             if values[name].source == "file":
                 values[name] = Resolved(name, False, "default", "built-in default")
         if not args.use_fsdp:
             for name in FSDP_ENV:
                 if values[name].source == "file":
                     values[name] = Resolved(name, None, "default", "built-in default")
+
+    _check_requirements(args, values)
 
     slurm = slurm_values(env)
     per_task = bool(slurm.get("slurm_per_task"))

@@ -236,21 +236,27 @@ def _not_built(feature: str, fix: str, group: str, *, built: bool = False, requi
             kwargs["export"] = kwargs["env"][0]
         if requires and name != requires:
             kwargs.setdefault("requires", requires)
-        return Setting(name, kind, flags=flags, built=kwargs.pop("built", built), feature=feature, fix=fix,
-                       group=group, hidden=not built, **kwargs)
+        row_built = kwargs.pop("built", built)
+        kwargs.setdefault("group", group)
+        return Setting(name, kind, flags=flags, built=row_built, feature=feature, fix=fix, hidden=not row_built,
+                       **kwargs)
 
     return row
 
 
 _FP8_FIX = "use --mixed_precision bf16 (or fp16)"
-_DS_FIX = "use --use_fsdp (with --fsdp_offload_params true for CPU offload), or run this job with Accelerate"
+_DS_LAUNCHER_FIX = ("start the machines through torchrun as every hasten run: --num_machines, --machine_rank and "
+                    "--main_process_ip on each machine (or srun)")
+_DS_LAUNCHER = "DeepSpeed's own multi-node launchers (hostfile, pdsh, mpirun, ...)"
 _MEGATRON_FIX = "use --use_fsdp to shard the model, or run this job with Accelerate"
 _TPU_FIX = "run on GPUs or CPUs, or run this job with Accelerate"
 _ND_FIX = "use --use_fsdp (data-parallel sharding), or run this job with Accelerate"
 _MPI_FIX = "start the processes with `hasten launch --num_machines ... --machine_rank ...` on each machine, or srun"
 _SM_FIX = "run on a LOCAL_MACHINE (`hasten config`), or run this job with Accelerate"
 
-_deepspeed = _not_built("DeepSpeed", _DS_FIX, "DeepSpeed", requires="use_deepspeed")
+_deepspeed = _not_built("DeepSpeed", "", "DeepSpeed (with --use_deepspeed)", built=True, requires="use_deepspeed")
+_ds_launcher = _not_built(_DS_LAUNCHER, _DS_LAUNCHER_FIX, "DeepSpeed (with --use_deepspeed)", requires="use_deepspeed")
+_DS = "DeepSpeedPlugin"
 _megatron = _not_built("Megatron-LM", _MEGATRON_FIX, "Megatron-LM", requires="use_megatron_lm")
 _tpu = _not_built("TPU (XLA)", _TPU_FIX, "TPU")
 _fp8 = _not_built("fp8 training", _FP8_FIX, "FP8")
@@ -279,8 +285,6 @@ def _dynamo(name, kind, code, **kwargs) -> Setting:
 
 _PRECISION_UNBUILT = {"fp8": ("fp8 mixed precision", _FP8_FIX)}
 _TYPE_UNBUILT = {
-    "DEEPSPEED": ("DeepSpeed (distributed_type DEEPSPEED)", "set `distributed_type: FSDP` (or MULTI_GPU) in the file, "
-                  "or pass --multi_gpu/--use_fsdp/--cpu"),
     "XLA": ("TPU (distributed_type XLA)", "set `distributed_type: MULTI_GPU` or `FSDP` in the file, or pass "
             "--multi_gpu/--use_fsdp/--cpu"),
     "MEGATRON_LM": ("Megatron-LM (distributed_type MEGATRON_LM)", "set `distributed_type: FSDP` in the file, or pass "
@@ -358,11 +362,14 @@ SETTINGS: tuple[Setting, ...] = (
             owner="Accelerator", group="Training paradigm", help="Shard the model with FSDP.",
             **_exported("USE_FSDP")),
     Setting("gradient_accumulation_steps", "int", 1, flags=("--gradient_accumulation_steps",), minimum=1,
+            file_key=("deepspeed_config", "gradient_accumulation_steps"),
             owner="Accelerator", code="gradient_accumulation_steps", group="Training paradigm",
+            question="How many micro-batches per optimizer step (gradient accumulation)?",
             help="Micro-batches per optimizer step (replaces the Accelerator argument, as in Accelerate).",
             **_exported("GRADIENT_ACCUMULATION_STEPS")),
-    _deepspeed("use_deepspeed", "bool", switch=True, distributed_type="DEEPSPEED", env=_pair("USE_DEEPSPEED"),
-               export="HASTEN_USE_DEEPSPEED", help="Train with DeepSpeed."),
+    _deepspeed("use_deepspeed", "bool", default=False, switch=True, distributed_type="DEEPSPEED",
+               env=_pair("USE_DEEPSPEED"), export="HASTEN_USE_DEEPSPEED", owner="Accelerator", group="Training paradigm",
+               help="Train with DeepSpeed ZeRO (see docs/deepspeed.md)."),
     _megatron("use_megatron_lm", "bool", switch=True, distributed_type="MEGATRON_LM", env=_pair("USE_MEGATRON_LM"),
               export="HASTEN_USE_MEGATRON_LM", help="Train with Megatron-LM."),
     _nd("use_parallelism_config", "bool", switch=True, env=_pair("USE_PARALLELISM_CONFIG"),
@@ -440,40 +447,60 @@ SETTINGS: tuple[Setting, ...] = (
     # resolved (role "setting") so the runtime reads it through runtime_value; a variable only, as in Accelerate
     Setting("bypass_device_map", "bool", False, env=_pair("BYPASS_DEVICE_MAP"), owner="Accelerator.prepare",
             help="Let prepare() take a model dispatched over several devices in a distributed run."),
-    # -- DeepSpeed (not built) --------------------------------------------------------------------------------------
-    Setting("deepspeed_config", "dict", {}, file_key=("deepspeed_config",), role="file", built=False,
-            feature="DeepSpeed (the deepspeed_config block)", fix=_DS_FIX, help="DeepSpeed settings."),
-    _deepspeed("deepspeed_config_file", env=_pair("DEEPSPEED_CONFIG_FILE"),
-               file_key=("deepspeed_config", "deepspeed_config_file"), help="DeepSpeed JSON config file."),
-    _deepspeed("zero_stage", "int", env=_pair("DEEPSPEED_ZERO_STAGE"), file_key=("deepspeed_config", "zero_stage"),
-               help="ZeRO stage."),
-    _deepspeed("offload_optimizer_device", env=_pair("DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE"),
-               file_key=("deepspeed_config", "offload_optimizer_device"), help="Optimizer offload device."),
-    _deepspeed("offload_param_device", env=_pair("DEEPSPEED_OFFLOAD_PARAM_DEVICE"),
-               file_key=("deepspeed_config", "offload_param_device"), help="Parameter offload device."),
-    _deepspeed("offload_optimizer_nvme_path", env=_pair("DEEPSPEED_OFFLOAD_OPTIMIZER_NVME_PATH"),
-               file_key=("deepspeed_config", "offload_optimizer_nvme_path"), help="NVMe path for optimizer offload."),
-    _deepspeed("offload_param_nvme_path", env=_pair("DEEPSPEED_OFFLOAD_PARAM_NVME_PATH"),
-               file_key=("deepspeed_config", "offload_param_nvme_path"), help="NVMe path for parameter offload."),
-    _deepspeed("deepspeed_gradient_accumulation_steps", "int", flag=False,
-               file_key=("deepspeed_config", "gradient_accumulation_steps"), help="DeepSpeed accumulation steps."),
-    _deepspeed("gradient_clipping", "float", env=_pair("GRADIENT_CLIPPING"),
-               file_key=("deepspeed_config", "gradient_clipping"), help="DeepSpeed gradient clipping."),
-    _deepspeed("zero3_init_flag", "bool", env=_pair("DEEPSPEED_ZERO3_INIT"),
-               file_key=("deepspeed_config", "zero3_init_flag"), help="zero.Init for ZeRO-3."),
-    _deepspeed("zero3_save_16bit_model", "bool", env=_pair("DEEPSPEED_ZERO3_SAVE_16BIT_MODEL"),
-               file_key=("deepspeed_config", "zero3_save_16bit_model"), help="Save 16-bit weights under ZeRO-3."),
-    _deepspeed("deepspeed_hostfile", file_key=("deepspeed_config", "deepspeed_hostfile"), help="Hostfile."),
-    _deepspeed("deepspeed_exclusion_filter", file_key=("deepspeed_config", "deepspeed_exclusion_filter"),
-               help="Hosts to exclude."),
-    _deepspeed("deepspeed_inclusion_filter", file_key=("deepspeed_config", "deepspeed_inclusion_filter"),
-               help="Hosts to include."),
+    # -- DeepSpeed (DeepSpeedPlugin reads the variables; its own multi-node launchers are not built) ----------------
+    Setting("deepspeed_config", "dict", {}, file_key=("deepspeed_config",), role="file",
+            help="DeepSpeed settings (the keys below)."),
+    _deepspeed("deepspeed_config_file", env=_pair("DEEPSPEED_CONFIG_FILE"), owner=_DS, code="hf_ds_config",
+               file_key=("deepspeed_config", "deepspeed_config_file"),
+               question="DeepSpeed JSON config file (blank: answer the questions below instead)",
+               help="DeepSpeed JSON config file; its numbers must agree with the other DeepSpeed settings."),
+    _deepspeed("zero_stage", "int", env=_pair("DEEPSPEED_ZERO_STAGE"), owner=_DS, code="zero_stage",
+               choices=enums.DEEPSPEED_ZERO_STAGES, file_key=("deepspeed_config", "zero_stage"),
+               question="Which ZeRO stage?", help="ZeRO stage: 0, 1, 2 (default) or 3."),
+    _deepspeed("offload_optimizer_device", env=_pair("DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE"), owner=_DS,
+               code="offload_optimizer_device", choices=enums.DEEPSPEED_OFFLOAD_DEVICES, case="lower",
+               file_key=("deepspeed_config", "offload_optimizer_device"),
+               question="Where should optimizer state be offloaded?", help="Optimizer offload device."),
+    _deepspeed("offload_param_device", env=_pair("DEEPSPEED_OFFLOAD_PARAM_DEVICE"), owner=_DS,
+               code="offload_param_device", choices=enums.DEEPSPEED_OFFLOAD_DEVICES, case="lower",
+               file_key=("deepspeed_config", "offload_param_device"),
+               question="Where should parameters be offloaded (ZeRO-3)?", help="Parameter offload device."),
+    _deepspeed("offload_optimizer_nvme_path", env=_pair("DEEPSPEED_OFFLOAD_OPTIMIZER_NVME_PATH"), owner=_DS,
+               code="offload_optimizer_nvme_path", file_key=("deepspeed_config", "offload_optimizer_nvme_path"),
+               help="NVMe path for optimizer offload."),
+    _deepspeed("offload_param_nvme_path", env=_pair("DEEPSPEED_OFFLOAD_PARAM_NVME_PATH"), owner=_DS,
+               code="offload_param_nvme_path", file_key=("deepspeed_config", "offload_param_nvme_path"),
+               help="NVMe path for parameter offload."),
+    _deepspeed("gradient_clipping", "float", env=_pair("GRADIENT_CLIPPING"), owner=_DS, code="gradient_clipping",
+               minimum=0, file_key=("deepspeed_config", "gradient_clipping"),
+               question="Clip gradients to which norm (0: no clipping)?", help="DeepSpeed gradient clipping."),
+    _deepspeed("zero3_init_flag", "bool", env=_pair("DEEPSPEED_ZERO3_INIT"), owner=_DS, code="zero3_init_flag",
+               file_key=("deepspeed_config", "zero3_init_flag"),
+               question="Build transformers models already partitioned (zero3_init_flag, ZeRO-3)?",
+               help="ZeRO-3: transformers builds models partitioned (zero.Init)."),
+    _deepspeed("zero3_save_16bit_model", "bool", env=_pair("DEEPSPEED_ZERO3_SAVE_16BIT_MODEL"), owner=_DS,
+               code="zero3_save_16bit_model", file_key=("deepspeed_config", "zero3_save_16bit_model"),
+               help="ZeRO-3: let DeepSpeed's save_16bit_model gather weights (hasten's save_model gathers them "
+                    "either way)."),
     _deepspeed("deepspeed_multinode_launcher", choices=enums.DEEPSPEED_MULTINODE_LAUNCHERS,
-               file_key=("deepspeed_config", "deepspeed_multinode_launcher"), help="Multi-node launcher."),
-    _deepspeed("deepspeed_moe_layer_cls_names", env=_pair("DEEPSPEED_MOE_LAYER_CLS_NAMES"),
-               file_key=("deepspeed_config", "deepspeed_moe_layer_cls_names"), help="MoE layer classes."),
-    _deepspeed("config_ds_fields", flag=False, env=_pair("CONFIG_DS_FIELDS"),
-               help="DeepSpeed fields that came from the config file (set by the DeepSpeed launcher)."),
+               file_key=("deepspeed_config", "deepspeed_multinode_launcher"),
+               unbuilt_values={v: (_DS_LAUNCHER, _DS_LAUNCHER_FIX)
+                               for v in enums.DEEPSPEED_MULTINODE_LAUNCHERS if v != "standard"},
+               help="Multi-node launcher: 'standard' (torchrun) is hasten's; the others are not built."),
+    _ds_launcher("deepspeed_hostfile", file_key=("deepspeed_config", "deepspeed_hostfile"), help="Hostfile."),
+    _ds_launcher("deepspeed_exclusion_filter", file_key=("deepspeed_config", "deepspeed_exclusion_filter"),
+                 help="Hosts to exclude."),
+    _ds_launcher("deepspeed_inclusion_filter", file_key=("deepspeed_config", "deepspeed_inclusion_filter"),
+                 help="Hosts to include."),
+    _deepspeed("deepspeed_moe_layer_cls_names", env=_pair("DEEPSPEED_MOE_LAYER_CLS_NAMES"), owner=_DS,
+               code="transformer_moe_cls_names", file_key=("deepspeed_config", "deepspeed_moe_layer_cls_names"),
+               help="MoE block classes ZeRO-3 keeps whole (comma-separated)."),
+    Setting("deepspeed_allow_jit", "bool", False, env=("HASTEN_DEEPSPEED_ALLOW_JIT",), owner="DeepSpeedBackend",
+            role="environment", help="On a CPU, let DeepSpeed compile its own Adam op on first use (minutes) instead of "
+                                     "refusing it (hasten only)."),
+    _ds_launcher("config_ds_fields", flag=False, env=_pair("CONFIG_DS_FIELDS"),
+                 help="Set by Accelerate's DeepSpeed launcher; hasten checks each value against the DeepSpeed config "
+                      "instead."),
     # -- fp8 (not built) --------------------------------------------------------------------------------------------
     Setting("fp8_config", "dict", {}, file_key=("fp8_config",), role="file", built=False,
             feature="fp8 training (the fp8_config block)", fix=_FP8_FIX, help="FP8 recipe settings."),

@@ -24,6 +24,13 @@ _SOURCES = {
         "DataLoaderConfiguration", "TorchDynamoPlugin",
     ],
     "hasten.config.fsdp": ["FullyShardedDataParallelPlugin"],
+    "hasten.config.deepspeed": [
+        "DeepSpeedPlugin", "DummyOptim", "DummyScheduler", "HfDeepSpeedConfig", "get_active_deepspeed_plugin",
+    ],
+    "hasten.backends.deepspeed": ["GatheredParameters", "map_pytorch_optim_to_deepspeed"],
+    "hasten.backends.deepspeed_wrappers": [
+        "DeepSpeedEngineWrapper", "DeepSpeedOptimizerWrapper", "DeepSpeedSchedulerWrapper",
+    ],
     "hasten.backends.fsdp_checkpoint": ["merge_fsdp_weights"],
     "hasten.environment": [
         "str_to_bool", "parse_flag_from_env", "parse_choice_from_env", "get_int_from_env",

@@ -5,3 +5,4 @@ from ..config.dataclasses import KwargsHandler  # noqa: F401
 from ..enums import *  # noqa: F401,F403
 from ..operations import TensorInformation  # noqa: F401
 from ..config.fsdp import FullyShardedDataParallelPlugin  # noqa: F401,E402
+from ..config.deepspeed import DeepSpeedPlugin  # noqa: F401

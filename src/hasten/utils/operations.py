@@ -2,3 +2,4 @@
 
 from ..operations import *  # noqa: F401,F403
 from ..operations import __all__  # noqa: F401
+from ..backends.deepspeed import GatheredParameters  # noqa: F401 - Accelerate keeps it here

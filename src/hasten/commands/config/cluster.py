@@ -14,6 +14,7 @@ _KIND_LABELS = {
     "MULTI_CPU": "Several CPU processes",
     "MULTI_GPU": "Several GPUs, one process each ({count} {device} found)",
     "FSDP": "Several GPUs with the model sharded (FSDP)",
+    "DEEPSPEED": "DeepSpeed ZeRO (GPUs, or CPU processes for testing; pip install \"hasten[deepspeed]\")",
 }
 
 
@@ -22,13 +23,13 @@ def questionnaire(questions: Questions, machine: dict, existing: dict | None = N
     existing = existing or {}
     count, device = machine["device_count"], machine["device"]
     has_gpu = device != "cpu" and count > 0
-    kinds = ["NO", "MULTI_CPU"] + (["MULTI_GPU", "FSDP"] if has_gpu else [])
+    kinds = ["NO", "MULTI_CPU"] + (["MULTI_GPU", "FSDP"] if has_gpu else []) + ["DEEPSPEED"]
     start = existing.get("distributed_type") or ("MULTI_GPU" if has_gpu and count > 1 else "NO")
     labels = {kind: text.format(count=count, device=device) for kind, text in _KIND_LABELS.items()}
     kind = questions.setting("distributed_type", start, options=kinds, labels=labels)
 
     config = {"compute_environment": "LOCAL_MACHINE", "distributed_type": kind}
-    config["use_cpu"] = kind in ("NO", "MULTI_CPU") and (
+    config["use_cpu"] = kind in ("NO", "MULTI_CPU") + (() if has_gpu else ("DEEPSPEED",)) and (
         not has_gpu or questions.setting("use_cpu", bool(existing.get("use_cpu", False)))
     )
     if kind == "NO":
@@ -49,10 +50,12 @@ def questionnaire(questions: Questions, machine: dict, existing: dict | None = N
         per_machine = count if has_gpu and kind != "MULTI_CPU" else 2
         default_total = existing.get("num_processes") if existing.get("num_processes", -1) > 0 else per_machine * machines
         config["num_processes"] = questions.setting("num_processes", default_total, parse=lambda t: _total(t, machines))
-        if kind in ("MULTI_GPU", "FSDP"):
+        if kind in ("MULTI_GPU", "FSDP") or kind == "DEEPSPEED" and has_gpu:
             config["gpu_ids"] = questions.setting("gpu_ids", existing.get("gpu_ids", "all"))
     if kind == "FSDP":
         config["fsdp_config"] = _fsdp_questions(questions, existing.get("fsdp_config") or {})
+    if kind == "DEEPSPEED":
+        config["deepspeed_config"] = _deepspeed_questions(questions, existing.get("deepspeed_config") or {})
     dynamo = existing.get("dynamo_config") or {}
     if questions.yes_no("Compile the model with torch.compile (dynamo)?", dynamo.get("dynamo_backend", "no") != "no"):
         backend = questions.setting(
@@ -123,6 +126,31 @@ def _fsdp_questions(questions: Questions, existing: dict) -> dict:
     fsdp["fsdp_activation_checkpointing"] = questions.setting(
         "fsdp_activation_checkpointing", bool(existing.get("fsdp_activation_checkpointing", False)))
     return {k: v for k, v in fsdp.items() if v is not None}
+
+
+def _deepspeed_questions(questions: Questions, existing: dict) -> dict:
+    """A DeepSpeed JSON file, or the plugin's main fields (each question's text and check from the table)."""
+    path = questions.setting("deepspeed_config_file", existing.get("deepspeed_config_file", ""))
+    if path:
+        ds = {"deepspeed_config_file": path}
+    else:
+        stage = questions.setting("zero_stage", existing.get("zero_stage", 2), options=[0, 1, 2, 3],
+                                  labels={2: "2: shard optimizer state and gradients (default)",
+                                          3: "3: also shard the parameters"})
+        ds = {"zero_stage": stage}
+        offloads = ["none", "cpu", "nvme"]
+        if stage >= 2:
+            ds["offload_optimizer_device"] = questions.setting(
+                "offload_optimizer_device", existing.get("offload_optimizer_device", "none"), options=offloads)
+        if stage == 3:
+            ds["offload_param_device"] = questions.setting(
+                "offload_param_device", existing.get("offload_param_device", "none"), options=offloads)
+        ds["gradient_accumulation_steps"] = questions.setting(
+            "gradient_accumulation_steps", existing.get("gradient_accumulation_steps", 1))
+        ds["gradient_clipping"] = questions.setting("gradient_clipping", existing.get("gradient_clipping", 1.0))
+    if ds.get("zero_stage") == 3 or path:
+        ds["zero3_init_flag"] = questions.setting("zero3_init_flag", bool(existing.get("zero3_init_flag", False)))
+    return ds
 
 
 def questions_text(name: str) -> str:

@@ -1,0 +1,16 @@
+"""Accelerate's `utils.deepspeed` path: an index over `hasten.config.deepspeed` (plugin, config, placeholders)
+and `hasten.backends.deepspeed_wrappers` (what `prepare` returns). Importing it does not import deepspeed."""
+
+from ..backends.deepspeed_wrappers import (  # noqa: F401
+    DeepSpeedEngineWrapper,
+    DeepSpeedOptimizerWrapper,
+    DeepSpeedSchedulerWrapper,
+)
+from ..config.deepspeed import (  # noqa: F401
+    DeepSpeedPlugin,
+    DummyOptim,
+    DummyScheduler,
+    HfDeepSpeedConfig,
+    get_active_deepspeed_plugin,
+)
+from ..backends.deepspeed import map_pytorch_optim_to_deepspeed  # noqa: F401

@@ -1,0 +1,336 @@
+"""DeepSpeed: the plugin and config resolution (unit tests, no engine) and training, checkpoints and several
+plugins in real processes (2 processes, gloo, CPU) through `hasten launch`.
+
+DeepSpeed JIT-compiles its shared-memory collective (`deepspeed_shm_comm`, ~80 s on 2 cores) the first time a
+process group starts; torch caches it in ~/.cache/torch_extensions, so the launched tests pay it once per
+machine. Optimizers that need further JIT builds run only in the `slow` group.
+"""
+
+import base64
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from hasten.config.deepspeed import DeepSpeedPlugin, DummyOptim, DummyScheduler, HfDeepSpeedConfig
+from hasten.errors import ConfigError, NotSupportedYetError
+
+needs_deepspeed = pytest.mark.skipif(
+    __import__("importlib").util.find_spec("deepspeed") is None, reason='needs deepspeed: pip install "hasten[deepspeed]"'
+)
+
+
+# -- the plugin without a DeepSpeed config ---------------------------------------------------------------------
+def test_plugin_defaults_match_accelerate():
+    plugin = DeepSpeedPlugin(zero_stage=3)
+    config = plugin.deepspeed_config
+    assert config["gradient_accumulation_steps"] == "auto" and config["gradient_clipping"] == "auto"
+    assert config["train_batch_size"] == "auto" and config["train_micro_batch_size_per_gpu"] == "auto"
+    assert config["zero_optimization"]["stage"] == 3 and config["steps_per_print"] == float("inf")
+    assert plugin.zero3_init_flag is True and plugin.is_zero3_init_enabled()
+    default = DeepSpeedPlugin()
+    assert default.zero_stage == 2 and default.zero3_init_flag is False
+    assert default.deepspeed_config["zero_optimization"]["offload_optimizer"] == {"device": "none"}
+
+
+def test_plugin_reads_launcher_variables(monkeypatch):
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "1")
+    monkeypatch.setenv("HASTEN_GRADIENT_CLIPPING", "0.5")
+    monkeypatch.setenv("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "4")
+    plugin = DeepSpeedPlugin()
+    assert (plugin.zero_stage, plugin.gradient_clipping, plugin.gradient_accumulation_steps) == (1, 0.5, 4)
+    assert plugin.deepspeed_config["gradient_clipping"] == 0.5
+    assert DeepSpeedPlugin(zero_stage=3).zero_stage == 3  # an argument beats the variable
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("zero_stage", 4, "0, 1, 2 or 3"),
+    ("offload_optimizer_device", "gpu", "none, cpu, nvme"),
+    ("gradient_accumulation_steps", 0, "integer >= 1"),
+    ("gradient_clipping", "lots", "number >= 0"),
+])
+def test_bad_plugin_values_are_one_line_errors(field, value, message):
+    with pytest.raises(ConfigError, match=message) as info:
+        DeepSpeedPlugin(**{field: value})
+    assert "\n" not in str(info.value) and field in str(info.value)
+
+
+def test_zero3_only_options_are_refused_elsewhere():
+    with pytest.raises(ConfigError, match="only applies to stage 3"):
+        DeepSpeedPlugin(zero_stage=2, zero3_init_flag=True)
+    with pytest.raises(NotSupportedYetError, match="MS-AMP"):
+        DeepSpeedPlugin(enable_msamp=True)
+
+
+# -- with a DeepSpeed config -----------------------------------------------------------------------------------
+CONFIG = {"train_micro_batch_size_per_gpu": 4, "gradient_clipping": 1.0, "zero_optimization": {"stage": 3}}
+
+
+def test_config_as_dict_path_json_and_base64(tmp_path):
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(CONFIG))
+    encoded = base64.urlsafe_b64encode(json.dumps(CONFIG).encode()).decode()
+    for source in (CONFIG, str(path), path, json.dumps(CONFIG), encoded, HfDeepSpeedConfig(CONFIG)):
+        plugin = DeepSpeedPlugin(hf_ds_config=source)
+        assert plugin.zero_stage == 3 and plugin.gradient_clipping == 1.0 and plugin.hf_ds_config.is_zero3()
+    assert CONFIG == {"train_micro_batch_size_per_gpu": 4, "gradient_clipping": 1.0, "zero_optimization": {"stage": 3}}
+    with pytest.raises(ConfigError, match="zero_optimization"):
+        DeepSpeedPlugin(hf_ds_config={"train_batch_size": 8})
+    with pytest.raises(ConfigError, match="neither an existing file nor JSON"):
+        DeepSpeedPlugin(hf_ds_config=str(tmp_path / "missing.json"))
+
+
+def test_config_lookups():
+    config = HfDeepSpeedConfig({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
+                                "bf16": {"enabled": "true"}})
+    assert config.is_zero2() and not config.is_zero3() and config.is_offload()
+    assert config.get_value("zero_optimization.offload_optimizer.device") == "cpu"
+    assert config.get_value("zero_optimization.nope.device", "x") == "x"
+    assert config.is_true("bf16.enabled") and not config.is_false("bf16.enabled")
+    config.del_config_sub_tree("zero_optimization.offload_optimizer")
+    assert config.get_value("zero_optimization.offload_optimizer") is None
+    with pytest.raises(ConfigError):
+        config.del_config_sub_tree("zero_optimization.offload_optimizer", must_exist=True)
+
+
+def test_plugin_fields_fill_auto_and_missing_entries():
+    plugin = DeepSpeedPlugin(hf_ds_config={"zero_optimization": {"stage": "auto"}}, zero_stage=1, gradient_clipping=0.3)
+    assert plugin.deepspeed_config["zero_optimization"]["stage"] == 1 and plugin.zero_stage == 1
+    # Accelerate drops a plugin value whose key the config lacks; hasten writes it in.
+    assert plugin.deepspeed_config["gradient_clipping"] == 0.3
+    assert plugin.deepspeed_config["gradient_accumulation_steps"] == "auto"
+
+
+def test_a_value_given_twice_differently_names_both_sources(tmp_path, monkeypatch):
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(CONFIG))
+    with pytest.raises(ConfigError) as info:
+        DeepSpeedPlugin(hf_ds_config=str(path), zero_stage=2)
+    message = str(info.value)
+    assert "zero_optimization.stage" in message and str(path) in message and "DeepSpeedPlugin(zero_stage=2)" in message
+    monkeypatch.setenv("ACCELERATE_GRADIENT_CLIPPING", "0.5")
+    with pytest.raises(ConfigError, match="ACCELERATE_GRADIENT_CLIPPING"):
+        DeepSpeedPlugin(hf_ds_config=CONFIG)
+    monkeypatch.delenv("ACCELERATE_GRADIENT_CLIPPING")
+    assert DeepSpeedPlugin(hf_ds_config=CONFIG, zero_stage=3).zero_stage == 3  # the same value twice is fine
+
+
+def test_mixed_precision_against_the_config():
+    plugin = DeepSpeedPlugin(hf_ds_config={"zero_optimization": {"stage": 2}, "bf16": {"enabled": True}})
+    plugin.set_mixed_precision("no")  # the config's bf16 stands (as in Accelerate)
+    assert plugin.mixed_precision == "bf16"
+    with pytest.raises(ConfigError, match="bf16.enabled"):
+        plugin.set_mixed_precision("fp16")
+    auto = DeepSpeedPlugin(hf_ds_config={"zero_optimization": {"stage": 2}, "bf16": {"enabled": "auto"}})
+    auto.set_mixed_precision("bf16")
+    assert auto.deepspeed_config["bf16"] == {"enabled": True} and auto.deepspeed_config["fp16"]["enabled"] is False
+
+
+def test_dummy_optimizer_and_scheduler_are_recognised_by_prepare():
+    model = torch.nn.Linear(2, 2)
+    optimizer = DummyOptim(model.parameters(), lr=0.1, weight_decay=0.01)
+    assert isinstance(optimizer, torch.optim.Optimizer) and optimizer.lr == 0.1
+    scheduler = DummyScheduler(optimizer, total_num_steps=10, warmup_num_steps=2)
+    assert scheduler.get_last_lr() == [0.1]
+    with pytest.raises(ConfigError, match="prepare"):
+        optimizer.step()
+
+
+# -- the Accelerator with DeepSpeed (one process, no engine yet) ------------------------------------------------
+# ZeRO-2 here: with ZeRO-3 and transformers installed, Accelerator() already starts DeepSpeed's communication
+# (for zero3_init), which belongs in a launched process, not in the test runner's.
+CONFIG2 = {**CONFIG, "zero_optimization": {"stage": 2}}
+@needs_deepspeed
+def test_accelerator_accumulation_steps_agree_with_the_config():
+    from hasten import Accelerator
+    from hasten.state import AcceleratorState
+
+    accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config={**CONFIG2, "gradient_accumulation_steps": 4}))
+    assert accelerator.gradient_accumulation_steps == 4  # the config's value, the Accelerator gave none
+    assert accelerator.distributed_type == "DEEPSPEED" and accelerator.deepspeed_plugin.selected
+    AcceleratorState._reset_state(True)
+    with pytest.raises(ConfigError) as info:
+        Accelerator(gradient_accumulation_steps=2,
+                    deepspeed_plugin=DeepSpeedPlugin(hf_ds_config={**CONFIG2, "gradient_accumulation_steps": 4}))
+    assert "Accelerator(gradient_accumulation_steps=...)" in str(info.value) and "4" in str(info.value)
+
+
+@needs_deepspeed
+def test_accelerator_refuses_what_deepspeed_cannot_do_on_cpu():
+    from hasten import Accelerator
+    from hasten.state import AcceleratorState
+
+    with pytest.raises(ConfigError, match="fp16 on a CPU.*bf16"):
+        Accelerator(mixed_precision="fp16", deepspeed_plugin=DeepSpeedPlugin())
+    AcceleratorState._reset_state(True)
+    with pytest.raises(ConfigError, match="already trains on the CPU"):
+        Accelerator(deepspeed_plugin=DeepSpeedPlugin(offload_optimizer_device="cpu"))
+    AcceleratorState._reset_state(True)
+    with pytest.raises(ConfigError, match="not both"):
+        Accelerator(deepspeed_plugin=DeepSpeedPlugin(), deepspeed_plugins={"a": DeepSpeedPlugin()})
+
+
+@needs_deepspeed
+@pytest.mark.parametrize("optimizer, message", [
+    ({"type": "AdamW", "params": {"lr": 0.1}}, "compiled on first use.*torch_adam"),
+    ({"type": "Lamb", "params": {"lr": 0.1}}, "no CPU implementation.*torch_adam"),
+])
+def test_jit_only_optimizers_are_refused_on_cpu_before_deepspeed_runs(monkeypatch, optimizer, message):
+    from hasten import Accelerator
+    from hasten.backends import deepspeed as backend
+
+    monkeypatch.setattr(backend, "_op_is_built", lambda op: False)  # as on a machine that never compiled it
+    config = {**CONFIG2, "optimizer": optimizer}
+    accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=config))
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(ConfigError, match=message) as info:
+        accelerator.prepare(model, DummyOptim(model.parameters()))
+    assert "\n" not in str(info.value)
+
+
+@needs_deepspeed
+def test_prepare_rule_errors_come_before_deepspeed():
+    from hasten import Accelerator
+    from hasten.state import AcceleratorState
+
+    model = torch.nn.Linear(2, 2)
+    accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin())
+    with pytest.raises(ConfigError, match="micro-batch size"):
+        accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    AcceleratorState._reset_state(True)
+    accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config={
+        **CONFIG2, "optimizer": {"type": "AdamW", "params": {"lr": 0.1, "torch_adam": True}}}))
+    with pytest.raises(ConfigError, match="optimizer.*section"):
+        accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    AcceleratorState._reset_state(True)
+    accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=CONFIG2))
+    with pytest.raises(ConfigError, match="DummyOptim needs"):
+        accelerator.prepare(model, DummyOptim(model.parameters()))
+    AcceleratorState._reset_state(True)
+    accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=CONFIG2))
+    loader = torch.utils.data.DataLoader(list(range(8)), batch_size=2)
+    with pytest.raises(ConfigError, match=r"train_micro_batch_size_per_gpu is 4 in .* but 2 in the DataLoader's batch_size"):
+        accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1), loader)
+
+
+def test_import_paths_and_no_deepspeed_import():
+    code = (
+        "import sys, hasten, hasten.utils, hasten.utils.deepspeed as d, hasten.utils.dataclasses as dc\n"
+        "assert hasten.DeepSpeedPlugin is hasten.utils.DeepSpeedPlugin is d.DeepSpeedPlugin is dc.DeepSpeedPlugin\n"
+        "for name in ('HfDeepSpeedConfig', 'DummyOptim', 'DummyScheduler', 'DeepSpeedEngineWrapper',\n"
+        "             'DeepSpeedOptimizerWrapper', 'DeepSpeedSchedulerWrapper', 'get_active_deepspeed_plugin'):\n"
+        "    assert getattr(hasten.utils, name) is getattr(d, name), name\n"
+        "assert callable(d.map_pytorch_optim_to_deepspeed)\n"
+        "hasten.DeepSpeedPlugin(zero_stage=3)\n"
+        "assert 'deepspeed' not in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# -- real processes --------------------------------------------------------------------------------------------
+@needs_deepspeed
+def test_training_matches_ddp_and_resolves_auto_values(tmp_path):
+    """ZeRO 1/2/3 in fp32 (max |difference| < 1e-5) and bf16 (< 3e-2) against the plain reference; accumulation;
+    "auto" values; ZeRO-3 save_model; two models with two plugins — one launch, several checks."""
+    from launching import launch
+
+    result = launch("deepspeed_train.py", tmp_path, timeout=600)
+    for check in ("matches_ddp", "zero3_save_model", "accumulation", "auto_config", "two_plugins"):
+        assert f"OK {check}" in result.stdout, result.stdout[-3000:]
+    assert "OK zero3_init" in result.stdout or "SKIP zero3_init" in result.stdout
+
+
+@needs_deepspeed
+def test_resume_is_bit_identical_and_a_killed_save_leaves_the_previous_checkpoint(tmp_path):
+    """Save at step 3 of 6 (ZeRO-2 fp32, ZeRO-3 bf16); a second run SIGKILLed inside its save_state; a third
+    run loads the newest whole checkpoint (still checkpoint_0) and its steps 4-6 equal the first run's exactly."""
+    from launching import launch
+
+    launch("deepspeed_resume.py", tmp_path, "train", timeout=300)
+    killed = launch("deepspeed_resume.py", tmp_path, "crash", check=False, timeout=300,
+                    env={"HASTEN_TEST_CRASH_AT": "1", "HASTEN_TEST_CRASH_RANK": "0"})
+    assert killed.returncode != 0 and "signal 9" in killed.stderr + killed.stdout
+    result = launch("deepspeed_resume.py", tmp_path, "resume", timeout=300)
+    assert "OK resume zero2_fp32" in result.stdout and "OK resume zero3_bf16" in result.stdout
+
+
+@needs_deepspeed
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("HASTEN_TEST_DEEPSPEED_JIT") != "1",
+                    reason="compiles DeepSpeed's Adam op (4-10 min on 2 cores): opt in with HASTEN_TEST_DEEPSPEED_JIT=1")
+def test_deepspeeds_own_adamw_compiles_when_allowed_and_trains_like_torch():
+    """HASTEN_DEEPSPEED_ALLOW_JIT=1: DeepSpeed's AdamW (compiled on first use: ~10 minutes on a loaded 2-core
+    machine, cached in ~/.cache/torch_extensions afterwards) matches torch's AdamW within 1e-4 after 4 steps."""
+    from launching import launch
+
+    result = launch("deepspeed_jit.py", env={"HASTEN_DEEPSPEED_ALLOW_JIT": "1"}, timeout=1800)
+    assert "OK jit_adamw" in result.stdout
+
+
+# -- launching --------------------------------------------------------------------------------------------------
+def _plan(*argv):
+    from hasten.commands.launch import launch_command_parser, plan_launch
+
+    return plan_launch(launch_command_parser().parse_args([*argv, "train.py"]))
+
+
+def test_launch_flags_become_the_plugins_variables(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    config = tmp_path / "ds.json"
+    config.write_text(json.dumps(CONFIG))
+    env = _plan("--num_processes", "2", "--use_deepspeed", "--zero_stage", "3", "--gradient_clipping", "1.0",
+                "--deepspeed_config_file", str(config), "--zero3_init_flag", "false").settings.env
+    assert env["HASTEN_USE_DEEPSPEED"] == "true" and env["HASTEN_DEEPSPEED_ZERO_STAGE"] == "3"
+    assert env["HASTEN_DEEPSPEED_CONFIG_FILE"] == str(config) and env["HASTEN_GRADIENT_CLIPPING"] == "1.0"
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    plugin = DeepSpeedPlugin()  # what the script's Accelerator() builds from them
+    assert (plugin.zero_stage, plugin.gradient_clipping, plugin.zero3_init_flag) == (3, 1.0, False)
+    monkeypatch.setenv("HASTEN_GRADIENT_CLIPPING", "0.5")
+    with pytest.raises(ConfigError, match=f"1.0 in DeepSpeed config {config} but 0.5 in "):
+        DeepSpeedPlugin()
+    with pytest.raises(ConfigError, match="DeepSpeed's own multi-node launchers .* --num_machines"):
+        _plan("--use_deepspeed", "--deepspeed_hostfile", "hosts")
+
+
+def test_hasten_config_asks_the_deepspeed_questions(tmp_path, monkeypatch):
+    from hasten.commands.config import Questions, questionnaire
+    from hasten.config import file as config_file
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    answers = iter([
+        "DEEPSPEED", "", "2",   # DeepSpeed, 1 machine, 2 processes
+        "", "3", "", "cpu",     # no JSON file; ZeRO-3; optimizer state kept; parameters offloaded to CPU
+        "4", "0.5", "yes",      # accumulation, clipping, zero3_init_flag
+        "no", "no", "bf16",     # no torch.compile, no debug, bf16
+    ])
+    config = questionnaire(Questions(read=lambda prompt: next(answers), write=lambda text: None),
+                           {"device": "cpu", "device_count": 0, "cpu_cores": 2})
+    assert config["distributed_type"] == "DEEPSPEED" and config["use_cpu"] is True
+    assert config["deepspeed_config"] == {
+        "zero_stage": 3, "offload_optimizer_device": "none", "offload_param_device": "cpu",
+        "gradient_accumulation_steps": 4, "gradient_clipping": 0.5, "zero3_init_flag": True,
+    }
+    config_file.validate(config)
+    path = tmp_path / "hf" / "hasten" / "default_config.yaml"
+    path.parent.mkdir(parents=True)
+    import yaml
+
+    path.write_text(yaml.safe_dump(config))
+    env = _plan().settings.env
+    assert env["HASTEN_USE_DEEPSPEED"] == "true" and env["HASTEN_DEEPSPEED_OFFLOAD_PARAM_DEVICE"] == "cpu"
+    assert env["HASTEN_GRADIENT_ACCUMULATION_STEPS"] == "4" and env["HASTEN_DEEPSPEED_ZERO3_INIT"] == "true"
+
+
+@needs_deepspeed
+def test_a_launched_script_gets_deepspeed_from_the_config_file_and_flags(tmp_path):
+    config = tmp_path / "config.yaml"
+    config.write_text("distributed_type: DEEPSPEED\nnum_processes: 2\nmixed_precision: bf16\ndeepspeed_config:\n"
+                      "  zero_stage: 1\n  gradient_accumulation_steps: 2\n")
+    from launching import launch
+
+    result = launch("deepspeed_launch.py", 1, 0.25, 2, flags=["--config_file", str(config), "--gradient_clipping", "0.25"])
+    assert "OK launch rank 0 main=True" in result.stdout and "OK launch rank 1 main=False" in result.stdout
