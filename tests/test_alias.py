@@ -7,6 +7,7 @@ Every test installs the alias into a throwaway virtual environment in its tmp di
 from __future__ import annotations
 
 import os
+import re
 import site
 import subprocess
 import sys
@@ -163,7 +164,8 @@ def launch_in(python, script, *args, cwd, accelerate_command=False):
     command = [*launcher, "--num_processes", "2", str(DISTRIBUTED / script), *map(str, args)]
     result = run(*command, check=False, cwd=cwd, timeout=300)
     assert result.returncode == 0, f"{script} failed\n--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}"
-    passed = sorted(line.split()[1] for line in result.stdout.splitlines() if line.startswith("CHECKS-PASSED"))
+    # found anywhere, not at line starts: two unbuffered processes may interleave a line and its newline
+    passed = sorted(re.findall(r"CHECKS-PASSED (\d+) ", result.stdout))
     assert passed == ["0", "1"], result.stdout
     return result
 
