@@ -7,6 +7,7 @@ Every test installs the alias into a throwaway virtual environment in its tmp di
 from __future__ import annotations
 
 import os
+import re
 import site
 import subprocess
 import sys
@@ -78,6 +79,13 @@ print("ALIAS-OK")
     assert "ALIAS-OK" in run(python, "-c", script).stdout
     status = run(python, "-m", "hasten", "alias", "status").stdout
     assert status.startswith("accelerate alias: active") and "1.15.0+hasten" in status
+
+
+def test_hasten_env_shows_the_alias(aliased, tmp_path):
+    python, _ = aliased
+    assert "`accelerate` alias: active: `import accelerate` loads hasten" in run(python, "-m", "hasten", "env").stdout
+    python, _ = make_venv(tmp_path / "plain")
+    assert "`accelerate` alias: not installed" in run(python, "-m", "hasten", "env").stdout
 
 
 def test_the_project_environment_is_never_changed(aliased):
@@ -156,7 +164,8 @@ def launch_in(python, script, *args, cwd, accelerate_command=False):
     command = [*launcher, "--num_processes", "2", str(DISTRIBUTED / script), *map(str, args)]
     result = run(*command, check=False, cwd=cwd, timeout=300)
     assert result.returncode == 0, f"{script} failed\n--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}"
-    passed = sorted(line.split()[1] for line in result.stdout.splitlines() if line.startswith("CHECKS-PASSED"))
+    # found anywhere, not at line starts: two unbuffered processes may interleave a line and its newline
+    passed = sorted(re.findall(r"CHECKS-PASSED (\d+) ", result.stdout))
     assert passed == ["0", "1"], result.stdout
     return result
 

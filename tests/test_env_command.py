@@ -51,6 +51,16 @@ def test_markdown_list_for_issues(monkeypatch, capsys):
     assert f"- PyTorch version: {torch.__version__}" in out and "- env HASTEN_DEBUG_MODE: 1" in out
 
 
+def test_env_shows_whether_the_accelerate_alias_is_active(capsys):
+    from hasten.commands.alias import alias_status
+
+    info = env_command.collect_info()
+    assert info["`accelerate` alias"] == alias_status()
+    assert ("`accelerate` alias", alias_status()) in dict(env_command.collect_sections(info))["hasten"]
+    assert env_command.main([]) == 0
+    assert f"`accelerate` alias: {alias_status()}" in capsys.readouterr().out
+
+
 @pytest.mark.skipif(importlib.util.find_spec("rich") is None, reason="rich is not installed")
 def test_rich_table():
     from rich.console import Console

@@ -18,22 +18,11 @@ import pytest
 NAMES_FILE = Path(__file__).parent / "data" / "accelerate_public_names.txt"
 
 NOT_BUILT = {
-    "issue 11 (settings: `hasten.commands.config` as a package)": [
-        "hasten.commands.config.sagemaker", "hasten.commands.utils",
-    ],
     "issue 13 (DeepSpeed: sequence parallelism and DeepSpeed's own multi-node launcher are not built)": [
         "DeepSpeedSequenceParallelConfig", "prepare_deepspeed_cmd_env",
     ],
     "issue 14 (N-D parallelism, ParallelismConfig, tensor/context parallel)": [
         "model_has_dtensor", "get_model_tp_size",
-    ],
-    "issue 15 (features: LocalSGD, regional compilation, pipelines, to-fsdp2, tpu-config)": [
-        "get_module_children_bottom_up", "prepare_tpu", "hasten.utils.torch_xla", "install_xla",
-    ],
-    "issue 15 (surface, left: FSDP2 preparation internals, state internals, operations.py extras)": [
-        "ensure_weights_retied", "fsdp2_apply_ac", "fsdp2_load_full_state_dict", "fsdp2_prepare_model",
-        "hasten.state:SharedDict", "hasten.state:ThreadLocalSharedDict", "hasten.state:do_nothing",
-        "CannotPadNestedTensorWarning",
     ],
     "issue 16 (fp8 and bitsandbytes)": [
         "hasten.utils.ao", "hasten.utils.bnb", "hasten.utils.transformer_engine", "AORecipeKwargs", "TERecipeKwargs",

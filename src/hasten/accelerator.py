@@ -350,7 +350,7 @@ class Accelerator:
         if device_placement is None:
             device_placement = self.device_placement
         if self.verify_device_map(model):  # dispatched over several devices: its hooks place the weights
-            if self.distributed_type != DistributedType.NO and not env_flag("BYPASS_DEVICE_MAP"):
+            if self.distributed_type != DistributedType.NO and not runtime_value("bypass_device_map").value:
                 raise ConfigError("prepare() got a model dispatched with a device map over several devices, which "
                                   "cannot train in a distributed run; launch one process (or set "
                                   "HASTEN_BYPASS_DEVICE_MAP=1)")

@@ -106,3 +106,21 @@ def compile_model(model: torch.nn.Module, dynamo_plugin) -> torch.nn.Module:
     if dynamo_plugin.use_regional_compilation:
         return compile_regions_in_place(model, **kwargs)
     return torch.compile(model, **kwargs)
+
+
+def get_module_children_bottom_up(model: torch.nn.Module, return_fqns: bool = False) -> list:
+    """Every submodule of `model`, children before their parent (post-order, in registration order), `model`
+    last; with `return_fqns`, `(qualified_name, module)` pairs (`""` for `model`). The order in which regional
+    compilation and FSDP wrap blocks: inner blocks first."""
+    ordered: list = []
+    # an explicit stack, so very deep models do not hit Python's recursion limit
+    stack = [("", model, False)]
+    while stack:
+        name, module, children_done = stack.pop()
+        if children_done:
+            ordered.append((name, module) if return_fqns else module)
+            continue
+        stack.append((name, module, True))
+        for child_name, child in reversed(list(module.named_children())):
+            stack.append((f"{name}.{child_name}" if name else child_name, child, False))
+    return ordered

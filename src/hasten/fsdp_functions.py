@@ -13,7 +13,7 @@ import torch
 
 from .backends import fsdp_checkpoint as checkpoint
 from .backends.fsdp_checkpoint import merge_fsdp_weights  # noqa: F401 - published here too
-from .errors import NotSupportedYetError
+from .errors import ConfigError, NotSupportedYetError
 
 # wrapper names that activation checkpointing and torch.compile insert into parameter names
 _WRAPPER_PARTS = ("_checkpoint_wrapped_module.", "_orig_mod.")
@@ -96,3 +96,71 @@ def get_fsdp2_grad_scaler(**kwargs):
     from .state import PartialState
 
     return torch.amp.GradScaler(PartialState().device.type, **kwargs)
+
+
+def _fsdp2_backend(accelerator, what: str):
+    """The FSDP2 backend behind `accelerator`, or a one-line refusal."""
+    from .backends.fsdp import FSDPBackend
+
+    backend = getattr(accelerator, "_backend", None)
+    if not isinstance(backend, FSDPBackend) or backend.version != 2:
+        raise ConfigError(f"{what} needs an Accelerator set up for FSDP2 (distributed_type FSDP, fsdp_version=2); "
+                          "pass fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2) or launch with "
+                          "--use_fsdp --fsdp_version 2")
+    return backend
+
+
+def fsdp2_prepare_model(accelerator, model: torch.nn.Module) -> torch.nn.Module:
+    """Shard `model` in place with FSDP2 as `accelerator`'s plugin says (wrap policy, mixed precision, offload,
+    activation checkpointing, rank-0 RAM-efficient loading) and return it; an already sharded model comes back
+    as is. Optimizers built earlier still hold the old parameters: pass them to `prepare` (which re-points
+    them), or use `fsdp2_switch_optimizer_parameters`."""
+    from torch.distributed.fsdp import FSDPModule
+
+    inner = getattr(model, "_orig_mod", model)  # a torch.compile wrapper
+    if isinstance(inner, FSDPModule):
+        return model
+    backend = _fsdp2_backend(accelerator, "fsdp2_prepare_model")
+    return backend.prepare_model(model, device_placement=True, evaluation_mode=False)
+
+
+def fsdp2_load_full_state_dict(accelerator, model: torch.nn.Module, full_sd: dict, cpu_offload: bool = False):
+    """Load a whole state dict that only rank 0 needs to hold (`{}` elsewhere) into the FSDP2-sharded `model`:
+    rank 0 broadcasts tensor by tensor and each process keeps its shard. Collective: every process calls it."""
+    from .backends.fsdp import load_full_state_dict
+    from .state import PartialState
+
+    load_full_state_dict(model, full_sd, PartialState().device, cpu_offload=cpu_offload)
+
+
+def fsdp2_apply_ac(accelerator, model: torch.nn.Module) -> torch.nn.Module:
+    """Activation checkpointing on the blocks `accelerator`'s FSDP plugin wraps (its auto_wrap_policy), in place;
+    call it before sharding. Unlike Accelerate's wrapper modules, parameter names do not change."""
+    from .backends.fsdp import apply_activation_checkpointing
+
+    return apply_activation_checkpointing(model, _fsdp2_backend(accelerator, "fsdp2_apply_ac").plugin)
+
+
+def ensure_weights_retied(param_init_fn, model: torch.nn.Module, device: torch.device):
+    """Wrap FSDP1's `param_init_fn` so that weights tied in `model` (its `_tied_weights_keys`, as transformers
+    declares them) are still one parameter after initialisation re-allocated them module by module.
+    Without tied keys, `param_init_fn` comes back unchanged."""
+    tied_keys = getattr(model, "_tied_weights_keys", None)
+    if not tied_keys:
+        return param_init_fn
+    if isinstance(tied_keys, dict):  # newer transformers: {target: source}
+        tied_keys = list(tied_keys)
+    # id of a tied parameter before init -> the parameter every module holding it should share after init
+    shared: dict = {id(model.get_parameter(key)): None for key in tied_keys}
+
+    def init_keeping_ties(module: torch.nn.Module):
+        holders = [(name, id(param)) for name, param in module.named_parameters(recurse=False) if id(param) in shared]
+        module = param_init_fn(module)
+        for name, old_id in holders:
+            if shared[old_id] is None:
+                shared[old_id] = getattr(module, name)
+            else:
+                setattr(module, name, shared[old_id])
+        return module
+
+    return init_keeping_ties

@@ -11,6 +11,8 @@ instead of hanging or silently mixing data.
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Mapping
 from functools import wraps
 from typing import Any
 
@@ -25,6 +27,10 @@ from .nested import (  # noqa: F401 - re-exported: Accelerate keeps these in its
     ConvertOutputsToFp32, convert_outputs_to_fp32, pad_input_tensors, split_for_process,
 )
 from .state import PartialState
+
+
+class CannotPadNestedTensorWarning(UserWarning):
+    """`pad_across_processes` met a nested tensor, which it leaves unpadded."""
 
 
 # -- collectives -----------------------------------------------------------------------------------------
@@ -201,9 +207,24 @@ def pad_across_processes(tensor, dim: int = 0, pad_index: int = 0, pad_first: bo
         out[tuple(index)] = t
         return out
 
+    # Warned on one process too (as Accelerate does), so the gap shows before the run scales out.
+    if _has_nested_tensor(tensor):
+        warnings.warn("pad_across_processes cannot pad a nested tensor; it is returned unchanged (pad its components, "
+                      "or convert it with `torch.nested.to_padded_tensor`, first)", CannotPadNestedTensorWarning,
+                      stacklevel=3)
     if not _distributed(PartialState()):
         return tensor
     return recursively_apply(_pad_one, tensor, error_on_other_type=True)
+
+
+def _has_nested_tensor(data) -> bool:
+    if isinstance(data, torch.Tensor):
+        return data.is_nested
+    if isinstance(data, Mapping):
+        data = data.values()
+    elif not isinstance(data, (list, tuple)):
+        return False
+    return any(_has_nested_tensor(item) for item in data)
 
 
 def copy_tensor_to_devices(tensor=None):
@@ -231,5 +252,5 @@ __all__ = [
     "get_data_structure", "get_shape", "honor_type", "ignorant_find_batch_size", "initialize_tensors",
     "is_namedtuple", "is_tensor_information", "is_torch_tensor", "listify", "pad_across_processes",
     "pad_input_tensors", "recursively_apply", "reduce", "send_to_device", "slice_tensors", "wait_for_everyone",
-    "DistributedOperationException", "DistributedType",
+    "DistributedOperationException", "DistributedType", "CannotPadNestedTensorWarning",
 ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import threading
 import weakref
 from contextlib import contextmanager
 from datetime import timedelta
@@ -25,8 +26,35 @@ __all__ = ["PartialState", "AcceleratorState", "GradientState", "DistributedType
 _DEFAULT_TIMEOUT = timedelta(seconds=1800)
 
 
-def _no_op(*args, **kwargs):
+def do_nothing(*args, **kwargs):
+    """Accepts anything and returns None: what `on_main_process`-style decorators hand other processes."""
     return None
+
+
+_no_op = do_nothing
+
+
+class ThreadLocalSharedDict(threading.local):
+    """A class attribute (descriptor) holding one dict per thread, shared by every instance in that thread.
+
+    Accelerate uses it for the Borg state under torch_xla's multithreaded PJRT; hasten has no TPU backend, so
+    `SharedDict` is a plain `dict`, and this class is here for code that names it. Replace the stored dict
+    through an instance (`obj.attr = {...}`) or mutate it in place: assigning on the class replaces the
+    descriptor itself.
+    """
+
+    def __init__(self, thread_local: bool = False):
+        self._storage = {}
+
+    def __get__(self, obj, objtype=None):
+        return self._storage
+
+    def __set__(self, obj, value):
+        self._storage = value
+
+
+# The Borg states share one process-wide dict (no per-thread state: hasten runs no XLA threads).
+SharedDict = dict
 
 
 class _SharedState:

@@ -410,6 +410,33 @@ def _stream_weights_from_rank0(model, full: dict) -> None:
             dist.broadcast(buffer, src=0)
 
 
+def load_full_state_dict(model, full_state: dict, device, cpu_offload: bool = False) -> None:
+    """Fill an FSDP2-sharded model (on the meta device or not) from a whole state dict that rank 0 holds; the
+    other ranks may pass `{}`. Each tensor is broadcast from rank 0 and every process keeps only its shard.
+    The caller's dict is read, never changed. Non-persistent buffers are in no state dict: fill them yourself.
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    if any(t.is_meta for t in _named_tensors(model).values()):
+        model.to_empty(device=device)
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
+    set_model_state_dict(model, dict(full_state) if dist.get_rank() == 0 else {}, options=options)
+    if cpu_offload:
+        # FSDP2's CPUOffloadPolicy expects the sharded parameters in CPU memory between uses.
+        for param in model.parameters():
+            if param.device.type != "cpu":
+                param.data = param.data.cpu()
+    if hasattr(model, "tie_weights"):  # transformers models: materialising broke the embedding/head tie
+        model.tie_weights()
+
+
+def apply_activation_checkpointing(model, plugin) -> torch.nn.Module:
+    """Recompute the activations of every block the plugin's auto-wrap policy picks (FSDP2 style, in place:
+    parameter names stay the same)."""
+    _apply_activation_checkpointing(model, plugin.wrap_predicate(model), composable=True)
+    return model
+
+
 def _apply_activation_checkpointing(model, predicate, composable: bool) -> None:
     """Recompute the activations of each wrapped block in backward instead of keeping them."""
     if predicate is None:

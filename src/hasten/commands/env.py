@@ -20,6 +20,7 @@ def collect_info(config_file: str | None = None) -> dict:
         "`hasten` version": hasten.__version__,
         "Platform": platform.platform(),
         "`hasten` bash location": os.path.join(os.path.dirname(sys.executable), "hasten"),
+        "`accelerate` alias": _alias_status(),
         "Python version": platform.python_version(),
         "Numpy version": numpy.__version__,
         "PyTorch version": torch.__version__,
@@ -34,6 +35,15 @@ def collect_info(config_file: str | None = None) -> dict:
             info[f"env {key}"] = os.environ[key]
     info["Config file"] = _config_summary(config_file)
     return info
+
+
+def _alias_status() -> str:
+    from .alias import alias_status
+
+    try:
+        return alias_status()
+    except Exception as error:  # noqa: BLE001 - a bug report must still print
+        return f"unknown ({type(error).__name__}: {error})"
 
 
 def _config_summary(config_file):
@@ -52,7 +62,7 @@ def _config_summary(config_file):
 
 
 _SECTIONS = (
-    ("hasten", ("`hasten` version", "`hasten` bash location")),
+    ("hasten", ("`hasten` version", "`hasten` bash location", "`accelerate` alias")),
     ("Platform", ("Platform", "Python version", "Numpy version", "PyTorch version", "PyTorch accelerator",
                   "System RAM", "GPU type", "GPU count")),
 )

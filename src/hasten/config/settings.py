@@ -444,6 +444,9 @@ SETTINGS: tuple[Setting, ...] = (
             help="Default level of hasten.logging.get_logger."),
     Setting("enable_rich", "bool", False, env=_pair("ENABLE_RICH"), owner="is_rich_available", role="environment",
             help="Let is_rich_available() say yes when rich is installed."),
+    # resolved (role "setting") so the runtime reads it through runtime_value; a variable only, as in Accelerate
+    Setting("bypass_device_map", "bool", False, env=_pair("BYPASS_DEVICE_MAP"), owner="Accelerator.prepare",
+            help="Let prepare() take a model dispatched over several devices in a distributed run."),
     # -- DeepSpeed (DeepSpeedPlugin reads the variables; its own multi-node launchers are not built) ----------------
     Setting("deepspeed_config", "dict", {}, file_key=("deepspeed_config",), role="file",
             help="DeepSpeed settings (the keys below)."),

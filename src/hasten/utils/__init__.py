@@ -11,6 +11,7 @@ _SOURCES = {
         "get_data_structure", "get_shape", "honor_type", "ignorant_find_batch_size", "initialize_tensors",
         "is_namedtuple", "is_tensor_information", "is_torch_tensor", "listify", "pad_across_processes",
         "pad_input_tensors", "recursively_apply", "reduce", "send_to_device", "slice_tensors", "wait_for_everyone",
+        "CannotPadNestedTensorWarning",
     ],
     "hasten.rng": ["set_seed", "synchronize_rng_state", "synchronize_rng_states"],
     "hasten.enums": [
@@ -59,7 +60,10 @@ _SOURCES = {
         "offload_state_dict", "offload_weight", "load_offloaded_weight", "save_offload_index",
         "OffloadedWeightsLoader", "PrefixedDataset", "extract_submodules_state_dict",
     ],
-    "hasten.compilation": ["compile_regions", "compile_regions_deepspeed", "compile_regions_fsdp2", "has_compiled_regions"],
+    "hasten.compilation": [
+        "compile_regions", "compile_regions_deepspeed", "compile_regions_fsdp2", "has_compiled_regions",
+        "get_module_children_bottom_up",
+    ],
     "hasten.commands.launch": ["get_free_port"],
     "hasten.config.file": ["write_basic_config"],
     "hasten.utils.other": [
@@ -97,13 +101,15 @@ _SOURCES = {
         "get_gpu_info", "patch_environment", "purge_accelerate_environment", "set_numa_affinity",
     ],
     "hasten.launch_env": ["PrepareForLaunch", "prepare_multi_gpu_env", "prepare_simple_launcher_cmd_env"],
+    "hasten.tpu": ["install_xla", "prepare_tpu"],
     "hasten.precision": ["get_grad_scaler", "get_mixed_precision_context_manager"],
     "hasten.progress": ["tqdm"],
     "hasten.checkpoint_functions": ["clean_state_dict_for_safetensors"],
     "hasten.fsdp_functions": [
         "disable_fsdp_ram_efficient_loading", "enable_fsdp_ram_efficient_loading", "fsdp2_canonicalize_names",
         "fsdp2_switch_optimizer_parameters", "get_fsdp2_grad_scaler", "load_fsdp_model", "load_fsdp_optimizer",
-        "save_fsdp_model", "save_fsdp_optimizer",
+        "save_fsdp_model", "save_fsdp_optimizer", "ensure_weights_retied", "fsdp2_apply_ac", "fsdp2_load_full_state_dict",
+        "fsdp2_prepare_model",
     ],
 }
 

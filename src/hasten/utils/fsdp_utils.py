@@ -3,6 +3,10 @@
 from ..fsdp_functions import (  # noqa: F401
     disable_fsdp_ram_efficient_loading,
     enable_fsdp_ram_efficient_loading,
+    ensure_weights_retied,
+    fsdp2_apply_ac,
+    fsdp2_load_full_state_dict,
+    fsdp2_prepare_model,
     fsdp2_canonicalize_names,
     fsdp2_switch_optimizer_parameters,
     get_fsdp2_grad_scaler,

@@ -1,4 +1,4 @@
-"""Accelerate's `utils.launch` path; the code lives in `hasten.launch_env`."""
+"""Accelerate's `utils.launch` path; the code lives in `hasten.launch_env` (and `hasten.tpu`)."""
 
 from ..launch_env import (  # noqa: F401
     PrepareForLaunch,
@@ -6,3 +6,4 @@ from ..launch_env import (  # noqa: F401
     prepare_multi_gpu_env,
     prepare_simple_launcher_cmd_env,
 )
+from ..tpu import prepare_tpu  # noqa: F401

@@ -9,7 +9,9 @@ import socket
 import torch
 
 from ..checkpoint_functions import clean_state_dict_for_safetensors  # noqa: F401
-from ..compilation import compile_regions, compile_regions_deepspeed, compile_regions_fsdp2, has_compiled_regions  # noqa: F401
+from ..compilation import (  # noqa: F401
+    compile_regions, compile_regions_deepspeed, compile_regions_fsdp2, get_module_children_bottom_up, has_compiled_regions,
+)
 from ..config.file import write_basic_config  # noqa: F401
 from ..env_tools import are_libraries_initialized, clear_environment, patch_environment  # noqa: F401
 from ..operations import wait_for_everyone  # noqa: F401

@@ -1,0 +1,18 @@
+"""TPU (torch_xla) entry points Accelerate has. hasten has no XLA backend, so each of them refuses in one line
+instead of half-working; `hasten tpu-config` refuses the same way."""
+
+from __future__ import annotations
+
+from .errors import NotSupportedYetError
+
+NOT_BUILT = "TPUs are not supported by hasten (it has no torch_xla backend); use Accelerate for TPU training"
+
+
+def prepare_tpu(args, current_env: dict, pod: bool = False):
+    """Accelerate's launcher step that sets the XLA environment variables: refused, with the reason."""
+    raise NotSupportedYetError(f"prepare_tpu: {NOT_BUILT}")
+
+
+def install_xla(upgrade: bool = False):
+    """Accelerate's Colab helper that pip-installs torch_xla: refused, with the reason (hasten would not use it)."""
+    raise NotSupportedYetError(f"install_xla: {NOT_BUILT}")

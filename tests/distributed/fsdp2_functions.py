@@ -1,0 +1,84 @@
+"""Accelerate's FSDP2 helper functions on 2 processes: fsdp2_apply_ac, fsdp2_prepare_model,
+fsdp2_load_full_state_dict. Run by tests/test_surface_leftovers.py."""
+
+import torch
+from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.tensor import DTensor
+
+from fsdp_common import DIM, Net, fresh_accelerator, make_model
+from hasten.config.fsdp import FullyShardedDataParallelPlugin
+from hasten.utils import fsdp2_apply_ac, fsdp2_load_full_state_dict, fsdp2_prepare_model
+
+
+def whole(model) -> dict:
+    """Every parameter and buffer, whole, on every process (collective)."""
+    out = {}
+    for name, tensor in model.state_dict().items():
+        out[name] = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+    return out
+
+
+accelerator = fresh_accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(
+    fsdp_version=2, auto_wrap_policy="transformer_based_wrap"))
+rank = accelerator.process_index
+
+# -- fsdp2_apply_ac, then fsdp2_prepare_model -------------------------------------------------------------
+model = make_model()
+expected = {k: v.clone() for k, v in model.state_dict().items()}
+names = [name for name, _ in model.named_parameters()]
+assert fsdp2_apply_ac(accelerator, model) is model
+assert [name for name, _ in model.named_parameters()] == names, "activation checkpointing renamed parameters"
+prepared = fsdp2_prepare_model(accelerator, model)
+assert prepared is model and isinstance(model, FSDPModule)
+assert all(isinstance(block, FSDPModule) for block in model.blocks), "each Block is its own FSDP unit"
+assert all(isinstance(p, DTensor) for p in model.parameters())
+assert all(p.to_local().numel() < p.numel() for p in model.blocks[0].parameters() if p.numel() >= 2)
+assert fsdp2_prepare_model(accelerator, model) is model  # already sharded: returned as is
+got = whole(model)
+assert all(torch.equal(got[k], expected[k]) for k in expected), "sharding changed the weights"
+
+calls = []
+model.blocks[0].linear.register_forward_hook(lambda *args: calls.append(1))
+x = torch.randn(4, DIM)
+model(x).sum().backward()
+assert len(calls) == 2, f"a checkpointed block runs forward again in backward; ran {len(calls)} times"
+assert all(p.grad is not None for p in model.parameters())
+
+# -- fsdp2_load_full_state_dict: rank 0 holds the weights, everyone built on meta ---------------------------
+source = make_model(seed=3)
+full = {k: v.clone() for k, v in source.state_dict().items()} if rank == 0 else {}
+kept = {k: v.clone() for k, v in full.items()}
+with torch.device("meta"):
+    empty = Net()
+for block in empty.blocks:
+    fully_shard(block)
+fully_shard(empty)
+fsdp2_load_full_state_dict(accelerator, empty, full)
+assert not any(t.is_meta for t in empty.state_dict().values())
+loaded = whole(empty)
+reference = source.state_dict()
+assert all(torch.equal(loaded[k], reference[k]) for k in reference), "rank 0's weights did not arrive everywhere"
+assert all(torch.equal(full[k], kept[k]) for k in kept), "the caller's state dict was changed"
+assert torch.allclose(empty(x), source(x), atol=1e-6)
+
+accelerator.wait_for_everyone()
+print(f"fsdp2 functions ok on rank {rank}")
+
+# -- prepare() and a model dispatched over several devices (HASTEN_BYPASS_DEVICE_MAP) ----------------------
+import os  # noqa: E402
+
+from hasten.errors import ConfigError  # noqa: E402
+
+dispatched = make_model()
+dispatched.hf_device_map = {"inp": "cpu", "blocks": "disk"}
+try:
+    accelerator.prepare(dispatched)
+    raise AssertionError("a dispatched model was prepared in a distributed run")
+except ConfigError as error:
+    assert "BYPASS_DEVICE_MAP" in str(error)
+os.environ["ACCELERATE_BYPASS_DEVICE_MAP"] = "true"  # Accelerate's spelling works too
+accelerator.prepare(dispatched)  # taken as it is: its hooks place the weights
+del os.environ["ACCELERATE_BYPASS_DEVICE_MAP"]
+
+accelerator.wait_for_everyone()
+print(f"bypass device map ok on rank {rank}")

@@ -1,0 +1,154 @@
+"""The last of Accelerate's issue-15 names: FSDP2 helper functions, state's shared-dict pieces,
+CannotPadNestedTensorWarning, get_module_children_bottom_up, commands.utils, and the TPU/SageMaker refusals."""
+
+from __future__ import annotations
+
+import threading
+import warnings
+
+import pytest
+import torch
+
+from launching import launch
+
+
+def test_fsdp2_functions_on_two_processes():
+    result = launch("fsdp2_functions.py", timeout=300)
+    assert result.stdout.count("fsdp2 functions ok") == 2, result.stdout
+    assert result.stdout.count("bypass device map ok") == 2, result.stdout  # prepare() and a dispatched model
+
+
+def test_fsdp2_functions_refuse_an_accelerator_without_fsdp2():
+    from hasten import Accelerator
+    from hasten.errors import ConfigError
+    from hasten.utils import fsdp2_apply_ac, fsdp2_prepare_model
+
+    accelerator = Accelerator(cpu=True)
+    model = torch.nn.Linear(2, 2)
+    for function in (fsdp2_prepare_model, fsdp2_apply_ac):
+        with pytest.raises(ConfigError, match="FSDP2") as caught:
+            function(accelerator, model)
+        assert "\n" not in str(caught.value)
+    assert isinstance(model.weight, torch.nn.Parameter) and not hasattr(model, "_fsdp_state")
+
+
+class _Tied(torch.nn.Module):
+    _tied_weights_keys = ["head.weight"]
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(5, 3)
+        self.head = torch.nn.Linear(3, 5, bias=False)
+        self.head.weight = self.embed.weight
+
+
+def _reallocate(module):
+    """A param_init_fn that gives every direct parameter a new tensor (as materialising from meta does)."""
+    for name, param in list(module.named_parameters(recurse=False)):
+        setattr(module, name, torch.nn.Parameter(torch.full_like(param, 7.0)))
+    return module
+
+
+def test_ensure_weights_retied_keeps_ties_through_param_init():
+    from hasten.utils import ensure_weights_retied
+
+    model = _Tied()
+    init = ensure_weights_retied(_reallocate, model, torch.device("cpu"))
+    for module in (model.embed, model.head):  # FSDP1 calls param_init_fn module by module
+        init(module)
+    assert model.head.weight is model.embed.weight
+    assert torch.all(model.embed.weight == 7.0)
+
+    untied = _Tied()
+    plain = ensure_weights_retied(_reallocate, untied, "cpu")
+    _reallocate(untied.embed), _reallocate(untied.head)
+    assert untied.head.weight is not untied.embed.weight  # what the wrapper prevents
+    no_keys = torch.nn.Linear(2, 2)
+    assert ensure_weights_retied(_reallocate, no_keys, "cpu") is _reallocate
+    assert plain is not _reallocate
+
+
+def test_state_shared_dict_pieces():
+    from hasten.state import SharedDict, ThreadLocalSharedDict, do_nothing
+
+    assert do_nothing() is None and do_nothing(1, key=2) is None
+    assert SharedDict is dict  # one process-wide Borg dict: hasten runs no XLA threads
+
+    class Holder:
+        shared = ThreadLocalSharedDict()
+
+    a, b = Holder(), Holder()
+    a.shared["x"] = 1
+    assert b.shared == {"x": 1} and Holder.shared is a.shared
+    seen = {}
+    thread = threading.Thread(target=lambda: seen.update(other=dict(Holder().shared)))
+    thread.start(), thread.join()
+    assert seen["other"] == {}  # another thread has its own dict
+    b.shared = {"y": 2}
+    assert a.shared == {"y": 2}
+
+
+def test_pad_across_processes_warns_on_nested_tensors():
+    from hasten.utils import CannotPadNestedTensorWarning, pad_across_processes
+    from hasten.utils.operations import CannotPadNestedTensorWarning as same
+
+    assert same is CannotPadNestedTensorWarning and issubclass(CannotPadNestedTensorWarning, UserWarning)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's own nested-tensor prototype warning
+        nested = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])
+    with pytest.warns(CannotPadNestedTensorWarning, match="nested"):
+        out = pad_across_processes({"a": nested})
+    assert out["a"] is nested
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CannotPadNestedTensorWarning)
+        pad_across_processes(torch.ones(2))  # plain tensors: no warning
+
+
+def test_get_module_children_bottom_up():
+    from hasten.utils import get_module_children_bottom_up
+    from hasten.utils.other import get_module_children_bottom_up as same
+
+    assert same is get_module_children_bottom_up
+    inner = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+    model = torch.nn.Sequential(inner, torch.nn.Linear(2, 1))
+    order = get_module_children_bottom_up(model)
+    assert order == [inner[0], inner[1], inner, model[1], model]
+    names = [name for name, _ in get_module_children_bottom_up(model, return_fqns=True)]
+    assert names == ["0.0", "0.1", "0", "1", ""]
+
+
+def test_custom_argument_parser_takes_both_spellings_and_records_given_options():
+    from hasten.commands.utils import CustomArgumentParser
+
+    parser = CustomArgumentParser(prog="x")
+    parser.add_argument("--num_processes", type=int, default=1)
+    parser.add_argument("--cpu", action="store_true")
+    group = parser.add_argument_group("more")
+    group.add_argument("--main_process_port", type=int, default=29500)
+    args = parser.parse_args(["--num-processes", "1", "--main-process-port", "7"])
+    assert (args.num_processes, args.main_process_port, args.cpu) == (1, 7, False)
+    assert args.nondefault == {"num_processes", "main_process_port"}  # given, even at the default value
+    args = parser.parse_args(["--cpu"])
+    assert args.cpu is True and args.nondefault == {"cpu"}
+    assert not hasattr(parser.parse_args([]), "nondefault")
+
+
+@pytest.mark.parametrize("call", ["prepare_tpu", "install_xla", "sagemaker"])
+def test_tpu_and_sagemaker_entry_points_refuse_in_one_line(call):
+    from hasten.errors import NotSupportedYetError
+
+    if call == "prepare_tpu":
+        from hasten.utils.launch import prepare_tpu
+
+        run, what = lambda: prepare_tpu(object(), {}), "TPU"
+    elif call == "install_xla":
+        from hasten.utils.torch_xla import install_xla
+
+        run, what = install_xla, "TPU"
+    else:
+        from hasten.commands.config.sagemaker import get_sagemaker_input
+
+        run, what = get_sagemaker_input, "SageMaker"
+    with pytest.raises(NotSupportedYetError, match=what) as caught:
+        run()
+    assert "\n" not in str(caught.value) and isinstance(caught.value, NotImplementedError)
