@@ -191,10 +191,8 @@ def with_transformers(aliased):
     pytest.importorskip("transformers", reason='transformers is needed: pip install "hasten[alias-test]"')
     python, _ = aliased
     blocker = transformers_blocker(python)
-    if blocker:
-        # Names transformers imports at module level that other parts of issue 15 are building (hooks,
-        # big_modeling, utils.modeling, parallelism_config, fsdp_utils); the test starts running once they land.
-        pytest.skip(f"transformers cannot import on hasten yet: {blocker}")
+    # every name transformers imports at start-up exists now: a missing one is a regression, not a skip
+    assert blocker is None, f"transformers cannot import on hasten: {blocker}"
     return python
 
 

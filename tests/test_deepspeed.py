@@ -334,3 +334,19 @@ def test_a_launched_script_gets_deepspeed_from_the_config_file_and_flags(tmp_pat
 
     result = launch("deepspeed_launch.py", 1, 0.25, 2, flags=["--config_file", str(config), "--gradient_clipping", "0.25"])
     assert "OK launch rank 0 main=True" in result.stdout and "OK launch rank 1 main=False" in result.stdout
+
+
+def test_unbuilt_deepspeed_names_import_and_refuse_in_one_line():
+    """Ulysses sequence parallelism and DeepSpeed's own multi-node launcher exist at Accelerate's paths (so
+    imports work) and refuse when used, saying what to do instead."""
+    from hasten.utils import DeepSpeedSequenceParallelConfig, prepare_deepspeed_cmd_env
+    from hasten.utils.dataclasses import DeepSpeedSequenceParallelConfig as from_dataclasses
+    from hasten.utils.launch import prepare_deepspeed_cmd_env as from_launch
+
+    assert from_dataclasses is DeepSpeedSequenceParallelConfig and from_launch is prepare_deepspeed_cmd_env
+    with pytest.raises(NotSupportedYetError, match="Ulysses sequence parallelism is not built") as refused:
+        DeepSpeedSequenceParallelConfig(sp_seq_length=128)
+    assert "\n" not in str(refused.value)
+    with pytest.raises(NotSupportedYetError, match="hasten launch --use_deepspeed") as refused:
+        prepare_deepspeed_cmd_env(None)
+    assert "\n" not in str(refused.value)

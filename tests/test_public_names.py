@@ -18,9 +18,6 @@ import pytest
 NAMES_FILE = Path(__file__).parent / "data" / "accelerate_public_names.txt"
 
 NOT_BUILT = {
-    "issue 13 (DeepSpeed: sequence parallelism and DeepSpeed's own multi-node launcher are not built)": [
-        "DeepSpeedSequenceParallelConfig", "prepare_deepspeed_cmd_env",
-    ],
     "issue 14 (N-D parallelism, ParallelismConfig, tensor/context parallel)": [
         "model_has_dtensor", "get_model_tp_size",
     ],

@@ -121,3 +121,15 @@ class PrepareForLaunch:
             os.environ["RANK"] = str(nproc * node_rank + index)
         os.environ["FORK_LAUNCHED"] = "1"
         return self.launcher(*args)
+
+
+def prepare_deepspeed_cmd_env(args):
+    """Accelerate builds a `deepspeed`/pdsh command for multi-node DeepSpeed here. hasten launches DeepSpeed
+    through torchrun like every other backend, so DeepSpeed's own hostfile launchers are refused in one line."""
+    from .errors import NotSupportedYetError
+
+    raise NotSupportedYetError(
+        "prepare_deepspeed_cmd_env: DeepSpeed's own multi-node launchers (pdsh, hostfile) are not built in hasten; "
+        "launch every machine with `hasten launch --use_deepspeed --num_machines N --machine_rank I "
+        "--main_process_ip HOST ...` (torchrun) instead"
+    )

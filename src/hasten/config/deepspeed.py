@@ -643,3 +643,19 @@ class DummyScheduler:
 
     def get_last_lr(self):
         return [group["lr"] for group in self.optimizer.param_groups]
+
+
+@dataclass
+class DeepSpeedSequenceParallelConfig:
+    """Accelerate's settings for DeepSpeed's Ulysses sequence parallelism. hasten has not built it: the class
+    exists at Accelerate's paths so imports work, and building one is refused in one line."""
+
+    sp_seq_length: Optional[int] = None
+    sp_seq_length_is_variable: Optional[bool] = None
+    sp_attn_implementation: Optional[str] = None
+
+    def __post_init__(self):
+        raise NotSupportedYetError(
+            "DeepSpeedSequenceParallelConfig: DeepSpeed's Ulysses sequence parallelism is not built in hasten yet; "
+            "train without it (sp_size 1), or run this job with Accelerate"
+        )

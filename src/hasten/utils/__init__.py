@@ -29,6 +29,7 @@ _SOURCES = {
     ],
     "hasten.config.deepspeed": [
         "DeepSpeedPlugin", "DummyOptim", "DummyScheduler", "HfDeepSpeedConfig", "get_active_deepspeed_plugin",
+        "DeepSpeedSequenceParallelConfig",
     ],
     "hasten.backends.deepspeed": ["GatheredParameters", "map_pytorch_optim_to_deepspeed"],
     "hasten.backends.deepspeed_wrappers": [
@@ -100,7 +101,9 @@ _SOURCES = {
         "convert_dict_to_env_variables", "get_cpu_distributed_information", "get_current_device_type",
         "get_gpu_info", "patch_environment", "purge_accelerate_environment", "set_numa_affinity",
     ],
-    "hasten.launch_env": ["PrepareForLaunch", "prepare_multi_gpu_env", "prepare_simple_launcher_cmd_env"],
+    "hasten.launch_env": [
+        "PrepareForLaunch", "prepare_multi_gpu_env", "prepare_simple_launcher_cmd_env", "prepare_deepspeed_cmd_env",
+    ],
     "hasten.tpu": ["install_xla", "prepare_tpu"],
     "hasten.precision": ["get_grad_scaler", "get_mixed_precision_context_manager"],
     "hasten.progress": ["tqdm"],

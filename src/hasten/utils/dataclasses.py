@@ -8,4 +8,4 @@ from ..config.fsdp import FullyShardedDataParallelPlugin  # noqa: F401,E402
 from ..parallelism_config import (  # noqa: F401,E402
     TorchContextParallelConfig, TorchTensorParallelConfig, TorchTensorParallelPlugin,
 )
-from ..config.deepspeed import DeepSpeedPlugin  # noqa: F401
+from ..config.deepspeed import DeepSpeedPlugin, DeepSpeedSequenceParallelConfig  # noqa: F401

@@ -3,6 +3,7 @@
 from ..launch_env import (  # noqa: F401
     PrepareForLaunch,
     env_var_path_add,
+    prepare_deepspeed_cmd_env,
     prepare_multi_gpu_env,
     prepare_simple_launcher_cmd_env,
 )
