@@ -10,18 +10,16 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import warnings
 
-import numpy as np
 import torch
 
 from . import checkpoint_io as io
 from .constants import MODEL_NAME, OPTIMIZER_NAME, RNG_STATE_NAME, SAFE_MODEL_NAME, SAMPLER_NAME, SCALER_NAME, SCHEDULER_NAME
+from .rng import capture_rng_states, restore_rng_states
 
 logger = logging.getLogger(__name__)
 
-_DEVICE_RNGS = ("cuda", "xpu", "npu", "mlu", "musa", "sdaa", "hpu")
 
 
 def _name(stem: str, index: int, suffix: str) -> str:
@@ -57,33 +55,8 @@ def _write(path: str, writer) -> None:
 
 
 def _rng_payload(step: int) -> dict:
-    """Accelerate's `random_states_<rank>.pkl` content, in types `torch.load(weights_only=True)` accepts."""
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
-    payload = {
-        "step": int(step),
-        "random_state": random.getstate(),
-        "numpy_random_seed": (kind, keys.tolist(), int(pos), int(has_gauss), float(cached)),
-        "torch_manual_seed": torch.get_rng_state(),
-    }
-    for name in _DEVICE_RNGS:
-        module = getattr(torch, name, None)
-        if module is not None and getattr(module, "is_available", lambda: False)() and hasattr(module, "get_rng_state_all"):
-            payload[f"torch_{name}_manual_seed"] = module.get_rng_state_all()
-    return payload
-
-
-def _restore_rng(payload: dict) -> None:
-    version, inner, gauss = payload["random_state"]
-    random.setstate((version, tuple(inner), gauss))
-    kind, keys, pos, has_gauss, cached = payload["numpy_random_seed"]
-    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), int(pos), int(has_gauss), float(cached)))
-    torch.set_rng_state(torch.as_tensor(payload["torch_manual_seed"], dtype=torch.uint8).cpu())
-    for name in _DEVICE_RNGS:
-        key = f"torch_{name}_manual_seed"
-        module = getattr(torch, name, None)
-        if key in payload and module is not None and getattr(module, "is_available", lambda: False)():
-            states = payload[key] if isinstance(payload[key], (list, tuple)) else [payload[key]]
-            module.set_rng_state_all([torch.as_tensor(s, dtype=torch.uint8).cpu() for s in states])
+    """Accelerate's `random_states_<rank>.pkl` content: the step and every RNG state (hasten.rng's capture)."""
+    return {"step": int(step), **capture_rng_states()}
 
 
 def save_accelerator_state(output_dir: str, model_states: list, optimizers: list, schedulers: list, dataloaders: list,
@@ -166,7 +139,7 @@ def load_accelerator_state(input_dir: str, models: list, optimizers: list, sched
         payload = io.load_object(rng_file, load_kwargs)
         if "step" in payload:
             overrides["step"] = payload["step"]
-        _restore_rng(payload)
+        restore_rng_states(payload)
     else:
         logger.info("no random states for process %d in %s; RNG states left as they are", process_index, input_dir)
     return overrides

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.weak import WeakIdKeyDictionary
 
-from ..config.deepspeed import AUTO, DummyOptim, DummyScheduler, get_active_deepspeed_plugin
+from ..config.deepspeed import AUTO, DummyOptim, DummyScheduler, _walk, get_active_deepspeed_plugin
 from ..errors import CheckpointError, ConfigError, NotSupportedYetError
 from ..precision import PrecisionPolicy
 from ..state import GradientState
@@ -466,14 +466,6 @@ def _valid_ds_schedules():
     from deepspeed.runtime.lr_schedules import VALID_LR_SCHEDULES
 
     return VALID_LR_SCHEDULES
-
-
-def _walk(config: dict, prefix: str = ""):
-    for key, value in config.items():
-        if isinstance(value, dict):
-            yield from _walk(value, prefix + key + ".")
-        else:
-            yield prefix + key, value
 
 
 def _engines_in_graph(loss, wrappers_by_engine: dict, engine_of_param: dict) -> list:
