@@ -371,3 +371,25 @@ def test_two_processes_resume_exactly():
                   "dispatched stream", "dispatched shuffled map-style", "end of epoch"):
         assert f"OK resume {check}" in output, output
     assert "OK skipped samples are not read" in output
+
+
+def test_join_uneven_inputs_override_reaches_prepared_loaders_and_is_restored(caplog):
+    """`join_uneven_inputs(even_batches=False)` switches the prepared map-style loaders' samplers for the block
+    and restores them after; an iterable loader is named in a warning instead of being silently skipped."""
+    from hasten.data_loader import override_even_batches, prepare_data_loader
+
+    mapped = prepare_data_loader(torch.utils.data.DataLoader(list(range(10)), batch_size=2), num_processes=2,
+                                 process_index=0)
+
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return iter(range(10))
+
+    streamed = prepare_data_loader(torch.utils.data.DataLoader(Stream(), batch_size=2), num_processes=2,
+                                   process_index=0)
+    holder = mapped.sampler if isinstance(mapped.sampler, torch.utils.data.BatchSampler) else mapped.batch_sampler
+    assert holder.even_batches is True
+    with override_even_batches([mapped, streamed], False):
+        assert holder.even_batches is False
+    assert holder.even_batches is True
+    assert "even_batches cannot be changed" in caplog.text

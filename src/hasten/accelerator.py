@@ -549,11 +549,14 @@ class Accelerator:
             return
         from torch.distributed.algorithms.join import Join
 
+        from .data_loader import override_even_batches
+
         saved = self.even_batches
         if even_batches is not None:
             self.even_batches = even_batches
         try:
-            with Join(joinables, enable=not self.even_batches):
+            with override_even_batches(self._dataloaders, self.even_batches), \
+                    Join(joinables, enable=not self.even_batches):
                 yield
         finally:
             self.even_batches = saved

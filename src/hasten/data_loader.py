@@ -740,4 +740,28 @@ def gather_for_metrics(input_data, use_gather_object: bool = False):
         return data
 
 
+class override_even_batches:
+    """For `join_uneven_inputs(even_batches=...)`: set `even_batches` on the shard samplers of prepared map-style
+    loaders for the block and restore them after; an iterable loader cannot change and is named in a warning."""
+
+    def __init__(self, loaders, even_batches: bool):
+        self.loaders, self.even_batches, self.saved = list(loaders), even_batches, []
+
+    def __enter__(self):
+        for loader in self.loaders:
+            holder = loader.sampler if isinstance(loader.sampler, BatchSampler) else loader.batch_sampler
+            if hasattr(holder, "even_batches"):
+                self.saved.append((holder, holder.even_batches))
+                holder.even_batches = self.even_batches
+            else:
+                logger.warning("join_uneven_inputs: even_batches cannot be changed for %s (an iterable or unsharded "
+                               "loader); it keeps its setting", type(loader).__name__)
+        return self
+
+    def __exit__(self, *exc_info):
+        for holder, value in self.saved:
+            holder.even_batches = value
+        return False
+
+
 from .loader_adapter import DataLoaderAdapter  # noqa: E402,F401 - Accelerate's path for it
