@@ -15,15 +15,12 @@ import warnings
 import torch
 
 from . import checkpoint_io as io
+from .backends.base import numbered
 from .constants import MODEL_NAME, OPTIMIZER_NAME, RNG_STATE_NAME, SAFE_MODEL_NAME, SAMPLER_NAME, SCALER_NAME, SCHEDULER_NAME
 from .rng import capture_rng_states, restore_rng_states
 
 logger = logging.getLogger(__name__)
 
-
-
-def _name(stem: str, index: int, suffix: str) -> str:
-    return f"{stem}{'' if index == 0 else f'_{index}'}{suffix}"
 
 
 def _is_writer(save_on_each_node: bool) -> bool:
@@ -75,16 +72,16 @@ def save_accelerator_state(output_dir: str, model_states: list, optimizers: list
         for i, state in enumerate(model_states):
             if safe_serialization:
                 tensors = clean_state_dict_for_safetensors(state)
-                _write(path(_name(SAFE_MODEL_NAME, i, ".safetensors")), lambda p, t=tensors: io.save_tensors(t, p))
+                _write(path(numbered(SAFE_MODEL_NAME, i, ".safetensors")), lambda p, t=tensors: io.save_tensors(t, p))
             else:
-                _write(path(_name(MODEL_NAME, i, ".bin")), lambda p, s=state: io.save_object(s, p))
+                _write(path(numbered(MODEL_NAME, i, ".bin")), lambda p, s=state: io.save_object(s, p))
         for stem, objects in ((OPTIMIZER_NAME, optimizers), (SCHEDULER_NAME, schedulers)):
             for i, obj in enumerate(objects):
-                _write(path(_name(stem, i, ".bin")), lambda p, s=obj.state_dict(): io.save_object(s, p))
+                _write(path(numbered(stem, i, ".bin")), lambda p, s=obj.state_dict(): io.save_object(s, p))
         for i, loader in enumerate(dataloaders):
             state_dict = getattr(loader, "state_dict", None)
             if callable(state_dict):
-                _write(path(_name(SAMPLER_NAME, i, ".bin")), lambda p, s=state_dict(): io.save_object(s, p))
+                _write(path(numbered(SAMPLER_NAME, i, ".bin")), lambda p, s=state_dict(): io.save_object(s, p))
         if scaler is not None:
             _write(path(SCALER_NAME), lambda p: io.save_object(scaler.state_dict(), p))
     _write(path(f"{RNG_STATE_NAME}_{process_index}.pkl"), lambda p: io.save_object(_rng_payload(step), p))
@@ -116,18 +113,18 @@ def load_accelerator_state(input_dir: str, models: list, optimizers: list, sched
     load_kwargs = dict(load_kwargs or {})
     path = lambda name: os.path.join(input_dir, name)  # noqa: E731
     for i, model in enumerate(models):
-        safe = path(_name(SAFE_MODEL_NAME, i, ".safetensors"))
+        safe = path(numbered(SAFE_MODEL_NAME, i, ".safetensors"))
         if os.path.isfile(safe):
             state = io.fill_aliases(model, io.load_tensors(safe, device=location))
         else:
-            state = io.load_object(path(_name(MODEL_NAME, i, ".bin")), load_kwargs, map_location=location)
+            state = io.load_object(path(numbered(MODEL_NAME, i, ".bin")), load_kwargs, map_location=location)
         model.load_state_dict(state, **load_model_func_kwargs)
     for i, optimizer in enumerate(optimizers):
-        optimizer.load_state_dict(io.load_object(path(_name(OPTIMIZER_NAME, i, ".bin")), load_kwargs, map_location=location))
+        optimizer.load_state_dict(io.load_object(path(numbered(OPTIMIZER_NAME, i, ".bin")), load_kwargs, map_location=location))
     for i, scheduler in enumerate(schedulers):
-        scheduler.load_state_dict(io.load_object(path(_name(SCHEDULER_NAME, i, ".bin")), load_kwargs))
+        scheduler.load_state_dict(io.load_object(path(numbered(SCHEDULER_NAME, i, ".bin")), load_kwargs))
     for i, loader in enumerate(dataloaders):
-        file = path(_name(SAMPLER_NAME, i, ".bin"))
+        file = path(numbered(SAMPLER_NAME, i, ".bin"))
         if os.path.isfile(file) and callable(getattr(loader, "load_state_dict", None)):
             loader.load_state_dict(io.load_object(file, load_kwargs))
     if scaler is not None:

@@ -20,16 +20,14 @@ import torch
 
 from . import checkpoint_folder as folders
 from . import checkpoint_io as io
-from .backends.base import MODEL_NAME, SAFE_MODEL_NAME
+from .backends.base import numbered
+from .constants import MODEL_NAME, RNG_STATE_NAME, SAFE_MODEL_NAME, SAMPLER_NAME, SCALER_NAME, SCHEDULER_NAME  # noqa: F401
 from .errors import CheckpointError, ConfigError
 from .operations import broadcast_object_list, gather_object
 from .rng import capture_rng_states, restore_rng_states
 
 logger = logging.getLogger(__name__)
 
-SCHEDULER_NAME, SAMPLER_NAME = "scheduler", "sampler"
-SCALER_NAME = "scaler.pt"
-RNG_STATE_NAME = "random_states"
 GRADIENTS_NAME = "gradients"  # hasten only: gradients accumulated so far, when saved mid-window
 CUSTOM_PATTERN = re.compile(r"^custom_checkpoint_(\d+)\.pkl$")
 
@@ -66,10 +64,6 @@ class CheckpointContents:
     def writer(self) -> bool:
         """Whether this process writes the files all processes share (one per machine with save_on_each_node)."""
         return self.state.is_local_main_process if self.project.save_on_each_node else self.state.is_main_process
-
-
-def _numbered(prefix: str, index: int, suffix: str) -> str:
-    return f"{prefix}{'' if index == 0 else f'_{index}'}{suffix}"
 
 
 # -- collectives (no-ops in one process) ------------------------------------------------------------------------
@@ -109,7 +103,7 @@ def _plan_files(contents: CheckpointContents) -> list:
     plan = []
     if contents.writer:
         for i, scheduler in enumerate(contents.schedulers):
-            plan.append((_numbered(SCHEDULER_NAME, i, ".bin"), lambda p, s=scheduler.state_dict(): io.save_object(s, p)))
+            plan.append((numbered(SCHEDULER_NAME, i, ".bin"), lambda p, s=scheduler.state_dict(): io.save_object(s, p)))
         if contents.scaler is not None:
             plan.append((SCALER_NAME, lambda p, s=contents.scaler.state_dict(): io.save_object(s, p)))
         for i, obj in enumerate(contents.custom_objects):
@@ -132,7 +126,7 @@ def _loader_files(contents: CheckpointContents) -> list:
         if not contents.writer or states[0] is None:
             continue
         payload = states[0] if all(s == states[0] for s in states) else {"hasten_per_process": states}
-        plan.append((_numbered(SAMPLER_NAME, i, ".bin"), lambda p, s=payload: io.save_object(s, p)))
+        plan.append((numbered(SAMPLER_NAME, i, ".bin"), lambda p, s=payload: io.save_object(s, p)))
     return plan
 
 
@@ -293,7 +287,7 @@ def _load_gradients(contents: CheckpointContents, folder: str) -> None:
 
 def _load_loaders(contents: CheckpointContents, folder: str, load_kwargs) -> None:
     for i, loader in enumerate(contents.dataloaders):
-        path = os.path.join(folder, _numbered(SAMPLER_NAME, i, ".bin"))
+        path = os.path.join(folder, numbered(SAMPLER_NAME, i, ".bin"))
         if not os.path.isfile(path) or not callable(getattr(loader, "load_state_dict", None)):
             continue  # Accelerate never writes this file; start the loader afresh
         payload = io.load_object(path, load_kwargs)
@@ -353,7 +347,7 @@ def load_state(contents: CheckpointContents, input_dir=None, load_kwargs=None, *
         **load_model_func_kwargs,
     )
     for i, scheduler in enumerate(contents.schedulers):
-        scheduler.load_state_dict(io.load_object(os.path.join(folder, _numbered(SCHEDULER_NAME, i, ".bin")), load_kwargs))
+        scheduler.load_state_dict(io.load_object(os.path.join(folder, numbered(SCHEDULER_NAME, i, ".bin")), load_kwargs))
     _load_loaders(contents, folder, load_kwargs)
     scaler_path = os.path.join(folder, SCALER_NAME)
     if contents.scaler is not None and os.path.isfile(scaler_path):

@@ -28,18 +28,18 @@ import os
 import torch
 
 from .. import checkpoint_io as io
+from ..constants import MODEL_NAME, OPTIMIZER_NAME, SAFE_MODEL_NAME
 from ..errors import CheckpointError, ConfigError
 from ..optimizer import AcceleratedOptimizer
 from ..precision import PrecisionPolicy
 from ..scheduler import AcceleratedScheduler
 from .unwrap import unwrap_model
 
-# Accelerate's file names for model and optimizer state in a `save_state` folder (i > 0 adds `_<i>`).
-MODEL_NAME, SAFE_MODEL_NAME, OPTIMIZER_NAME = "pytorch_model", "model", "optimizer"
 _WRAPPER_PREFIXES = ("module.", "_orig_mod.")
 
 
 def numbered(prefix: str, index: int, suffix: str) -> str:
+    """Accelerate's file name for the index-th object of a kind in a `save_state` folder (i > 0 adds `_<i>`)."""
     return f"{prefix}{'' if index == 0 else f'_{index}'}{suffix}"
 
 
