@@ -19,10 +19,10 @@ import shutil
 import torch
 import torch.distributed as dist
 
+from ..constants import FSDP_MODEL_NAME as MODEL_NAME
+from ..constants import OPTIMIZER_NAME
 from ..errors import CheckpointError
 
-MODEL_NAME = "pytorch_model_fsdp"
-OPTIMIZER_NAME = "optimizer"
 DCP_METADATA = ".metadata"
 
 
