@@ -37,15 +37,19 @@ def test_every_probe_answers_a_bool_without_importing_its_library():
 
 
 def test_a_folder_named_like_a_library_is_not_the_library(tmp_path, monkeypatch):
-    (tmp_path / "wandb").mkdir()
-    (tmp_path / "wandb" / "__init__.py").write_text("")
+    # A made-up library, so the answer does not depend on what this machine has installed.
+    is_fake_available = availability._probe("hasten_fake_tracker")
+    assert is_fake_available.__name__ == "is_hasten_fake_tracker_available"
+    assert is_fake_available() is False
+    (tmp_path / "hasten_fake_tracker").mkdir()
+    (tmp_path / "hasten_fake_tracker" / "__init__.py").write_text("")
     monkeypatch.syspath_prepend(str(tmp_path))
-    assert imports.is_wandb_available() is False
+    assert is_fake_available() is False
     # ... installed (it has package metadata): it counts
-    dist = tmp_path / "wandb-0.19.0.dist-info"
+    dist = tmp_path / "hasten_fake_tracker-0.19.0.dist-info"
     dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: wandb\nVersion: 0.19.0\n")
-    assert imports.is_wandb_available() is True
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: hasten_fake_tracker\nVersion: 0.19.0\n")
+    assert is_fake_available() is True
 
 
 def test_version_checks():
