@@ -17,6 +17,11 @@ class DistributedOperationException(HastenError, RuntimeError):
     """A collective was called with inputs that differ across ranks (found in debug mode)."""
 
 
+class HangDetectedError(DistributedOperationException):
+    """Debug mode's hang doctor stopped the run: ranks called different collectives, a rank left before a
+    collective the others wait in, or a collective outlived its timeout. The full report is `.hasten_report`."""
+
+
 class StateResetError(HastenError, AttributeError):
     """A shared state was reset and not created again."""
 

@@ -51,17 +51,21 @@ def _describe(data) -> list:
 def _check_same_across_ranks(operation: str, data, compare_shapes: bool = True) -> None:
     """Raise the same DistributedOperationException on every rank when the ranks' inputs disagree.
 
-    The descriptions travel through `all_gather_object`, which works whatever the tensors look like, so
-    every rank sees every description and takes the same decision: all raise, or none does.
+    The descriptions (with each rank's call site) travel through `all_gather_object`, which works whatever the
+    tensors look like, so every rank sees every description and takes the same decision: all raise, or none.
     """
     import torch.distributed as dist
+
+    from .hang_doctor import call_site
 
     state = PartialState()
     described = _describe(data)
     if not compare_shapes:
         described = [(len(shape), dtype, device) for shape, dtype, device in described]
     everyone = [None] * state.num_processes
-    dist.all_gather_object(everyone, described)
+    dist.all_gather_object(everyone, (described, call_site(3)))
+    sites = [site for _, site in everyone]
+    everyone = [desc for desc, _ in everyone]
     reference = everyone[0]
     differing = [rank for rank, desc in enumerate(everyone) if desc != reference]
 
@@ -72,12 +76,19 @@ def _check_same_across_ranks(operation: str, data, compare_shapes: bool = True) 
         what = "shapes and dtypes" if compare_shapes else "number of dimensions and dtypes"
         listing = "; ".join(
             f"rank {rank}: " + (", ".join(f"{shown(s)} {d} on {dev}" for s, d, dev in desc) or "no tensors")
+            + f" at {sites[rank]}"
             for rank, desc in enumerate(everyone)
         )
-        raise DistributedOperationException(
+        error = DistributedOperationException(
             f"`{operation}` got tensors whose {what} differ across processes (rank {differing[0]} differs "
             f"from rank 0): {listing}. Make them match on every rank (e.g. `pad_across_processes` first)."
         )
+        # Every rank raises this same error, in step: the hang doctor has nothing to add but a report.
+        error.hasten_consistent = True
+        error.hasten_report = f"hasten debug mode: {error}"
+        error.hasten_reporter = state.process_index == 0
+        error.hasten_peer_loss = state.process_index not in differing
+        raise error
     wrong_device = sorted({dev for _, _, dev in reference if dev != state.device.type})
     if wrong_device:
         raise DistributedOperationException(
@@ -87,14 +98,21 @@ def _check_same_across_ranks(operation: str, data, compare_shapes: bool = True) 
 
 
 def _verify(operation: str, compare_shapes: bool = True):
-    """Debug-mode guard: compare inputs across ranks before a collective that would hang on a mismatch."""
+    """Debug-mode guard: compare inputs across ranks before a collective that would hang on a mismatch.
+
+    The hang doctor (`hasten.hang_doctor`) watches the whole operation as one collective named `operation`.
+    """
 
     def decorator(function):
         @wraps(function)
         def wrapper(data, *args, **kwargs):
             state = PartialState()
             if state.debug and _distributed(state):
-                _check_same_across_ranks(operation, data, compare_shapes)
+                from . import hang_doctor
+
+                with hang_doctor.watch(operation):
+                    _check_same_across_ranks(operation, data, compare_shapes)
+                    return function(data, *args, **kwargs)
             return function(data, *args, **kwargs)
 
         return wrapper

@@ -23,7 +23,6 @@ from .errors import ConfigError, StateResetError
 
 __all__ = ["PartialState", "AcceleratorState", "GradientState", "DistributedType", "is_initialized"]
 
-_DEFAULT_TIMEOUT = timedelta(seconds=1800)
 
 
 def do_nothing(*args, **kwargs):
@@ -86,7 +85,7 @@ def _init_process_group(cluster: environment.ClusterInfo, backend: str, kwargs: 
     """
     import torch.distributed as dist
 
-    timeout = kwargs.pop("timeout", None) or _DEFAULT_TIMEOUT
+    timeout = collective_timeout(kwargs.pop("timeout", None))
     if kwargs.get("init_method") is not None:
         dist.init_process_group(backend, rank=cluster.rank, world_size=cluster.world_size, timeout=timeout, **kwargs)
         return
@@ -107,6 +106,14 @@ def _init_process_group(cluster: environment.ClusterInfo, backend: str, kwargs: 
     # tearing down what we set up makes a correct script exit 0 even if it never calls destroy_process_group.
     atexit.register(_destroy_default_group)
     _record_uncaught_errors()
+
+
+def collective_timeout(code=None) -> timedelta:
+    """The one collective timeout (gloo, NCCL, DeepSpeed and the hang doctor): `InitProcessGroupKwargs(timeout=)`
+    in code, else `HASTEN_COLLECTIVE_TIMEOUT` / `--collective_timeout` / the config file, else 1800 s."""
+    if isinstance(code, timedelta):
+        code = code.total_seconds()
+    return timedelta(seconds=float(_setting("collective_timeout", code)))
 
 
 # Substrings of the errors a rank sees when *another* rank died under it (gloo, NCCL, TCPStore).
@@ -156,7 +163,11 @@ def _write_error_file(path: str, kind, value, tb) -> None:
                 "py_callstack": "".join(traceback.format_exception(kind, value, tb)),
                 "timestamp": str(int(now)),
                 "hasten_time": repr(now),
-                "hasten_peer_loss": any(m in message.lower() for m in PEER_LOSS_MARKERS),
+                "hasten_peer_loss": getattr(value, "hasten_peer_loss", None)
+                if getattr(value, "hasten_peer_loss", None) is not None
+                else any(m in message.lower() for m in PEER_LOSS_MARKERS),
+                # the hang doctor's report (debug mode), which `hasten launch` prints last
+                "hasten_report": getattr(value, "hasten_report", None),
             },
         }
     }
@@ -198,6 +209,7 @@ class PartialState(_SharedState):
     def _initialize(self, cpu: bool, kwargs: dict) -> None:
         env = os.environ
         requested_backend = kwargs.pop("backend", None)
+        timeout = kwargs.get("timeout")
         kwargs.pop("_use_sagemaker_dp", None)
         cpu = bool(_setting("use_cpu", bool(cpu), env))
         cluster = environment.detect_cluster(env)
@@ -231,6 +243,10 @@ class PartialState(_SharedState):
             self.local_process_index = cluster.local_rank
         self.device = self._pick_device(device_type)
         self.set_device()
+        if self.debug and self.use_distributed:
+            from . import hang_doctor
+
+            hang_doctor.install(collective_timeout(timeout).total_seconds(), _setting("hang_doctor_wait", None, env))
         if _setting("enable_cpu_affinity", None, env):
             environment.pin_to_numa_node(self.device.type, _pci_bus_id(self.device), self.local_process_index)
 

@@ -287,6 +287,19 @@ def _describe_failures(error) -> str:
     return "; ".join(parts)
 
 
+def _hang_report(error) -> str | None:
+    """The hang doctor's report (debug mode) from the failed workers' error files: the root failure's first."""
+    failures = getattr(error, "failures", {}) or {}
+    reports = []
+    for rank, failure in sorted(failures.items()):
+        data = failure.error_file_data.get("message") if isinstance(failure.error_file_data, dict) else None
+        extra = data.get("extraInfo", {}) if isinstance(data, dict) else {}
+        report = (extra or {}).get("hasten_report")
+        if report:
+            reports.append((bool(extra.get("hasten_peer_loss")), rank, report))
+    return min(reports)[2] if reports else None
+
+
 def _logs_specs(args):
     if not args.log_dir and args.tee in (None, "0"):
         return None
@@ -331,6 +344,8 @@ def _run_distributed(args, plan: LaunchPlan) -> int:
         logs_specs=_logs_specs(args),
     )
     entrypoint, entry_args = _target_command(args)
+    # Debug mode's hang doctor leaves its report in the workers' error files for the launcher to print, once.
+    os.environ["HASTEN_LAUNCHER_PRINTS_REPORT"] = "1"
     started = time.monotonic()
     try:
         elastic_launch(config, entrypoint)(*entry_args)
@@ -342,6 +357,9 @@ def _run_distributed(args, plan: LaunchPlan) -> int:
                 "error is printed above)",
                 file=sys.stderr,
             )
+            report = _hang_report(error)
+            if report:
+                print(report, file=sys.stderr, flush=True)
         return 1
     except Exception as error:  # noqa: BLE001 - rendezvous/agent errors: one line, not the agent's traceback
         if args.debug:

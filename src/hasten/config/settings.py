@@ -319,6 +319,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("debug", "bool", False, flags=("--debug",), switch=True, file_key=("debug",), owner="PartialState",
             group="General", question="Check tensor shapes across processes before collectives (debug mode)?",
             help="Check shapes across ranks before collectives.", **_exported("DEBUG_MODE")),
+    Setting("collective_timeout", "float", 1800.0, flags=("--collective_timeout",), file_key=("collective_timeout",),
+            minimum=1, owner="InitProcessGroupKwargs", code="timeout", group="General",
+            env=("HASTEN_COLLECTIVE_TIMEOUT",), export="HASTEN_COLLECTIVE_TIMEOUT",
+            help="Seconds a collective may wait before the run fails: gloo, NCCL, DeepSpeed and debug mode's hang "
+                 "doctor (in code: InitProcessGroupKwargs(timeout=...)) (hasten only)."),
+    Setting("hang_doctor_wait", "float", 2.0, env=("HASTEN_HANG_DOCTOR_WAIT",), minimum=0, owner="PartialState",
+            help="Debug mode: seconds a rank writing the hang doctor's report waits for the others to say where "
+                 "they are (hasten only)."),
     # -- hardware -----------------------------------------------------------------------------------------------
     Setting("use_cpu", "bool", False, flags=("--cpu",), dest="cpu", switch=True, file_key=("use_cpu",),
             owner="Accelerator", code="cpu", group="Hardware selection",

@@ -1,0 +1,750 @@
+"""The hang doctor: in debug mode, ranks whose collectives diverge stop within seconds, with one report.
+
+Switched on by debug mode (`hasten launch --debug`, `HASTEN_DEBUG_MODE=1` / `ACCELERATE_DEBUG_MODE=1`) in a
+run of more than one process; `PartialState` installs it once the process group is up. Off, nothing here runs:
+no wrapper is installed, no store is touched.
+
+How it works:
+
+- Every collective goes through `Doctor.run` once: hasten's own (`hasten.operations`, `wait_for_everyone`)
+  and the user's `torch.distributed` calls, whose functions (`WRAPPED`) are replaced on `torch.distributed`
+  and `torch.distributed.distributed_c10d` while the doctor is on. Collectives issued inside another one
+  (hasten's `gather` calls `all_gather`) are not counted again.
+- Its fingerprint is the name, the tensors' dtypes and shapes, the reduce op and the root rank; the call site
+  (`file:line` of the first frame outside hasten, torch and contextlib) travels with it for the report.
+- Before the collective each rank makes ONE `compare_set` on the job's TCPStore, keyed by the collective's
+  number in its process group. The first rank to arrive stores its fingerprint; every later rank gets that
+  one back. A rank whose fingerprint differs never enters the collective: it asks every rank where it is,
+  publishes the report and raises `HangDetectedError`. The ranks already inside the collective (which can no
+  longer complete) are stopped by their watchdog thread. No rank ever waits for another on this path.
+- A watchdog thread per rank polls one store counter every `POLL` seconds. It answers "where are you?" with
+  the main thread's Python stack, stops its process once a report is published, and publishes one itself
+  when the main thread has waited in a collective past the collective timeout, or when another rank left
+  (returned from its script, or raised) before reaching the collective this rank waits in.
+
+The report is written to the worker's torchelastic error file; `hasten launch` prints it once, last. Under
+another launcher the rank that wrote the report prints it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import sys
+import threading
+import time
+from collections import deque
+
+from .errors import HangDetectedError
+
+__all__ = ["HangDetectedError", "WRAPPED", "active", "call_site", "install", "uninstall", "watch"]
+
+POLL = 0.2  # seconds between two looks of the watchdog at the store
+REPORT_KEY = "hasten_report"  # where the report sits in a torchelastic error file (read by `hasten launch`)
+LAUNCHER_VARIABLE = "HASTEN_LAUNCHER_PRINTS_REPORT"  # set by `hasten launch`: it prints the report itself
+_SEP = "\x1f"
+_TERMINAL = ("exited", "raised")
+_KEEP_KEYS = 1000  # collective keys older than this many collectives are deleted from the store
+_DOCTOR = None
+
+
+def active() -> bool:
+    """Whether the doctor watches this process's collectives (debug mode in a distributed run)."""
+    return _DOCTOR is not None
+
+
+# -- call sites and fingerprints -----------------------------------------------------------------------------
+
+_SKIP: tuple = ()
+
+
+def _skip_prefixes() -> tuple:
+    import contextlib
+    import functools
+
+    import torch
+
+    hasten_dir = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    torch_dir = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+    return (hasten_dir, torch_dir, contextlib.__file__, functools.__file__, threading.__file__)
+
+
+def _short(path: str) -> str:
+    try:
+        relative = os.path.relpath(path)
+    except ValueError:
+        return path
+    return path if relative.startswith("..") else relative
+
+
+def _user_frame(frame):
+    skip = _SKIP or _skip_prefixes()
+    while frame is not None and frame.f_code.co_filename.startswith(skip):
+        frame = frame.f_back
+    return frame
+
+
+def call_site(depth: int = 1) -> str:
+    """`file:line` of the first caller (from `depth` frames up) outside hasten, torch and contextlib."""
+    frame = _user_frame(sys._getframe(depth))
+    if frame is None:
+        return "<unknown>"
+    return f"{_short(frame.f_code.co_filename)}:{frame.f_lineno}"
+
+
+def _stack_lines(frame, limit: int = 8) -> list:
+    """The user's frames of a stack, innermost last, as `file:line in function` (hasten/torch frames left out)."""
+    skip = _SKIP or _skip_prefixes()
+    lines = []
+    innermost = None
+    while frame is not None:
+        if innermost is None:
+            innermost = frame
+        if not frame.f_code.co_filename.startswith(skip):
+            lines.append(f"{_short(frame.f_code.co_filename)}:{frame.f_lineno} in {frame.f_code.co_name}")
+        frame = frame.f_back
+    lines.reverse()
+    lines = lines[-limit:]
+    if innermost is not None and innermost.f_code.co_filename.startswith(skip[1:]):
+        lines.append(f"(inside {_short(innermost.f_code.co_filename)}:{innermost.f_lineno} "
+                     f"in {innermost.f_code.co_name})")
+    return lines
+
+
+def _tensor(value, full: bool = True) -> str:
+    dtype = str(getattr(value, "dtype", "?")).replace("torch.", "")
+    shape = getattr(value, "shape", None)
+    if shape is None:
+        return "?"
+    return f"{dtype}{list(shape)}" if full else f"{dtype}/{len(shape)}d"
+
+
+def _first(values) -> str:
+    values = list(values or [])
+    return f"{len(values)}x{_tensor(values[0], full=False)}" if values else "0"
+
+
+def _op(value) -> str:
+    return "SUM" if value is None else str(getattr(value, "name", value)).rpartition(".")[2]
+
+
+def _root(bound, name: str, group_name: str) -> str:
+    value = bound.get(name)
+    return str(value if value is not None else bound.get(group_name, 0))
+
+
+# name -> what of its arguments must agree across ranks. Shapes are compared in full where every backend
+# needs them equal; only dtype and rank of a tensor where uneven sizes are allowed (lists, all_to_all).
+_DESCRIBE = {
+    "all_reduce": lambda a: f"{_tensor(a.get('tensor'))} op={_op(a.get('op'))}",
+    "broadcast": lambda a: f"{_tensor(a.get('tensor'))} src={_root(a, 'src', 'group_src')}",
+    "reduce": lambda a: f"{_tensor(a.get('tensor'))} dst={_root(a, 'dst', 'group_dst')} op={_op(a.get('op'))}",
+    "all_gather": lambda a: f"{_tensor(a.get('tensor'), full=False)}",
+    "all_gather_into_tensor": lambda a: f"{_tensor(a.get('input_tensor'))}->{_tensor(a.get('output_tensor'))}",
+    "reduce_scatter": lambda a: f"{_tensor(a.get('output'))} op={_op(a.get('op'))}",
+    "reduce_scatter_tensor": lambda a: f"{_tensor(a.get('input'))}->{_tensor(a.get('output'))} op={_op(a.get('op'))}",
+    "all_to_all": lambda a: f"{_first(a.get('input_tensor_list'))}",
+    "all_to_all_single": lambda a: f"{_tensor(a.get('input'), full=False)}",
+    "gather": lambda a: f"{_tensor(a.get('tensor'), full=False)} dst={_root(a, 'dst', 'group_dst')}",
+    "scatter": lambda a: f"{_tensor(a.get('tensor'), full=False)} src={_root(a, 'src', 'group_src')}",
+    "barrier": lambda a: "",
+    "monitored_barrier": lambda a: "",
+    "all_gather_object": lambda a: "",
+    "gather_object": lambda a: f"dst={_root(a, 'dst', 'group_dst')}",
+    "broadcast_object_list": lambda a: f"{len(a.get('object_list') or [])} objects src={_root(a, 'src', 'group_src')}",
+    "scatter_object_list": lambda a: f"src={_root(a, 'src', 'group_src')}",
+}
+WRAPPED = tuple(_DESCRIBE)  # the torch.distributed functions the doctor watches while it is on
+
+
+def _shown(name: str, detail: str) -> str:
+    return f"{name}({detail})"
+
+
+# -- the doctor ----------------------------------------------------------------------------------------------
+
+class _Entry:
+    """One collective as this rank issued it."""
+
+    __slots__ = ("group", "seq", "name", "detail", "site", "since", "thread")
+
+    def __init__(self, group, seq, name, detail, site):
+        self.group, self.seq, self.name, self.detail, self.site = group, seq, name, detail, site
+        self.since = time.time()
+        self.thread = threading.get_ident()
+
+    def as_list(self) -> list:
+        return [self.group, self.seq, self.name, self.detail, self.site, self.since]
+
+
+class Doctor:
+    def __init__(self, store, watch_store, rank: int, world_size: int, timeout: float, wait: float):
+        self.store, self.watch_store = store, watch_store
+        self.rank, self.world_size = rank, world_size
+        self.timeout, self.wait = timeout, wait
+        self.local = threading.local()
+        self.lock = threading.Lock()  # sequence numbers and the `inside` table
+        self.report_lock = threading.RLock()  # one report at a time in this process
+        self.seqs: dict = {}
+        self.inside: dict = {}  # thread id -> _Entry of the collective it is in
+        self.history = deque(maxlen=6)
+        self.main = threading.main_thread().ident
+        self.state = "running"
+        self.error = ""
+        self.raising_since = None  # set when the main thread raises the published report
+        self.refused = None  # the collective this rank declined to enter (its fingerprint differs)
+        self.checked = None  # (entry, ranks that left) already looked at by the watchdog
+        self.stopped = threading.Event()
+        self.broken = False
+        self.group_names: dict = {}
+        self.cleaned: dict = {}
+        self.thread = threading.Thread(target=self._watch, name="hasten-hang-doctor", daemon=True)
+
+    # -- the path of every collective --------------------------------------------------------------------------
+    def run(self, name, detail, group, call, args, kwargs, site=None):
+        local = self.local
+        if getattr(local, "depth", 0) or self.broken:
+            return call(*args, **kwargs)
+        entry = self.enter(name, detail, group, site or call_site(3))
+        local.depth = 1
+        try:
+            return call(*args, **kwargs)
+        except HangDetectedError:
+            raise
+        except Exception as error:
+            self.after_error(entry, error)
+            raise
+        finally:
+            local.depth = 0
+            self.leave(entry)
+
+    def enter(self, name, detail, group, site) -> _Entry:
+        key = self._group_key(group)
+        with self.lock:
+            seq = self.seqs[key] = self.seqs.get(key, 0) + 1
+            entry = _Entry(key, seq, name, detail, site)
+            self.inside[entry.thread] = entry
+            self.history.append(entry)
+        mine = f"{name}{_SEP}{detail}"
+        value = f"{mine}{_SEP}{self.rank}{_SEP}{site}"
+        try:
+            stored = self.store.compare_set(f"c/{key}/{seq}", "", value).decode()
+        except Exception as error:  # noqa: BLE001 - the doctor must never be the reason a run fails
+            self._give_up(error)
+            return entry
+        if stored != value:
+            their_name, their_detail, their_rank, their_site = stored.split(_SEP)
+            if f"{their_name}{_SEP}{their_detail}" != mine:
+                self.refused = entry  # this rank stays "here" (not entering) while the report is made
+                try:
+                    self._diverged(entry, int(their_rank), their_name, their_detail, their_site)
+                finally:
+                    self.leave(entry)
+        return entry
+
+    def leave(self, entry) -> None:
+        with self.lock:
+            if self.inside.get(entry.thread) is entry:
+                del self.inside[entry.thread]
+
+    def _group_key(self, group) -> str:
+        if group is None:
+            return "default"
+        key = self.group_names.get(id(group))
+        if key is None:
+            import torch.distributed as dist
+
+            if group is dist.GroupMember.WORLD:
+                key = "default"
+            else:
+                try:
+                    key = "g" + dist.distributed_c10d._get_process_group_name(group)
+                except Exception:  # noqa: BLE001
+                    key = f"g{id(group)}"
+            self.group_names[id(group)] = key
+        return key
+
+    def _s(self):
+        """This thread's store client (the main thread and the watchdog each have their own)."""
+        return self.watch_store if threading.current_thread() is self.thread else self.store
+
+    def _give_up(self, error) -> None:
+        if not self.broken:
+            self.broken = True
+            print(f"hasten hang doctor: rank {self.rank} lost the store ({type(error).__name__}: {error}); "
+                  "collectives are no longer checked", file=sys.stderr, flush=True)
+
+    # -- where every rank is ------------------------------------------------------------------------------------
+    def _status(self, answer: int) -> dict:
+        with self.lock:
+            entry = self.inside.get(self.main)
+            seqs = dict(self.seqs)
+            history = [e.as_list() for e in self.history]
+        status = {"rank": self.rank, "state": self.state, "answer": answer, "seqs": seqs, "history": history,
+                  "error": self.error, "time": time.time()}
+        if self.state in _TERMINAL:
+            status["stack"] = getattr(self, "final_stack", [])
+        else:
+            frame = sys._current_frames().get(self.main)
+            status["stack"] = _stack_lines(frame) if frame is not None else []
+            if entry is not None:
+                status["state"] = "refused" if entry is self.refused else "collective"
+                status["entry"] = entry.as_list()
+        return status
+
+    def _post(self, store, answer: int) -> None:
+        store.set(f"s/{self.rank}", json.dumps(self._status(answer)))
+
+    def survey(self, store) -> dict:
+        """Ask every rank where it is; {rank: status} of those that answered within the wait."""
+        ask = store.add("events", 1)
+        self._post(store, ask)
+        keys = [f"s/{rank}" for rank in range(self.world_size)]
+        answers = {}
+        deadline = time.monotonic() + self.wait
+        while True:
+            for rank, key in enumerate(keys):
+                if rank in answers or not store.check([key]):
+                    continue
+                status = json.loads(store.get(key))
+                if status["answer"] >= ask or status["state"] in _TERMINAL:
+                    answers[rank] = status
+            if len(answers) == self.world_size or time.monotonic() > deadline:
+                return answers
+            time.sleep(0.05)
+
+    # -- reports ------------------------------------------------------------------------------------------------
+    def _diverged(self, entry, their_rank, their_name, their_detail, their_site) -> None:
+        with self.report_lock:
+            statuses = self.survey(self._s())
+            calls = {self.rank: (entry.name, entry.detail, entry.site)}
+            calls.setdefault(their_rank, (their_name, their_detail, their_site))
+            for rank, status in statuses.items():
+                here = status.get("entry")
+                if here and here[0] == entry.group and here[1] == entry.seq:
+                    calls.setdefault(rank, (here[2], here[3], here[4]))
+            diverging = _odd_ones(calls)
+            reference = next(rank for rank in sorted(calls) if rank not in diverging)
+            name, detail, site = calls[diverging[0]]
+            ref = calls[reference]
+            others = [f"rank {rank} calls {_shown(c[0], c[1])} at {c[2]}" for rank, c in sorted(calls.items())
+                      if rank not in diverging]
+            headline = (f"rank {diverging[0]} diverged at collective #{entry.seq} of the {entry.group} group: it "
+                        f"calls {_shown(name, detail)} at {site} while {', '.join(others)}")
+            if ref[0] == name:
+                headline += " (same collective, different tensors)"
+            self._publish(headline, diverging, statuses, raise_here=True)
+
+    def after_error(self, entry, error) -> None:
+        """A collective raised (timeout, lost peer): report if another rank left or the timeout passed."""
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            return
+        text = str(error).lower()
+        timed_out = "timed out" in text or "timeout" in text
+        with self.report_lock:
+            if self._published() is not None:
+                self._raise_published()
+            statuses = self.survey(self._s())
+            if self._left_report(entry, statuses, raise_here=True):
+                return
+            if timed_out:
+                self._timeout_report(entry, statuses, raise_here=True)
+
+    def _left_report(self, entry, statuses, raise_here) -> bool:
+        """Publish a report if a rank left (or stopped answering) without reaching `entry`; True if one was."""
+        gone = [r for r, s in sorted(statuses.items())
+                if r != self.rank and s["state"] in _TERMINAL and s["seqs"].get(entry.group, 0) < entry.seq]
+        if not gone:
+            return False
+        rank = gone[0]
+        status = statuses[rank]
+        if status["state"] == "raised":
+            what = f"raised {status['error']}"
+        else:
+            last = status["history"][-1] if status["history"] else None
+            what = "returned from its script" + (f" (its last collective: #{last[1]} {_shown(last[2], last[3])} at "
+                                                 f"{last[4]})" if last else " (before any collective)")
+        headline = (f"rank {rank} {what} while rank {self.rank} waits in {_shown(entry.name, entry.detail)} at "
+                    f"{entry.site} (collective #{entry.seq} of the {entry.group} group, which rank {rank} never "
+                    "reached)")
+        self._publish(headline, gone, statuses, raise_here=raise_here)
+        return True
+
+    def _timeout_report(self, entry, statuses, raise_here) -> None:
+        missing = [r for r in range(self.world_size)
+                   if r != self.rank and not _at(statuses.get(r), entry)]
+        waited = time.time() - entry.since
+        where = []
+        for rank in missing:
+            status = statuses.get(rank)
+            if status is None:
+                where.append(f"rank {rank} did not answer")
+            else:
+                top = status["stack"][-1] if status["stack"] else "unknown code"
+                where.append(f"rank {rank} never arrived (it is {_state_words(status)} at {top})")
+        headline = (f"{_shown(entry.name, entry.detail)} at {entry.site} timed out on rank {self.rank} after "
+                    f"{waited:.0f}s (the collective timeout is {self.timeout:g}s): " + "; ".join(where or
+                    ["every rank is in it: the collective itself is stuck (network, device)"]))
+        self._publish(headline, missing or [self.rank], statuses, raise_here=raise_here)
+
+    def _published(self):
+        try:
+            store = self._s()
+            if store.check(["verdict"]):
+                return json.loads(store.get("verdict"))
+        except Exception:  # noqa: BLE001
+            return None
+        return None
+
+    def _publish(self, headline, diverging, statuses, raise_here) -> None:
+        report = _format(headline, statuses, self.world_size)
+        value = json.dumps({"report": report, "headline": headline, "diverging": list(diverging),
+                            "by": self.rank})
+        try:
+            store = self._s()
+            stored = store.compare_set("verdict", "", value).decode()
+            store.add("events", 1)
+        except Exception:  # noqa: BLE001
+            stored = value
+        verdict = json.loads(stored)
+        if raise_here:
+            self._raise(verdict)
+        self.stop(verdict)
+
+    def _raise_published(self):
+        self._raise(self._published())
+
+    def _raise(self, verdict) -> None:
+        self.raising_since = time.monotonic()
+        self._write_error_file(verdict)
+        error = HangDetectedError(verdict["headline"] + " (hasten hang doctor, debug mode: full report below)")
+        error.hasten_report = verdict["report"]
+        error.hasten_peer_loss = self.rank not in verdict["diverging"]
+        error.hasten_reporter = verdict["by"] == self.rank
+        raise error
+
+    def stop(self, verdict) -> None:
+        """End this process with the published report (its main thread is stuck, or elsewhere)."""
+        self._write_error_file(verdict)
+        if verdict["by"] == self.rank and not os.environ.get(LAUNCHER_VARIABLE):
+            print(verdict["report"], file=sys.stderr, flush=True)
+        else:
+            print(f"hasten hang doctor: rank {self.rank} stopped: {verdict['headline']}", file=sys.stderr,
+                  flush=True)
+        sys.stdout.flush()
+        os._exit(1)
+
+    def _write_error_file(self, verdict) -> None:
+        path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+        if not path:
+            return
+        now = time.time()
+        data = {"message": {"message": f"HangDetectedError: {verdict['headline']}", "extraInfo": {
+            "py_callstack": verdict["report"], "timestamp": str(int(now)), "hasten_time": repr(now),
+            "hasten_peer_loss": self.rank not in verdict["diverging"], REPORT_KEY: verdict["report"]}}}
+        try:
+            with open(path, "w") as file:
+                json.dump(data, file)
+        except OSError:
+            pass
+
+    # -- the watchdog thread ------------------------------------------------------------------------------------
+    def _watch(self) -> None:
+        store = self.watch_store
+        seen = 0
+        verdict = None
+        while not self.stopped.wait(POLL):
+            try:
+                events = store.add("events", 0)
+                if events != seen:
+                    seen = events
+                    self._post(store, events)
+                    verdict = verdict or self._published()
+                    if verdict is None:
+                        self._look_for_leavers(store)
+                if verdict is not None:
+                    self._obey(verdict)
+                    continue
+                entry = self.inside.get(self.main)
+                if entry is not None and time.time() - entry.since >= self.timeout:
+                    with self.report_lock:
+                        if self.inside.get(self.main) is entry and self._published() is None:
+                            self._timeout_report(entry, self.survey(store), raise_here=False)
+                if self.rank == 0:
+                    self._clean(store)
+            except Exception as error:  # noqa: BLE001
+                if self.stopped.is_set():
+                    return
+                self._give_up(error)
+                return
+
+    def _look_for_leavers(self, store) -> None:
+        """If the main thread waits in a collective and a rank has left, report when it left before it."""
+        entry = self.inside.get(self.main)
+        if entry is None:
+            return
+        left = []
+        for rank in range(self.world_size):
+            if rank != self.rank and store.check([f"s/{rank}"]):
+                if json.loads(store.get(f"s/{rank}"))["state"] in _TERMINAL:
+                    left.append(rank)
+        if left and self.checked != (entry, tuple(left)):
+            self.checked = (entry, tuple(left))
+            with self.report_lock:
+                if self._published() is None:
+                    self._left_report(entry, self.survey(store), raise_here=False)
+
+    def _obey(self, verdict) -> None:
+        # The main thread raising the report itself ends the process its own way; give it time to do so.
+        if self.raising_since is not None and time.monotonic() - self.raising_since < self.wait + 5:
+            return
+        with self.report_lock:
+            self.stop(verdict)
+
+    def _clean(self, store) -> None:
+        for key, seq in list(self.seqs.items()):
+            done = self.cleaned.get(key, 0)
+            for old in range(done + 1, min(seq - _KEEP_KEYS, done + 500) + 1):
+                store.delete_key(f"c/{key}/{old}")
+                self.cleaned[key] = old
+
+    # -- how a rank leaves --------------------------------------------------------------------------------------
+    def on_uncaught(self, kind, value, tb) -> None:
+        if isinstance(value, HangDetectedError) or self.state in _TERMINAL:
+            return
+        frames = []
+        while tb is not None:
+            frames.append(tb)
+            tb = tb.tb_next
+        user = [t for t in frames if not t.tb_frame.f_code.co_filename.startswith(_SKIP or _skip_prefixes())]
+        where = user[-1] if user else (frames[-1] if frames else None)
+        site = f" at {_short(where.tb_frame.f_code.co_filename)}:{where.tb_lineno}" if where else ""
+        message = (str(value).strip().splitlines() or [""])[0][:200]
+        self.error = f"{kind.__name__}: {message}{site}"
+        self.final_stack = [f"{_short(t.tb_frame.f_code.co_filename)}:{t.tb_lineno} in {t.tb_frame.f_code.co_name}"
+                            for t in user[-8:]]
+        self._leave_as("raised")
+
+    def on_exit(self) -> None:
+        if self.state not in _TERMINAL:
+            self.final_stack = []
+            self._leave_as("exited")
+        self.stopped.set()
+        if self.thread.is_alive() and self.thread is not threading.current_thread():
+            self.thread.join(timeout=2 * POLL + 1)
+
+    def _leave_as(self, state: str) -> None:
+        self.state = state
+        if self.broken:
+            return
+        try:
+            self._post(self.store, 0)
+            self.store.add("events", 1)
+        except Exception:  # noqa: BLE001 - the store may be gone at exit
+            pass
+
+
+def _at(status, entry) -> bool:
+    here = (status or {}).get("entry")
+    return bool(here) and here[0] == entry.group and here[1] == entry.seq
+
+
+def _odd_ones(calls: dict) -> list:
+    """The ranks whose call differs from the most common one; in a tie, from the lowest rank's call."""
+    counts = {}
+    for call in calls.values():
+        counts[call[:2]] = counts.get(call[:2], 0) + 1
+    lowest = calls[min(calls)][:2]
+    common = max(counts, key=lambda c: (counts[c], c == lowest))
+    return sorted(rank for rank, call in calls.items() if call[:2] != common) or sorted(calls)[-1:]
+
+
+def _state_words(status) -> str:
+    state = status["state"]
+    if state == "collective":
+        entry = status["entry"]
+        return f"waiting in {_shown(entry[2], entry[3])} (collective #{entry[1]} of the {entry[0]} group)"
+    if state == "refused":
+        entry = status["entry"]
+        return (f"stopped before {_shown(entry[2], entry[3])} at {entry[4]} (collective #{entry[1]} of the "
+                f"{entry[0]} group): its call does not match")
+    if state == "raised":
+        return f"gone: it raised {status['error']}"
+    if state == "exited":
+        return "gone: it returned from its script"
+    return "running Python code"
+
+
+def _format(headline: str, statuses: dict, world_size: int) -> str:
+    lines = ["=" * 30 + " hasten hang doctor " + "=" * 30, headline, "Where each rank is (innermost call last):"]
+    for rank in range(world_size):
+        status = statuses.get(rank)
+        if status is None:
+            lines.append(f"  rank {rank}: did not answer within the wait (its process may be gone, or stuck in C "
+                         "code that holds the GIL)")
+            continue
+        lines.append(f"  rank {rank}: {_state_words(status)}")
+        lines.extend(f"      {line}" for line in status.get("stack", []))
+    lines.append("Fix: every rank must call the same collectives in the same order, with the same shapes and "
+                 "dtypes. (Debug mode is on: HASTEN_DEBUG_MODE=0 turns the doctor off.)")
+    lines.append("=" * 80)
+    return "\n".join(lines)
+
+
+# -- hasten's own collectives ---------------------------------------------------------------------------------
+
+class _Watch:
+    __slots__ = ("doctor", "entry", "outer")
+
+    def __init__(self, doctor, name, detail, site):
+        self.doctor = doctor
+        self.outer = not getattr(doctor.local, "depth", 0) and not doctor.broken
+        self.entry = doctor.enter(name, detail, None, site) if self.outer else None
+
+    def __enter__(self):
+        if self.outer:
+            self.doctor.local.depth = 1
+        return self
+
+    def __exit__(self, kind, value, tb):
+        if not self.outer:
+            return False
+        self.doctor.local.depth = 0
+        try:
+            if value is not None and not isinstance(value, HangDetectedError) and isinstance(value, Exception) \
+                    and not getattr(value, "hasten_consistent", False):
+                self.doctor.after_error(self.entry, value)
+        finally:
+            self.doctor.leave(self.entry)
+        return False
+
+
+def watch(name: str, detail: str = ""):
+    """Context manager around one of hasten's collectives (a no-op when the doctor is off)."""
+    doctor = _DOCTOR
+    if doctor is None:
+        from contextlib import nullcontext
+
+        return nullcontext()
+    return _Watch(doctor, name, detail, call_site(3))
+
+
+# -- install / uninstall --------------------------------------------------------------------------------------
+
+def _wrapper(name, original, params):
+    import functools
+
+    describe = _DESCRIBE[name]
+
+    @functools.wraps(original)
+    def collective(*args, **kwargs):
+        doctor = _DOCTOR
+        if doctor is None:
+            return original(*args, **kwargs)
+        bound = dict(zip(params, args))
+        bound.update(kwargs)
+        group = bound.get("group")
+        if group is not None and _is_non_member(group):
+            return original(*args, **kwargs)
+        try:
+            detail = describe(bound)
+        except Exception:  # noqa: BLE001 - odd arguments: torch will say what is wrong with them
+            detail = "?"
+        return doctor.run(name, detail, group, original, args, kwargs)
+
+    collective._hasten_doctor = True
+    return collective
+
+
+def _is_non_member(group) -> bool:
+    import torch.distributed as dist
+
+    return group is dist.GroupMember.NON_GROUP_MEMBER
+
+
+_ORIGINALS: dict = {}
+
+
+def _doctor_stores():
+    """Two clients of the job's store under a prefix of the doctor's own: one per thread."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    base = dist.distributed_c10d._get_default_store()
+    inner = base
+    while isinstance(inner, dist.PrefixStore):
+        inner = inner.underlying_store
+    prefix = (f"hasten-doctor/{os.environ.get('TORCHELASTIC_RUN_ID', '')}/"
+              f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/")
+    if isinstance(inner, dist.TCPStore):
+        clients = [dist.TCPStore(inner.host, inner.port, is_master=False, timeout=timedelta(seconds=30))
+                   for _ in range(2)]
+        return [dist.PrefixStore(prefix, client) for client in clients]
+    return [dist.PrefixStore(prefix, base)] * 2
+
+
+def install(timeout: float, wait: float) -> None:
+    """Start watching this process's collectives (the process group must exist). Idempotent."""
+    global _DOCTOR, _SKIP
+    import inspect
+
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    if _DOCTOR is not None or not dist.is_initialized() or dist.get_world_size() < 2:
+        return
+    _SKIP = _skip_prefixes()
+    store, watch_store = _doctor_stores()
+    doctor = Doctor(store, watch_store, dist.get_rank(), dist.get_world_size(), float(timeout), float(wait))
+    doctor._post(store, 0)
+    for name in WRAPPED:
+        original = getattr(c10d, name, None)
+        if original is None or getattr(original, "_hasten_doctor", False):
+            continue
+        params = list(inspect.signature(original).parameters)
+        wrapped = _wrapper(name, original, params)
+        _ORIGINALS[name] = original
+        for module in (c10d, dist):
+            if getattr(module, name, None) is original:
+                setattr(module, name, wrapped)
+    _DOCTOR = doctor
+    doctor.thread.start()
+    atexit.register(_at_exit)
+    previous = sys.excepthook
+
+    def excepthook(kind, value, tb):
+        current = _DOCTOR
+        if current is not None:
+            current.on_uncaught(kind, value, tb)
+        previous(kind, value, tb)
+        report = getattr(value, "hasten_report", None)
+        if report and getattr(value, "hasten_reporter", False) and not os.environ.get(LAUNCHER_VARIABLE):
+            print(report, file=sys.stderr, flush=True)
+
+    sys.excepthook = excepthook
+
+
+def _at_exit() -> None:
+    doctor = _DOCTOR
+    if doctor is not None:
+        doctor.on_exit()
+
+
+def uninstall() -> None:
+    """Put torch.distributed's own functions back and stop the watchdog (tests; a destroyed group)."""
+    global _DOCTOR
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    doctor, _DOCTOR = _DOCTOR, None
+    for name, original in _ORIGINALS.items():
+        for module in (c10d, dist):
+            if getattr(getattr(module, name, None), "_hasten_doctor", False):
+                setattr(module, name, original)
+    _ORIGINALS.clear()
+    if doctor is not None:
+        doctor.stopped.set()
