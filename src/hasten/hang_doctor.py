@@ -370,7 +370,7 @@ class Doctor:
         headline = (f"rank {rank} {what} while rank {self.rank} waits in {_shown(entry.name, entry.detail)} at "
                     f"{entry.site} (collective #{entry.seq} of the {entry.group} group, which rank {rank} never "
                     "reached)")
-        self._publish(headline, gone, statuses, raise_here=raise_here)
+        self._publish(headline, gone, statuses, raise_here=raise_here, kind="left")
         return True
 
     def _timeout_report(self, entry, statuses, raise_here) -> None:
@@ -388,7 +388,7 @@ class Doctor:
         headline = (f"{_shown(entry.name, entry.detail)} at {entry.site} timed out on rank {self.rank} after "
                     f"{waited:.0f}s (the collective timeout is {self.timeout:g}s): " + "; ".join(where or
                     ["every rank is in it: the collective itself is stuck (network, device)"]))
-        self._publish(headline, missing or [self.rank], statuses, raise_here=raise_here)
+        self._publish(headline, missing or [self.rank], statuses, raise_here=raise_here, kind="timeout")
 
     def _published(self):
         try:
@@ -399,8 +399,8 @@ class Doctor:
             return None
         return None
 
-    def _publish(self, headline, diverging, statuses, raise_here) -> None:
-        report = _format(headline, statuses, self.world_size)
+    def _publish(self, headline, diverging, statuses, raise_here, kind="diverged") -> None:
+        report = _format(headline, statuses, self.world_size, kind)
         value = json.dumps({"report": report, "headline": headline, "diverging": list(diverging),
                             "by": self.rank})
         try:
@@ -578,7 +578,16 @@ def _state_words(status) -> str:
     return "running Python code"
 
 
-def _format(headline: str, statuses: dict, world_size: int) -> str:
+_FIXES = {
+    "diverged": "every rank must call the same collectives in the same order, with the same shapes and dtypes.",
+    "left": "a rank that returns, raises or exits early leaves the others waiting: every rank must reach the same "
+            "collectives (catch the error on every rank, or end all ranks together).",
+    "timeout": "the rank that never arrived is busy where its stack shows; if that work is legitimately long, raise "
+               "the timeout (InitProcessGroupKwargs(timeout=...) or HASTEN_COLLECTIVE_TIMEOUT, in seconds).",
+}
+
+
+def _format(headline: str, statuses: dict, world_size: int, kind: str = "diverged") -> str:
     lines = ["=" * 30 + " hasten hang doctor " + "=" * 30, headline, "Where each rank is (innermost call last):"]
     for rank in range(world_size):
         status = statuses.get(rank)
@@ -588,8 +597,7 @@ def _format(headline: str, statuses: dict, world_size: int) -> str:
             continue
         lines.append(f"  rank {rank}: {_state_words(status)}")
         lines.extend(f"      {line}" for line in status.get("stack", []))
-    lines.append("Fix: every rank must call the same collectives in the same order, with the same shapes and "
-                 "dtypes. (Debug mode is on: HASTEN_DEBUG_MODE=0 turns the doctor off.)")
+    lines.append(f"Fix: {_FIXES[kind]} (Debug mode is on: HASTEN_DEBUG_MODE=0 turns the doctor off.)")
     lines.append("=" * 80)
     return "\n".join(lines)
 

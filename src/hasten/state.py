@@ -209,7 +209,6 @@ class PartialState(_SharedState):
     def _initialize(self, cpu: bool, kwargs: dict) -> None:
         env = os.environ
         requested_backend = kwargs.pop("backend", None)
-        timeout = kwargs.get("timeout")
         kwargs.pop("_use_sagemaker_dp", None)
         cpu = bool(_setting("use_cpu", bool(cpu), env))
         cluster = environment.detect_cluster(env)
@@ -221,6 +220,8 @@ class PartialState(_SharedState):
 
         self._cpu = cpu or device_type == "cpu"
         self.debug = bool(_setting("debug", None, env))
+        # One timeout for every collective: gloo/NCCL here, DeepSpeed's groups, the hang doctor.
+        self.collective_timeout = collective_timeout(kwargs.get("timeout"))
         self.cluster = cluster
         self.distributed_type = distributed_type
         if distributed_type == DistributedType.NO:
@@ -246,7 +247,7 @@ class PartialState(_SharedState):
         if self.debug and self.use_distributed:
             from . import hang_doctor
 
-            hang_doctor.install(collective_timeout(timeout).total_seconds(), _setting("hang_doctor_wait", None, env))
+            hang_doctor.install(self.collective_timeout.total_seconds(), _setting("hang_doctor_wait", None, env))
         if _setting("enable_cpu_affinity", None, env):
             environment.pin_to_numa_node(self.device.type, _pci_bus_id(self.device), self.local_process_index)
 

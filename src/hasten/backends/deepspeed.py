@@ -24,7 +24,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from ..config.deepspeed import AUTO, DummyOptim, DummyScheduler, _walk, get_active_deepspeed_plugin
 from ..errors import CheckpointError, ConfigError, NotSupportedYetError
 from ..precision import PrecisionPolicy
-from ..state import GradientState
+from ..state import GradientState, collective_timeout
 from .base import Backend
 from .deepspeed_wrappers import DeepSpeedEngineWrapper, DeepSpeedOptimizerWrapper, DeepSpeedSchedulerWrapper
 
@@ -292,7 +292,10 @@ class DeepSpeedBackend(Backend):
         """Import deepspeed and let it wrap hasten's process group (it starts none of its own)."""
         deepspeed = import_deepspeed(self.state.device.type)
         _ensure_process_group(self.state)
-        deepspeed.init_distributed(dist_backend=dist.get_backend(), auto_mpi_discovery=False, verbose=False)
+        # The one collective timeout (InitProcessGroupKwargs(timeout=) / HASTEN_COLLECTIVE_TIMEOUT) for the groups
+        # DeepSpeed makes too; hasten's own group already has it.
+        deepspeed.init_distributed(dist_backend=dist.get_backend(), auto_mpi_discovery=False, verbose=False,
+                                   timeout=collective_timeout(getattr(self.state, "collective_timeout", None)))
         return deepspeed
 
     def _initialize(self, plugin, config, model, optimizer, scheduler) -> dict:

@@ -1,0 +1,199 @@
+"""Debug mode's hang doctor (hasten.hang_doctor): injected deadlocks end within seconds with one report.
+
+Each case of tests/distributed/hang_cases.py is a real 2-process gloo launch under `hasten launch --debug` with
+the DEFAULT collective timeout (30 minutes), except the sleeping rank (10 s). The launch's own timeout is the
+failure mode: without the doctor every case would hang. The report must be the last lines of the launcher's
+output and name the right rank and the right `file:line`s (found by the `SITE:` markers in the script).
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from launching import SCRIPTS, launch
+
+CASES = SCRIPTS / "hang_cases.py"
+BANNER = "hasten hang doctor"
+ENV = {"HASTEN_HANG_DOCTOR_WAIT": "1"}
+
+
+def site(marker: str) -> str:
+    """`hang_cases.py:<line>` of the line carrying `# SITE:<marker>`."""
+    for number, line in enumerate(CASES.read_text().splitlines(), start=1):
+        if line.rstrip().endswith(f"# SITE:{marker}"):
+            return f"hang_cases.py:{number}"
+    raise AssertionError(f"no SITE:{marker} in {CASES}")
+
+
+def run_case(case: str, env=None, timeout: float = 60) -> tuple[str, str]:
+    """Launch one case; returns (the launcher's summary line, the report after it) and checks they come last."""
+    result = launch(CASES, case, flags=["--debug"], env={**ENV, **(env or {})}, timeout=timeout, check=False)
+    assert result.returncode != 0, result.stderr
+    assert "RANK 0 FINISHED" not in result.stdout, result.stdout
+    lines = result.stderr.rstrip().splitlines()
+    summaries = [i for i, line in enumerate(lines) if line.startswith("hasten launch:")]
+    assert len(summaries) == 1, result.stderr
+    report = "\n".join(lines[summaries[0] + 1:])
+    assert report, f"no report after the launcher's line:\n{result.stderr}"
+    assert report.count(BANNER) <= 1 and report.count("hasten debug mode:") <= 1, result.stderr
+    return lines[summaries[0]], report
+
+
+def headline(report: str) -> str:
+    lines = report.splitlines()
+    return lines[1] if lines[0].strip("= ") == BANNER else lines[0]
+
+
+def test_rank_skips_a_barrier():
+    summary, report = run_case("skip-barrier")
+    first = headline(report)
+    assert first.startswith("rank 1 diverged at collective #2 of the default group"), report
+    assert f"it calls reduce() at tests/distributed/{site('skip-barrier-reduce')}" in first
+    assert f"rank 0 calls barrier() at tests/distributed/{site('skip-barrier-wait')}" in first
+    # where each rank's Python stack is
+    assert re.search(r"rank 0: .*barrier\(\)", report) and re.search(r"rank 1: .*reduce\(\)", report), report
+    assert f"{site('skip-barrier-wait')} in skip_barrier" in report
+    assert f"{site('skip-barrier-reduce')} in skip_barrier" in report
+    assert "rank 1 (local rank 1) failed: HangDetectedError" in summary
+
+
+def test_rank_conditional_collective():
+    _, report = run_case("conditional")
+    first = headline(report)
+    assert first.startswith("rank 1 diverged"), report
+    assert f"it calls gather() at tests/distributed/{site('conditional-gather')}" in first
+    assert f"rank 0 calls barrier() at tests/distributed/{site('conditional-wait')}" in first
+
+
+def test_mismatched_shapes_in_gather():
+    summary, report = run_case("shapes")
+    assert "`gather` got tensors whose shapes and dtypes differ" in report and "rank 1 differs" in report
+    assert f"rank 0: [1, 2] float32 on cpu at tests/distributed/{site('shapes')}" in report
+    assert f"rank 1: [2, 2] float32 on cpu at tests/distributed/{site('shapes')}" in report
+    assert "rank 1 (local rank 1) failed: DistributedOperationException" in summary
+
+
+def test_mismatched_dtypes_in_reduce():
+    _, report = run_case("dtypes")
+    assert "`reduce` got tensors whose shapes and dtypes differ" in report and "rank 1 differs" in report
+    assert f"rank 1: [2] float64 on cpu at tests/distributed/{site('dtypes')}" in report
+
+
+def test_one_rank_skips_part_of_evaluation():
+    _, report = run_case("skip-eval")
+    first = headline(report)
+    assert first.startswith("rank 1 diverged at collective #4"), report
+    assert f"it calls barrier() at tests/distributed/{site('eval-wait')}" in first
+    assert f"rank 0 calls gather() at tests/distributed/{site('eval-gather')}" in first
+
+
+def test_rank_sleeps_past_the_timeout():
+    """The one case that waits for the timeout (10 s here): the report comes within the timeout + 5 s."""
+    _, report = run_case("sleeps", env={"HASTEN_COLLECTIVE_TIMEOUT": "10"})
+    first = headline(report)
+    assert f"barrier() at tests/distributed/{site('sleep-wait')} timed out on rank 0" in first, report
+    assert "the collective timeout is 10s" in first
+    assert "rank 1 never arrived (it is running Python code at " \
+           f"tests/distributed/{site('sleep')} in sleeps)" in first
+    waited = int(re.search(r"timed out on rank 0 after (\d+)s", first).group(1))
+    assert 10 <= waited <= 15, first
+
+
+def test_broadcast_against_all_reduce():
+    _, report = run_case("broadcast-vs-all-reduce")
+    first = headline(report)
+    assert first.startswith("rank 1 diverged"), report
+    assert f"it calls all_reduce(float32[4] op=SUM) at tests/distributed/{site('all-reduce')}" in first
+    assert f"rank 0 calls broadcast() at tests/distributed/{site('broadcast')}" in first
+
+
+def test_users_own_all_reduce_with_mismatched_shapes():
+    _, report = run_case("user-all-reduce")
+    first = headline(report)
+    assert first.startswith("rank 1 diverged"), report
+    assert f"it calls all_reduce(float32[4] op=SUM) at tests/distributed/{site('user-all-reduce')}" in first
+    assert f"rank 0 calls all_reduce(float32[3] op=SUM) at tests/distributed/{site('user-all-reduce')}" in first
+    assert "(same collective, different tensors)" in first
+
+
+def test_users_own_barrier_against_all_gather_into_tensor():
+    _, report = run_case("user-barrier-vs-all-gather")
+    first = headline(report)
+    assert first.startswith("rank 1 diverged"), report
+    assert f"all_gather_into_tensor(float32[2]->float32[4]) at tests/distributed/{site('user-all-gather')}" in first
+    assert f"rank 0 calls barrier() at tests/distributed/{site('user-barrier')}" in first
+
+
+def test_rank_returns_early():
+    _, report = run_case("exits-early")
+    first = headline(report)
+    assert first.startswith("rank 1 returned from its script"), report
+    assert f"while rank 0 waits in barrier() at tests/distributed/{site('exit-wait')}" in first
+    assert "which rank 1 never reached" in first
+
+
+def test_rank_raises_while_the_other_waits():
+    summary, report = run_case("raises")
+    first = headline(report)
+    assert first.startswith(f"rank 1 raised ValueError: rank 1 fails on purpose at tests/distributed/{site('raise')}"), report
+    assert f"while rank 0 waits in barrier() at tests/distributed/{site('raise-wait')}" in first
+    assert summary.startswith("hasten launch: rank 1 (local rank 1) failed: ValueError"), summary
+
+
+# -- no false alarms, and nothing at all when debug mode is off -------------------------------------------------
+
+@pytest.mark.parametrize("debug", [True, False], ids=["debug", "off"])
+def test_correct_run_is_left_alone(debug):
+    result = launch("hang_healthy.py", flags=["--debug"] if debug else [], env=ENV, timeout=120)
+    for rank in range(2):
+        assert f"HEALTHY RANK {rank} debug={debug}" in result.stdout, result.stderr
+    assert BANNER not in result.stderr
+
+
+def test_off_in_a_single_process_installs_nothing():
+    import torch.distributed as dist
+
+    from hasten import hang_doctor
+    from hasten.state import PartialState
+
+    PartialState._reset_state()
+    try:
+        PartialState()
+        assert not hang_doctor.active()
+        assert not any(getattr(getattr(dist, name), "_hasten_doctor", False) for name in hang_doctor.WRAPPED)
+    finally:
+        PartialState._reset_state()
+
+
+# -- pieces without processes -------------------------------------------------------------------------------
+
+def test_call_site_is_the_callers_line():
+    import sys
+
+    from hasten import hang_doctor
+
+    here, line = hang_doctor.call_site(1), sys._getframe().f_lineno
+    assert here.endswith(f"test_hang_doctor.py:{line}"), here
+
+
+def test_odd_ones_out_takes_the_majority_and_rank_0_in_a_tie():
+    from hasten.hang_doctor import _odd_ones
+
+    a, b = ("all_reduce", "float32[4]", "x.py:1"), ("barrier", "", "x.py:2")
+    assert _odd_ones({0: a, 1: a, 2: b}) == [2]
+    assert _odd_ones({0: b, 1: a, 2: a}) == [0]
+    assert _odd_ones({0: a, 1: b}) == [1]
+
+
+def test_collective_timeout_setting_reaches_the_process_group_kwargs(monkeypatch):
+    from datetime import timedelta
+
+    from hasten.state import collective_timeout
+
+    monkeypatch.delenv("HASTEN_COLLECTIVE_TIMEOUT", raising=False)
+    assert collective_timeout() == timedelta(seconds=1800)
+    monkeypatch.setenv("HASTEN_COLLECTIVE_TIMEOUT", "42")
+    assert collective_timeout() == timedelta(seconds=42)
+    assert collective_timeout(timedelta(minutes=2)) == timedelta(seconds=120)  # code wins
