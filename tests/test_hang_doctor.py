@@ -118,14 +118,6 @@ def test_users_own_all_reduce_with_mismatched_shapes():
     assert "(same collective, different tensors)" in first
 
 
-def test_users_own_barrier_against_all_gather_into_tensor():
-    _, report = run_case("user-barrier-vs-all-gather")
-    first = headline(report)
-    assert first.startswith("rank 1 diverged"), report
-    assert f"all_gather_into_tensor(float32[2]->float32[4]) at tests/distributed/{site('user-all-gather')}" in first
-    assert f"rank 0 calls barrier() at tests/distributed/{site('user-barrier')}" in first
-
-
 def test_rank_returns_early():
     _, report = run_case("exits-early")
     first = headline(report)

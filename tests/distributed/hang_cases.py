@@ -75,14 +75,6 @@ def raises():
     accelerator.wait_for_everyone()  # SITE:raise-wait
 
 
-def user_barrier_vs_all_gather():
-    if rank == 0:
-        dist.barrier()  # SITE:user-barrier
-    else:
-        out = torch.zeros(4)
-        dist.all_gather_into_tensor(out, torch.ones(2))  # SITE:user-all-gather
-
-
 accelerator.wait_for_everyone()  # every rank is up and has passed one collective
 globals()[sys.argv[1].replace("-", "_")]()
 print(f"RANK {rank} FINISHED", flush=True)
