@@ -40,10 +40,10 @@ from benchmarks._common import (
 )
 
 RESULT_TAG = "BENCH_RESULT "
-COLLECTIVES = ("user all_reduce", "reduce")
+ROWS = ("step + user all_reduce", "step + accelerator.reduce", "one all_reduce alone")
 
 
-def worker(impl: str, collective: str, steps: int, warmup: int) -> None:
+def worker(impl: str, steps: int, warmup: int) -> None:
     import torch
     import torch.distributed as dist
 
@@ -60,46 +60,52 @@ def worker(impl: str, collective: str, steps: int, warmup: int) -> None:
     g = torch.Generator().manual_seed(rank)
     batches = [(torch.randn(4, 16, generator=g), torch.randn(4, 1, generator=g)) for _ in range(8)]
 
-    def train(count):
-        for step in range(count):
-            x, y = batches[step % len(batches)]
-            loss = torch.nn.functional.mse_loss(model(x), y)
-            accelerator.backward(loss)
-            optimizer.step()
-            optimizer.zero_grad()
-            logged = loss.detach().reshape(1)
-            if collective == "reduce":
-                accelerator.reduce(logged, "mean")
-            else:
-                dist.all_reduce(logged)
+    def step(index, collective):
+        x, y = batches[index % len(batches)]
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        logged = loss.detach().reshape(1)
+        if collective == "reduce":
+            accelerator.reduce(logged, "mean")
+        else:
+            dist.all_reduce(logged)
 
-    train(warmup)
-    dist.barrier()
-    start = time.perf_counter()
-    train(steps)
-    dist.barrier()
-    elapsed = time.perf_counter() - start
+    one = torch.ones(1)
+    loops = {
+        ROWS[0]: lambda i: step(i, "all_reduce"),
+        ROWS[1]: lambda i: step(i, "reduce"),
+        ROWS[2]: lambda i: dist.all_reduce(one),
+    }
+    result = {}
+    for name, body in loops.items():
+        for index in range(warmup):
+            body(index)
+        dist.barrier()
+        start = time.perf_counter()
+        for index in range(steps):
+            body(index)
+        dist.barrier()
+        result[name] = (time.perf_counter() - start) / steps
     if rank == 0:
-        print(RESULT_TAG + json.dumps({"step": elapsed / steps}), flush=True)
-    accelerator.end_training() if hasattr(accelerator, "end_training") else None
+        print(RESULT_TAG + json.dumps(result), flush=True)
 
 
-def _launch(impl: str, debug: bool, collective: str, steps: int, warmup: int) -> float:
+def _launch(impl: str, debug: bool, steps: int, warmup: int) -> dict:
     env = clean_env()
     script = os.path.abspath(__file__)
-    worker_args = ["--worker", impl, collective, str(steps), str(warmup)]
+    worker_args = ["--worker", impl, str(steps), str(warmup)]
     if impl == HASTEN:
         command = [sys.executable, "-m", "hasten", "launch", "--num_processes", "2", "--cpu"]
     else:
         command = [*console_script("accelerate"), "launch", "--num_processes", "2", "--cpu"]
     if debug:
         command.append("--debug")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (os.path.dirname(os.path.dirname(script)),
-                                                    env.get("PYTHONPATH", "")) if p)
-    out = subprocess.run([*command, script, *worker_args], env=env, capture_output=True, text=True, timeout=600)
+    out = subprocess.run([*command, script, *worker_args], env=env, capture_output=True, text=True, timeout=900)
     for line in out.stdout.splitlines():
         if line.startswith(RESULT_TAG):
-            return json.loads(line[len(RESULT_TAG):])["step"]
+            return json.loads(line[len(RESULT_TAG):])
     raise RuntimeError(f"{' '.join(command)} printed no result:\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}")
 
 
@@ -110,31 +116,35 @@ def build_parser():
 
 
 def run(args) -> list[Table]:
-    steps = args.steps or (30 if args.quick else 400)
+    steps = args.steps or (30 if args.quick else 500)
     warmup = 5 if args.quick else 50
     repeats = args.repeats or (1 if args.quick else 3)
     sides = [(HASTEN, False), (HASTEN, True)]
     if want_accelerate(args):
         sides += [(ACCELERATE, False), (ACCELERATE, True)]
-    names = {side: f"{side[0]} {'debug' if side[1] else 'off'}" for side in sides}
-    table = Table("Debug mode per step (2 processes, gloo, tiny MLP + one logged-loss collective)",
-                  ["collective", *names.values(), "hasten debug / off", "accelerate debug / off"])
-    for collective in COLLECTIVES:
-        samples = {side: [] for side in sides}
-        for round_index in range(repeats):
-            order = sides[round_index % len(sides):] + sides[:round_index % len(sides)]
-            for side in order:
-                samples[side].append(_launch(side[0], side[1], collective, steps, warmup))
-        medians = {side: median(values) for side, values in samples.items()}
+    samples = {side: [] for side in sides}
+    for round_index in range(repeats):  # launches alternate between the sides
+        shift = round_index % len(sides)
+        for side in sides[shift:] + sides[:shift]:
+            samples[side].append(_launch(side[0], side[1], steps, warmup))
+    names = [f"{impl} {'debug' if debug else 'off'}" for impl, debug in sides]
+    table = Table("Debug mode per step and per collective (2 processes, gloo, tiny MLP under DDP)",
+                  ["loop", *names, "hasten debug - off", "accelerate debug - off"])
+    for row in ROWS:
+        medians = {side: median([sample[row] for sample in samples[side]]) for side in sides}
 
-        def overhead(impl):
+        def added(impl):
             off, on = medians.get((impl, False)), medians.get((impl, True))
-            return "—" if off is None or on is None else f"{(on / off - 1) * 100:+.1f}%"
+            if off is None or on is None:
+                return "—"
+            return f"{(on - off) * 1e6:+.0f} µs ({(on / off - 1) * 100:+.1f}%)"
 
-        table.rows.append([collective, *(fmt_time(medians[side]) for side in sides),
-                           overhead(HASTEN), overhead(ACCELERATE)])
-    table.notes.append(f"median of {repeats} launch(es) per side, {steps} timed steps each after {warmup} warm-up "
-                       "steps; on a shared machine the spread between launches is several percent")
+        table.rows.append([row, *(fmt_time(medians[side]) for side in sides), added(HASTEN), added(ACCELERATE)])
+    table.notes.append(f"median of {repeats} launch(es) per side, {steps} timed iterations per loop after {warmup} "
+                       "warm-up ones; on a shared machine the spread between launches is several percent")
+    table.notes.append("hasten debug: the hang doctor's one store `compare_set` per collective (plus, for "
+                       "`reduce`, the shape check: one all_gather of a checksum); Accelerate's debug mode checks "
+                       "`reduce` with a `gather_object` and does not see the user's own `all_reduce`")
     if not want_accelerate(args):
         table.notes.append(ACCELERATE_LEFT_OUT)
     return [table]
@@ -143,8 +153,7 @@ def run(args) -> list[Table]:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--worker"]:
-        impl, collective, steps, warmup = argv[1], argv[2], int(argv[3]), int(argv[4])
-        worker(impl, collective, steps, warmup)
+        worker(argv[1], int(argv[2]), int(argv[3]))
         return 0
     return print_tables(run(build_parser().parse_args(argv)))
 

@@ -71,6 +71,9 @@ def _skip_prefixes() -> tuple:
 
 
 def _short(path: str) -> str:
+    marker = f"{os.sep}site-packages{os.sep}"
+    if marker in path:  # an installed library: `torch/distributed/distributed_c10d.py`
+        return path.rsplit(marker, 1)[1]
     try:
         relative = os.path.relpath(path)
     except ValueError:
