@@ -29,6 +29,7 @@ another launcher the rank that wrote the report prints it.
 from __future__ import annotations
 
 import atexit
+import functools
 import json
 import os
 import sys
@@ -61,7 +62,6 @@ _SKIP: tuple = ()
 
 def _skip_prefixes() -> tuple:
     import contextlib
-    import functools
 
     import torch
 
@@ -70,6 +70,7 @@ def _skip_prefixes() -> tuple:
     return (hasten_dir, torch_dir, contextlib.__file__, functools.__file__, threading.__file__)
 
 
+@functools.lru_cache(maxsize=4096)
 def _short(path: str) -> str:
     marker = f"{os.sep}site-packages{os.sep}"
     if marker in path:  # an installed library: `torch/distributed/distributed_c10d.py`
@@ -90,7 +91,11 @@ def _user_frame(frame):
 
 def call_site(depth: int = 1) -> str:
     """`file:line` of the first caller (from `depth` frames up) outside hasten, torch and contextlib."""
-    frame = _user_frame(sys._getframe(depth))
+    try:
+        frame = sys._getframe(depth)
+    except ValueError:  # a shallower stack than the caller expected
+        frame = sys._getframe(1)
+    frame = _user_frame(frame)
     if frame is None:
         return "<unknown>"
     return f"{_short(frame.f_code.co_filename)}:{frame.f_lineno}"
@@ -646,8 +651,6 @@ def watch(name: str, detail: str = ""):
 # -- install / uninstall --------------------------------------------------------------------------------------
 
 def _wrapper(name, original, params):
-    import functools
-
     describe = _DESCRIBE[name]
 
     @functools.wraps(original)
