@@ -206,6 +206,8 @@ class Doctor:
         self.stopped = threading.Event()
         self.broken = False
         self.group_names: dict = {}
+        self.members: dict = {"default": list(range(world_size))}  # group key -> its global ranks
+        self.cleaners = {"default"} if rank == 0 else set()  # groups whose old store keys this rank deletes
         self.cleaned: dict = {}
         self.thread = threading.Thread(target=self._watch, name="hasten-hang-doctor", daemon=True)
 
@@ -268,8 +270,12 @@ class Doctor:
             else:
                 try:
                     key = "g" + dist.distributed_c10d._get_process_group_name(group)
+                    members = dist.get_process_group_ranks(group)
                 except Exception:  # noqa: BLE001
-                    key = f"g{id(group)}"
+                    key, members = f"g{id(group)}", list(range(self.world_size))
+                self.members[key] = members
+                if min(members) == self.rank:
+                    self.cleaners.add(key)
             self.group_names[id(group)] = key
         return key
 
@@ -363,8 +369,9 @@ class Doctor:
 
     def _left_report(self, entry, statuses, raise_here) -> bool:
         """Publish a report if a rank left (or stopped answering) without reaching `entry`; True if one was."""
-        gone = [r for r, s in sorted(statuses.items())
-                if r != self.rank and s["state"] in _TERMINAL and s["seqs"].get(entry.group, 0) < entry.seq]
+        members = self.members.get(entry.group, ())
+        gone = [r for r, s in sorted(statuses.items()) if r != self.rank and r in members
+                and s["state"] in _TERMINAL and s["seqs"].get(entry.group, 0) < entry.seq]
         if not gone:
             return False
         rank = gone[0]
@@ -382,7 +389,7 @@ class Doctor:
         return True
 
     def _timeout_report(self, entry, statuses, raise_here) -> None:
-        missing = [r for r in range(self.world_size)
+        missing = [r for r in self.members.get(entry.group, range(self.world_size))
                    if r != self.rank and not _at(statuses.get(r), entry)]
         waited = time.time() - entry.since
         where = []
@@ -481,7 +488,7 @@ class Doctor:
                     with self.report_lock:
                         if self.inside.get(self.main) is entry and self._published() is None:
                             self._timeout_report(entry, self.survey(store), raise_here=False)
-                if self.rank == 0:
+                if self.cleaners:
                     self._clean(store)
             except Exception as error:  # noqa: BLE001
                 if self.stopped.is_set():
@@ -514,6 +521,8 @@ class Doctor:
 
     def _clean(self, store) -> None:
         for key, seq in list(self.seqs.items()):
+            if key not in self.cleaners:
+                continue
             done = self.cleaned.get(key, 0)
             for old in range(done + 1, min(seq - _KEEP_KEYS, done + 500) + 1):
                 store.delete_key(f"c/{key}/{old}")

@@ -2,7 +2,7 @@
 
 Run by tests/test_hang_doctor.py with and without `--debug`. Checks, on two processes:
 - debug off: torch.distributed's functions are torch's own, hasten.hang_doctor is not active;
-- debug on: they are the doctor's wrappers, and none of these legitimate patterns is reported: a rank that is
+- debug on: they are the doctor's wrappers, old store keys are deleted, and none of these legitimate patterns is reported: a rank that is
   slow (past the doctor's wait) to reach a barrier, the same collective called from different lines, object
   collectives, a subgroup, an async collective, and hasten's own operations.
 """
@@ -58,5 +58,17 @@ pair = dist.new_group([0, 1])
 y = torch.ones(2)
 dist.all_reduce(y, group=pair)
 assert y.tolist() == [2.0, 2.0]
+if debug:
+    # The store keeps only the last 1000 collectives' keys: a long run does not grow the job's store forever.
+    for _ in range(1010):
+        dist.all_reduce(y)
+    doctor = hang_doctor._DOCTOR
+    if rank == 0:
+        for _ in range(100):
+            if not doctor.store.check(["c/default/1"]):
+                break
+            time.sleep(0.1)
+        assert not doctor.store.check(["c/default/1"]), "old collective keys are not deleted"
+        assert doctor.store.check([f"c/default/{doctor.seqs['default']}"])
 accelerator.wait_for_everyone()
 print(f"HEALTHY RANK {rank} debug={debug}", flush=True)
