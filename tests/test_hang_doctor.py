@@ -97,8 +97,8 @@ def test_rank_sleeps_past_the_timeout():
     assert "the collective timeout is 10s" in first
     assert "rank 1 never arrived (it is running Python code at " \
            f"tests/distributed/{site('sleep')} in sleeps)" in first
-    waited = int(re.search(r"timed out on rank 0 after (\d+)s", first).group(1))
-    assert 10 <= waited <= 15, first
+    # the 10 s setting, not the 30-minute default, ended it (no tighter bound: the machine may be loaded)
+    assert 10 <= int(re.search(r"timed out on rank 0 after (\d+)s", first).group(1)) < 60, first
 
 
 def test_broadcast_against_all_reduce():
