@@ -368,7 +368,7 @@ class Doctor:
                 self._timeout_report(entry, statuses, raise_here=True)
 
     def _left_report(self, entry, statuses, raise_here) -> bool:
-        """Publish a report if a rank left (or stopped answering) without reaching `entry`; True if one was."""
+        """Publish a report if a rank left (returned or raised) before reaching `entry`; True if one was."""
         members = self.members.get(entry.group, ())
         gone = [r for r, s in sorted(statuses.items()) if r != self.rank and r in members
                 and s["state"] in _TERMINAL and s["seqs"].get(entry.group, 0) < entry.seq]
