@@ -1,17 +1,20 @@
 """What debug mode costs per training step, 2 CPU processes (gloo): hasten's hang doctor vs Accelerate's debug mode.
 
-Each launch trains a tiny MLP under DDP for a fixed number of steps and, every step, makes one collective the
-way a training loop logs its loss:
+One launch per library, both under `--debug`; inside it the processes switch debug mode on and off in
+lockstep between blocks of iterations (on/off/off/on/...), so that both modes see the same machine load: on a
+shared machine the spread between two launches is larger than the effect. "off" for hasten is the doctor's
+wrappers left installed but idle (a dictionary lookup more than with debug mode off from the start).
 
-- `user all_reduce`: the user's own `torch.distributed.all_reduce(loss)`. Under the doctor this is one
+Loops timed (a tiny MLP under DDP, and the collective a training loop makes to log its loss):
+
+- `step + user all_reduce`: the user's own `torch.distributed.all_reduce(loss)`. Under the doctor this is one
   `compare_set` on the job's store before the collective; Accelerate's debug mode does not see it.
-- `reduce`: `accelerator.reduce(loss)`. In debug mode both libraries also compare the shapes of every rank
-  first (an `all_gather_object`, so that every rank raises the same catchable error on a mismatch); hasten's
-  doctor adds its `compare_set` on top.
+- `step + accelerator.reduce`: in debug mode both libraries also compare every rank's shapes first (hasten:
+  one all_gather of a checksum; Accelerate: a `gather_object`); hasten's doctor adds its `compare_set`.
+- `one all_reduce alone`: the cost per collective, without a step around it.
 
-The processes time themselves between two barriers after warm-up steps (start-up excluded); launches of the
-sides alternate. Run: `python -m benchmarks.hang_doctor [--quick]`. This file is also the training script the
-launchers start (`--worker ...`).
+Run: `python -m benchmarks.hang_doctor [--quick]`. This file is also the training script the launchers start
+(`--worker ...`).
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ RESULT_TAG = "BENCH_RESULT "
 ROWS = ("step + user all_reduce", "step + accelerator.reduce", "one all_reduce alone")
 
 
-def worker(impl: str, steps: int, warmup: int) -> None:
+def worker(impl: str, block: int, rounds: int, warmup: int) -> None:
     import torch
     import torch.distributed as dist
 
@@ -79,26 +82,48 @@ def worker(impl: str, steps: int, warmup: int) -> None:
         ROWS[1]: lambda i: step(i, "reduce"),
         ROWS[2]: lambda i: dist.all_reduce(one),
     }
+    if impl == HASTEN:
+        from hasten import hang_doctor
+        from hasten.state import PartialState
+
+        doctor = hang_doctor._DOCTOR
+        assert doctor is not None, "launched without --debug"
+
+        def set_debug(on):
+            hang_doctor._DOCTOR = doctor if on else None
+            PartialState().debug = on
+    else:
+        from accelerate.state import PartialState
+
+        def set_debug(on):
+            PartialState().debug = on
+
     result = {}
     for name, body in loops.items():
         for index in range(warmup):
             body(index)
-        dist.barrier()
-        start = time.perf_counter()
-        for index in range(steps):
-            body(index)
-        dist.barrier()
-        result[name] = (time.perf_counter() - start) / steps
+        times = {True: [], False: []}
+        for round_index in range(rounds):
+            for on in ((True, False) if round_index % 2 == 0 else (False, True)):
+                set_debug(on)
+                dist.barrier()
+                start = time.perf_counter()
+                for index in range(block):
+                    body(index)
+                dist.barrier()
+                times[on].append((time.perf_counter() - start) / block)
+        set_debug(True)
+        result[name] = times
     if rank == 0:
         print(RESULT_TAG + json.dumps(result), flush=True)
 
 
-def _launch(impl: str, debug: bool, steps: int, warmup: int) -> dict:
+def _launch(impl: str, block: int, rounds: int, warmup: int) -> dict:
     # One thread per process on both sides, as in ddp_throughput.
     env = clean_env(OMP_NUM_THREADS="1")
     script = os.path.abspath(__file__)
-    worker_args = ["--worker", impl, str(steps), str(warmup)]
-    flags = ["--debug"] if debug else []
+    worker_args = ["--worker", impl, str(block), str(rounds), str(warmup)]
+    flags = ["--debug"]
     if impl == HASTEN:
         command = [sys.executable, "-m", "hasten", "launch", "--num_processes", "2", "--cpu", *flags]
     else:
@@ -117,40 +142,33 @@ def _launch(impl: str, debug: bool, steps: int, warmup: int) -> dict:
 
 def build_parser():
     parser = base_parser(__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=None, help="timed steps per launch")
+    parser.add_argument("--block", type=int, default=None, help="iterations per block (one mode)")
+    parser.add_argument("--rounds", type=int, default=None, help="blocks per mode")
     return parser
 
 
 def run(args) -> list[Table]:
-    steps = args.steps or (30 if args.quick else 500)
+    block = args.block or (10 if args.quick else 50)
+    rounds = args.rounds or (4 if args.quick else 30)
     warmup = 5 if args.quick else 50
-    repeats = args.repeats or (1 if args.quick else 3)
-    sides = [(HASTEN, False), (HASTEN, True)]
-    if want_accelerate(args):
-        sides += [(ACCELERATE, False), (ACCELERATE, True)]
-    samples = {side: [] for side in sides}
-    for round_index in range(repeats):  # launches alternate between the sides
-        shift = round_index % len(sides)
-        for side in sides[shift:] + sides[:shift]:
-            samples[side].append(_launch(side[0], side[1], steps, warmup))
-    names = [f"{impl} {'debug' if debug else 'off'}" for impl, debug in sides]
-    table = Table("Debug mode per step and per collective (2 processes, gloo, tiny MLP under DDP)",
-                  ["loop", *names, "hasten debug - off", "accelerate debug - off"])
+    impls = [HASTEN] + ([ACCELERATE] if want_accelerate(args) else [])
+    results = {impl: _launch(impl, block, rounds, warmup) for impl in impls}
+    columns = ["loop"]
+    for impl in impls:
+        columns += [f"{impl} off", f"{impl} debug", f"{impl} debug - off"]
+    table = Table("Debug mode per step and per collective (2 processes, gloo, tiny MLP under DDP)", columns)
     for row in ROWS:
-        medians = {side: median([sample[row] for sample in samples[side]]) for side in sides}
-
-        def added(impl):
-            off, on = medians.get((impl, False)), medians.get((impl, True))
-            if off is None or on is None:
-                return "—"
-            return f"{(on - off) * 1e6:+.0f} µs ({(on / off - 1) * 100:+.1f}%)"
-
-        table.rows.append([row, *(fmt_time(medians[side]) for side in sides), added(HASTEN), added(ACCELERATE)])
-    table.notes.append(f"median of {repeats} launch(es) per side, {steps} timed iterations per loop after {warmup} "
-                       "warm-up ones; on a shared machine the spread between launches is several percent")
-    table.notes.append("hasten debug: the hang doctor's one store `compare_set` per collective (plus, for "
-                       "`reduce`, the shape check: one all_gather of a checksum); Accelerate's debug mode checks "
-                       "`reduce` with a `gather_object` and does not see the user's own `all_reduce`")
+        cells = [row]
+        for impl in impls:
+            times = results[impl][row]
+            off, on = median(times["false"]), median(times["true"])
+            # paired: each "on" block against the "off" block of the same round
+            added = median([b - a for a, b in zip(times["false"], times["true"])])
+            cells += [fmt_time(off), fmt_time(on), f"{added * 1e6:+.0f} µs ({added / off * 100:+.1f}%)"]
+        table.rows.append(cells)
+    table.notes.append(f"{rounds} blocks of {block} iterations per mode, alternating within one launch per library "
+                       f"(after {warmup} warm-up iterations); medians of the per-iteration times, and the median "
+                       "of the paired block differences")
     if not want_accelerate(args):
         table.notes.append(ACCELERATE_LEFT_OUT)
     return [table]
@@ -159,7 +177,7 @@ def run(args) -> list[Table]:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--worker"]:
-        worker(argv[1], int(argv[2]), int(argv[3]))
+        worker(argv[1], int(argv[2]), int(argv[3]), int(argv[4]))
         return 0
     return print_tables(run(build_parser().parse_args(argv)))
 
