@@ -289,12 +289,14 @@ def _describe_failures(error) -> str:
 
 def _hang_report(error) -> str | None:
     """The hang doctor's report (debug mode) from the failed workers' error files: the root failure's first."""
+    from ..hang_doctor import REPORT_KEY
+
     failures = getattr(error, "failures", {}) or {}
     reports = []
     for rank, failure in sorted(failures.items()):
         data = failure.error_file_data.get("message") if isinstance(failure.error_file_data, dict) else None
         extra = data.get("extraInfo", {}) if isinstance(data, dict) else {}
-        report = (extra or {}).get("hasten_report")
+        report = (extra or {}).get(REPORT_KEY)
         if report:
             reports.append((bool(extra.get("hasten_peer_loss")), rank, report))
     return min(reports)[2] if reports else None
@@ -345,7 +347,9 @@ def _run_distributed(args, plan: LaunchPlan) -> int:
     )
     entrypoint, entry_args = _target_command(args)
     # Debug mode's hang doctor leaves its report in the workers' error files for the launcher to print, once.
-    os.environ["HASTEN_LAUNCHER_PRINTS_REPORT"] = "1"
+    from ..hang_doctor import LAUNCHER_VARIABLE
+
+    os.environ[LAUNCHER_VARIABLE] = "1"
     started = time.monotonic()
     try:
         elastic_launch(config, entrypoint)(*entry_args)
