@@ -246,7 +246,9 @@ def _failure_facts(failure) -> tuple[int, float, str]:
         # Files written by torch's own `@record` (function launchers) carry no flag: read the message.
         lost_peer = extra.get("hasten_peer_loss") or any(m in message.lower() for m in PEER_LOSS_MARKERS)
         rank_kind = 3 if lost_peer else 0
-        if rank_kind == 3:
+        if rank_kind == 3 and extra.get("hasten_report"):
+            what = "was stopped by debug mode's hang doctor (report below)"
+        elif rank_kind == 3:
             what = "lost contact with a failed process"
         else:
             what = "failed: " + (message.strip().splitlines() or [""])[0][:300]
