@@ -119,7 +119,9 @@ def test_users_own_all_reduce_with_mismatched_shapes():
 
 
 def test_rank_returns_early():
-    _, report = run_case("exits-early")
+    summary, report = run_case("exits-early")
+    # rank 1 exited 0: the one failed process is rank 0, which the doctor stopped
+    assert "rank 0 (local rank 0) was stopped by debug mode's hang doctor (report below)" in summary, summary
     first = headline(report)
     assert first.startswith("rank 1 returned from its script"), report
     assert f"while rank 0 waits in barrier() at tests/distributed/{site('exit-wait')}" in first
