@@ -617,11 +617,18 @@ class Accelerator:
             load_hooks=list(self._load_model_state_pre_hook.values()),
         )
 
-    def save_state(self, output_dir=None, safe_serialization: bool = True, **save_model_func_kwargs):
+    def save_state(self, output_dir=None, safe_serialization: bool = True, async_save: bool = False,
+                   **save_model_func_kwargs):
         from . import checkpointing
 
         return checkpointing.save_state(self._checkpoint_contents(), output_dir, safe_serialization=safe_serialization,
-                                        **save_model_func_kwargs)
+                                        async_save=async_save, **save_model_func_kwargs)
+
+    def wait_for_checkpoint(self):
+        """hasten only: block until an asynchronous `save_state` is committed; raise what went wrong in it."""
+        from .async_checkpoint import wait
+
+        wait()
 
     def load_state(self, input_dir=None, load_kwargs=None, **load_model_func_kwargs):
         from . import checkpointing
@@ -683,6 +690,9 @@ class Accelerator:
         return self._tracker_session().get(name, unwrap)
 
     def end_training(self):
+        from .async_checkpoint import close
+
+        close()  # an asynchronous save commits before the process group goes
         if self._tracking is not None:
             self._tracking.finish()
         self.state.destroy_process_group()
