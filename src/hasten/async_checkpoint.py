@@ -15,9 +15,11 @@ every `save_state` and `load_state`, in `wait_for_checkpoint()` and `end_trainin
 reaches together, so all ranks raise the same error at the same call). At interpreter exit Python joins the
 writer thread (it is not a daemon), and an error nobody collected is printed.
 
-Test-only hook: `HASTEN_TEST_ASYNC_WRITE_DELAY=<seconds>` makes the writer thread sleep that long before each
-file it writes and before the commit, so tests can watch training go on (or kill the process) mid-write.
-Never set it in production.
+Test-only hooks. With `HASTEN_TEST_ASYNC_WRITE_GATE=<path>` the writer thread waits until a file exists at
+`<path>` before it writes anything (DCP uploads are not held), so a test can change the parameters while the
+write is pending and see that the staged copy is what lands on disk. The crash points of `checkpoint_io`
+(`HASTEN_TEST_CRASH_AT`) fire in the writer thread too, killing the process in the middle of a background
+write. Never set either in production.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from .errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
-DELAY_ENV = "HASTEN_TEST_ASYNC_WRITE_DELAY"  # test-only, see the module docstring
+GATE_ENV = "HASTEN_TEST_ASYNC_WRITE_GATE"  # test-only, see the module docstring
 
 _lock = threading.Lock()
 _pending: threading.Thread | None = None
@@ -151,10 +153,10 @@ def _agreement_gather(group):
 
 
 # -- one save in flight -----------------------------------------------------------------------------------------
-def _delay() -> None:
-    seconds = os.environ.get(DELAY_ENV)
-    if seconds:
-        time.sleep(float(seconds))
+def _test_gate() -> None:
+    gate = os.environ.get(GATE_ENV)
+    while gate and not os.path.exists(gate):
+        time.sleep(0.01)
 
 
 def start(temp: str, jobs: list, rank: int, finish) -> None:
@@ -169,13 +171,12 @@ def start(temp: str, jobs: list, rank: int, finish) -> None:
         global _failure
         written, problem = {}, None
         try:
+            _test_gate()
             for name, write in jobs:
-                _delay()
                 io.write_file(os.path.join(temp, name), write, rank, sync=False)
             for name, _ in jobs:
                 _make_durable(temp, name)
                 written.update(_sizes(temp, name))
-            _delay()
         except BaseException as error:  # noqa: BLE001 - reported to every rank by `finish`
             problem = error
         try:
