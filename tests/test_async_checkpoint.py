@@ -139,3 +139,20 @@ def test_async_checkpoints_in_real_processes(tmp_path, mode, processes):
         on_disk = {k.removeprefix("module."): v for k, v in load_file(os.path.join(unwaited["path"], "model.safetensors")).items()}
         expected = torch.load(os.path.join(tmp_path, "unwaited.pt"), weights_only=True)
         assert set(on_disk) == set(expected) and all(torch.equal(on_disk[k], expected[k]) for k in expected)
+
+
+def test_benchmark_prints_blocking_times(tmp_path):
+    """The benchmark runs (tiny, one process) and prints every side; no timing is checked."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HASTEN_", "ACCELERATE_"))}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(repo), env.get("PYTHONPATH", "")) if p)
+    out = subprocess.run([sys.executable, "-m", "benchmarks.async_checkpoint", "--quick", "--size-mb", "2", "--dir",
+                          str(tmp_path)], cwd=repo, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    for side in ("hasten (synchronous)", "hasten async_save=True", "raw torch", "first save"):
+        assert f"| {side}" in out.stdout or side in out.stdout, out.stdout
+    assert os.listdir(tmp_path) == [], "the benchmark leaves its checkpoints behind"
