@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import atexit
 import copy
-import logging
 import os
 import sys
 import threading
@@ -36,8 +35,6 @@ import torch
 
 from . import checkpoint_io as io
 from .errors import ConfigError
-
-logger = logging.getLogger(__name__)
 
 GATE_ENV = "HASTEN_TEST_ASYNC_WRITE_GATE"  # test-only, see the module docstring
 
