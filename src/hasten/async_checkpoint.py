@@ -33,6 +33,7 @@ import time
 
 import torch
 
+from . import checkpoint_folder as folders
 from . import checkpoint_io as io
 from .errors import ConfigError
 
@@ -172,8 +173,8 @@ def start(temp: str, jobs: list, rank: int, finish) -> None:
             for name, write in jobs:
                 io.write_file(os.path.join(temp, name), write, rank, sync=False)
             for name, _ in jobs:
-                _make_durable(temp, name)
-                written.update(_sizes(temp, name))
+                folders.make_durable(temp, name)
+                written.update(folders.sizes_under(temp, name))
         except BaseException as error:  # noqa: BLE001 - reported to every rank by `finish`
             problem = error
         try:
@@ -186,18 +187,6 @@ def start(temp: str, jobs: list, rank: int, finish) -> None:
     with _lock:
         _pending = thread
     thread.start()
-
-
-def _make_durable(temp: str, name: str) -> None:
-    from .checkpoint_folder import make_durable
-
-    make_durable(temp, name)
-
-
-def _sizes(temp: str, name: str) -> dict:
-    from .checkpoint_folder import sizes_under
-
-    return sizes_under(temp, name)
 
 
 def in_flight() -> bool:
