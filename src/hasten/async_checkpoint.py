@@ -43,6 +43,7 @@ _lock = threading.Lock()
 _pending: threading.Thread | None = None
 _failure: BaseException | None = None
 _groups: list = []  # gloo groups for the background: [0] the writer thread's agreement, [1:] DCP uploads
+_groups_world: list = [None]  # the default group they were made under (a new process group needs new ones)
 
 
 # -- staging: a private CPU copy of everything a save writes ---------------------------------------------------
@@ -124,6 +125,9 @@ def background_group(index: int):
         return None
     import torch.distributed as dist
 
+    if _groups_world[0] is not dist.group.WORLD:
+        _groups.clear()
+        _groups_world[0] = dist.group.WORLD
     while len(_groups) <= index:
         _groups.append(dist.new_group(backend="gloo"))
     return _groups[index]
