@@ -592,17 +592,10 @@ class Accelerator:
 
     clear = free_memory
 
-    @contextlib.contextmanager
     def profile(self, profile_handler: ProfileKwargs | None = None):
-        import os
+        from .profiling import profile
 
-        handler = profile_handler or self.profile_handler or ProfileKwargs()
-        with handler.build() as profiler:
-            yield profiler
-        if handler.output_trace_dir is not None:
-            os.makedirs(handler.output_trace_dir, exist_ok=True)
-            profiler.export_chrome_trace(os.path.join(handler.output_trace_dir, f"profile_{self.process_index}.json"))
-            self.wait_for_everyone()
+        return profile(self, profile_handler)
 
     # -- checkpoints (hasten/checkpointing.py) --------------------------------------------------------------
     def _checkpoint_contents(self):
