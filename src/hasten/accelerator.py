@@ -597,6 +597,12 @@ class Accelerator:
 
         return profile(self, profile_handler)
 
+    def track_memory(self, output_dir=None, interval: float = 0.5, plot: bool = True):
+        """A hasten extension: a `MemoryTracker` sampling this process's memory (see docs/observability.md)."""
+        from .memory_tracker import track_memory
+
+        return track_memory(self, output_dir, interval=interval, plot=plot)
+
     # -- checkpoints (hasten/checkpointing.py) --------------------------------------------------------------
     def _checkpoint_contents(self):
         """What `save_state` writes and `load_state` restores: every object this Accelerator holds right now."""
