@@ -603,6 +603,12 @@ class Accelerator:
 
         return track_memory(self, output_dir, interval=interval, plot=plot)
 
+    def track_step_times(self, log_every: int = 10, straggler_factor: float = 1.5, synchronize: bool = False):
+        """A hasten extension: log where each step's time goes, and the straggler rank (see docs/observability.md)."""
+        from .step_timer import track_step_times
+
+        return track_step_times(self, log_every, straggler_factor=straggler_factor, synchronize=synchronize)
+
     # -- checkpoints (hasten/checkpointing.py) --------------------------------------------------------------
     def _checkpoint_contents(self):
         """What `save_state` writes and `load_state` restores: every object this Accelerator holds right now."""
