@@ -235,7 +235,8 @@ class StepTimer:
 
 def summarize(records: torch.Tensor, straggler_factor: float, prefix: str = "step_breakdown") -> dict:
     """The logged values for `records` of shape (ranks, steps, 4): means over steps and ranks of each phase,
-    and with several ranks the slowest rank (by own time, the step less its backward) and the straggler."""
+    and with several ranks the slowest rank (by its median own time per step: the step less its backward) and
+    the straggler."""
     step, data, backward, optimizer = (records[..., column] for column in range(4))
     values = {
         f"{prefix}/step_s": step.mean().item(),
@@ -247,7 +248,9 @@ def summarize(records: torch.Tensor, straggler_factor: float, prefix: str = "ste
     if ranks == 1:
         return values
     own = step - backward
-    per_rank = own.mean(dim=1)
+    # The median step of each rank: a one-off wait (the first step of a pass synchronises the loaders' RNG) does
+    # not make a straggler; a rank that is slow step after step does.
+    per_rank = own.median(dim=1).values
     slowest = int(per_rank.argmax())
     others = [float(v) for rank, v in enumerate(per_rank) if rank != slowest]
     median_others = statistics.median(others)
