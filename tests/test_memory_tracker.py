@@ -109,3 +109,15 @@ def test_cuda_allocator_is_sampled(tmp_path):
         del big
     peaks = tracker.report["peaks"]
     assert peaks["cuda_allocated_bytes"] >= 256 * 1024 * 1024 <= peaks["cuda_reserved_bytes"]
+
+
+def test_a_run_that_never_stops_the_tracker_still_leaves_its_json(tmp_path):
+    import subprocess
+    import sys
+
+    code = ("from hasten.memory_tracker import MemoryTracker; "
+            f"MemoryTracker({str(tmp_path)!r}, interval=0.01, rank=3, plot=False).start(); "
+            "import time; time.sleep(0.1)")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    report = json.loads((tmp_path / "memory_rank3.json").read_text())
+    assert report["rank"] == 3 and len(report["samples"]["time_s"]) >= 3

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+import warnings
 
 import pytest
 import torch
@@ -125,9 +126,33 @@ def test_misuse_is_refused(tmp_path):
             accelerator.track_step_times(log_every=bad)
     with pytest.raises(ValueError, match="straggler_factor"):
         accelerator.track_step_times(straggler_factor=1)
-    with accelerator.track_step_times():
+    with accelerator.track_step_times() as timer:
         with pytest.raises(RuntimeError, match="already timed by another StepTimer"):
             StepTimer(accelerator).start()
+        with pytest.raises(TypeError, match="takes prepared data loaders and optimizers, got StepLR"):
+            timer.watch(torch.optim.lr_scheduler.StepLR(optimizer, 1))
+
+
+def test_scheduler_made_after_the_timer_wraps_the_timed_step(tmp_path):
+    """torch's LR schedulers wrap `optimizer.step` and need a bound method; the timed step still counts, and
+    stop() leaves the scheduler's wrapper in place (the timer's part goes quiet)."""
+    accelerator, model, optimizer, loader = _setup(tmp_path)
+    timer = accelerator.track_step_times(log_every=3)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)  # on the prepared optimizer
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "lr_scheduler.step() before optimizer.step()" warning
+        for x, y in loader:
+            accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad()
+        timer.stop()
+        assert timer.steps == 12 and len(timer.history) == 4
+        for x, y in loader:
+            accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
+            optimizer.step()
+            scheduler.step()
+    assert timer.steps == 12 and scheduler.get_last_lr() == [0.01 * 0.5 ** 24]
 
 
 def test_summary_names_the_rank_whose_own_time_stands_out():

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import statistics
 import time
+import types
 
 import torch
 
@@ -90,6 +91,7 @@ class StepTimer:
         self._loaders, self._optimizers = [], []
         self._pending_optimizers: set[int] = set()
         self._backward_patched = False
+        self._active = True
         self._reset_window()
 
     # -- attaching ------------------------------------------------------------------------------------------
@@ -103,11 +105,13 @@ class StepTimer:
             original = accelerator.backward
 
             def backward(loss, **kwargs):
+                if not self._active:
+                    return original(loss, **kwargs)
                 start = self._now()
                 original(loss, **kwargs)
                 self._backward(start, self._now())
 
-            accelerator.backward = backward
+            accelerator.backward = self._timed_backward = backward
             self._backward_patched = True
         return self
 
@@ -116,7 +120,7 @@ class StepTimer:
         for obj in objects:
             if isinstance(obj, torch.utils.data.DataLoader):
                 self._watch_loader(obj)
-            elif isinstance(obj, torch.optim.Optimizer) or hasattr(obj, "step"):
+            elif isinstance(obj, torch.optim.Optimizer):
                 self._watch_optimizer(obj)
             else:
                 raise TypeError(f"StepTimer.watch takes prepared data loaders and optimizers, got {type(obj).__name__}")
@@ -131,22 +135,26 @@ class StepTimer:
         self._loaders.append(loader)
 
     def _watch_optimizer(self, optimizer) -> None:
-        if any(optimizer is known for known, _ in self._optimizers):
+        if any(optimizer is known for known, *_ in self._optimizers):
             return
         original = optimizer.step
         key = id(optimizer)
         gradient_state = GradientState()
 
-        def step(*args, **kwargs):
-            if not gradient_state.sync_gradients:  # an accumulation micro-step: the wrapped step does nothing
+        def step(_optimizer, *args, **kwargs):
+            # Not timed: an accumulation micro-step (the wrapped step does nothing), or after stop() when a
+            # scheduler made later wrapped this method and so it could not be taken away.
+            if not self._active or not gradient_state.sync_gradients:
                 return original(*args, **kwargs)
             start = self._now()
             result = original(*args, **kwargs)
             self._optimizer_step(key, start, self._now())
             return result
 
-        self._optimizers.append((optimizer, "step" in vars(optimizer) and original))
-        optimizer.step = step
+        # A bound method, as torch's LR schedulers expect when they wrap `optimizer.step` (`step.__func__`).
+        timed = types.MethodType(step, optimizer)
+        self._optimizers.append((optimizer, timed, original if "step" in vars(optimizer) else None))
+        optimizer.step = timed
         self._pending_optimizers.add(key)
 
     def stop(self) -> None:
@@ -154,13 +162,15 @@ class StepTimer:
         for loader in self._loaders:
             loader.__class__ = loader._hasten_timed_from
             del loader._hasten_step_timer
-        for optimizer, before in self._optimizers:
-            if before:
-                optimizer.step = before
-            else:
-                del optimizer.step
-        if self._backward_patched:
+        for optimizer, timed, before in self._optimizers:
+            if vars(optimizer).get("step") is timed:
+                if before is not None:
+                    optimizer.step = before
+                else:
+                    del optimizer.step
+        if self._backward_patched and vars(self.accelerator).get("backward") is self._timed_backward:
             del self.accelerator.backward
+        self._active = False
         self._loaders, self._optimizers, self._backward_patched = [], [], False
 
     def __enter__(self) -> "StepTimer":
@@ -180,7 +190,7 @@ class StepTimer:
         # Steps follow each other: the next one starts where this one ended (None: at its first timed event).
         self._window_start = start
         self._data_wait = self._backward_time = self._optimizer_time = 0.0
-        self._pending_optimizers = {id(optimizer) for optimizer, _ in getattr(self, "_optimizers", [])}
+        self._pending_optimizers = {id(optimizer) for optimizer, *_ in getattr(self, "_optimizers", [])}
 
     def _data(self, start: float, end: float) -> None:
         if self._window_start is None:
