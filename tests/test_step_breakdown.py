@@ -94,6 +94,7 @@ def test_breakdown_is_logged_to_the_tracker_every_interval(tmp_path):
     assert sum(entry["values"]["step_breakdown/data_wait_s"] * 4 for entry in logged) >= 24 * 0.02
     # stop() takes every hook away; the loader is the same object and still works.
     assert type(loader) is DataLoaderShard and "step" not in vars(optimizer) and "backward" not in vars(accelerator)
+    assert "_hasten_step_timer" not in vars(accelerator) and "_hasten_step_timer" not in vars(loader)
     assert len(list(loader)) == 12 and loader.state_dict()["epoch"] == 3  # the passes counted through the swap
 
 
@@ -127,8 +128,10 @@ def test_misuse_is_refused(tmp_path):
     with pytest.raises(ValueError, match="straggler_factor"):
         accelerator.track_step_times(straggler_factor=1)
     with accelerator.track_step_times() as timer:
-        with pytest.raises(RuntimeError, match="already timed by another StepTimer"):
+        with pytest.raises(RuntimeError, match="already timed by another StepTimer; stop"):
             StepTimer(accelerator).start()
+        with pytest.raises(RuntimeError, match="this data loader is already timed by another StepTimer"):
+            StepTimer(Accelerator(cpu=True)).watch(loader)
         with pytest.raises(TypeError, match="takes prepared data loaders and optimizers, got StepLR"):
             timer.watch(torch.optim.lr_scheduler.StepLR(optimizer, 1))
 

@@ -100,6 +100,11 @@ class StepTimer:
         if not accelerator._optimizers:
             raise RuntimeError("track_step_times() needs a prepared optimizer (a step ends at optimizer.step()); "
                                "call it after accelerator.prepare(...)")
+        if getattr(accelerator, "_hasten_step_timer", None) is not None:
+            raise RuntimeError("this Accelerator's steps are already timed by another StepTimer; stop() that one "
+                               "first")
+        accelerator._hasten_step_timer = self
+        self._active = True
         self.watch(*accelerator._dataloaders, *accelerator._optimizers)
         if "backward" not in vars(accelerator):
             original = accelerator.backward
@@ -172,6 +177,8 @@ class StepTimer:
             del self.accelerator.backward
         self._active = False
         self._loaders, self._optimizers, self._backward_patched = [], [], False
+        if getattr(self.accelerator, "_hasten_step_timer", None) is self:
+            del self.accelerator._hasten_step_timer
 
     def __enter__(self) -> "StepTimer":
         return self
