@@ -210,3 +210,19 @@ def test_two_processes_straggler_profiles_and_memory(tmp_path):
         if report["plotted"]:
             assert (tmp_path / "memory" / f"memory_rank{rank}.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
     assert sorted(p.name for p in (tmp_path / "trace").iterdir()) == ["profile_0.json", "profile_1.json"]
+
+
+def test_overhead_benchmark_runs():
+    """benchmarks/step_breakdown.py at its --quick size prints its table (no timing is checked)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HASTEN_", "ACCELERATE_"))}
+    result = subprocess.run([sys.executable, "benchmarks/step_breakdown.py", "--quick"], cwd=repo, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    header, row = [line for line in result.stdout.splitlines() if line.startswith("| ") and "---" not in line][:2]
+    assert "hasten + breakdown" in header and row.count(" ms") + row.count(" µs") + row.count(" s |") >= 3
