@@ -112,7 +112,7 @@ def test_endings_that_crash_accelerate_warn_instead(tmp_path):
         with Accelerator(cpu=True).profile(handler):
             torch.randn(4, 4) @ torch.randn(4, 4)
     assert len(list((tmp_path / "tb").iterdir())) == 1 and not (tmp_path / "chrome" / "profile_0.json").exists()
-    # A schedule that never reached its active phase: nothing to export.
+    # A block that ends while the schedule still waits: the profiler never started, nothing to export.
     handler = ProfileKwargs(schedule_option=dict(wait=5, warmup=1, active=1), output_trace_dir=str(tmp_path / "n"))
     with pytest.warns(RuntimeWarning, match=r"recorded no step .* after 3 calls to prof.step\(\)"):
         with Accelerator(cpu=True).profile(handler) as prof:

@@ -2,9 +2,9 @@
 written to `output_trace_dir/profile_<rank>.json` when the context ends.
 
 Two endings that crash Accelerate's `profile()` after the profiled code has run end here with a warning instead,
-so a long job is not lost to its profiler: a schedule that never reached its active phase (nothing to export),
-and an `on_trace_ready` (such as `torch.profiler.tensorboard_trace_handler`) that already saved the last cycle
-(torch saves a trace once).
+so a long job is not lost to its profiler: a block that ends before the schedule started profiling (nothing to
+export), and an `on_trace_ready` (such as `torch.profiler.tensorboard_trace_handler`) that already saved the last
+cycle (torch saves a trace once).
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ def export_chrome_trace(profiler, path: str, handler) -> bool:
     """Write the profiler's last recorded cycle to `path`; False (with a warning) when there is nothing to write."""
     if getattr(profiler, "profiler", None) is None:
         warnings.warn(
-            f"{path} not written: the profiler recorded no step (schedule {handler.schedule_option} never reached "
-            f"its active phase after {profiler.step_num} calls to prof.step()); call prof.step() once per step or "
-            "shorten the schedule",
+            f"{path} not written: the profiler recorded no step (schedule {handler.schedule_option} was still "
+            f"skipping or waiting after {profiler.step_num} calls to prof.step()); call prof.step() once per step "
+            "or shorten the schedule",
             RuntimeWarning, stacklevel=3,
         )
         return False
