@@ -33,7 +33,8 @@ def _profiler_steps(path):
 
 
 def test_chrome_trace_is_written_per_rank_name(tmp_path):
-    accelerator = Accelerator(cpu=True, kwargs_handlers=[ProfileKwargs(activities=["cpu"], output_trace_dir=str(tmp_path / "t"))])
+    handler = ProfileKwargs(activities=["cpu"], output_trace_dir=str(tmp_path / "t"))
+    accelerator = Accelerator(cpu=True, kwargs_handlers=[handler])
     with accelerator.profile() as prof:
         _train_steps(torch.nn.Linear(8, 4), 2)
     assert isinstance(prof, torch.profiler.profile)

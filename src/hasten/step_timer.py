@@ -78,7 +78,8 @@ class StepTimer:
         if not isinstance(log_every, int) or isinstance(log_every, bool) or log_every < 1:
             raise ValueError(f"track_step_times(log_every=...) must be a positive integer, got {log_every!r}")
         if not isinstance(straggler_factor, (int, float)) or straggler_factor <= 1:
-            raise ValueError(f"track_step_times(straggler_factor=...) must be a number above 1, got {straggler_factor!r}")
+            raise ValueError(
+                f"track_step_times(straggler_factor=...) must be a number above 1, got {straggler_factor!r}")
         self.accelerator = accelerator
         self.log_every = log_every
         self.straggler_factor = float(straggler_factor)
