@@ -123,7 +123,7 @@ class Accelerator:
             self.state.device_mesh = parallelism_config.get_device_mesh(self.state.device.type)
         precision = PrecisionPolicy.from_setting(self.state.mixed_precision, self.device, self.autocast_handler,
                                                  self.scaler_handler)
-        backend_name = backend_name_for(self.distributed_type, self.num_processes)
+        backend_name = backend_name_for(self.distributed_type, self.num_processes, parallelism_config)
         self._backend = create_backend(backend_name, self.state, precision=precision, ddp_kwargs=self.ddp_handler,
                                        plugin=fsdp_plugin)
         # The backend's view of precision: one whose engine applies it (DeepSpeed) keeps hasten's autocast off.
@@ -407,7 +407,7 @@ class Accelerator:
             dispatch_batches=config.dispatch_batches, even_batches=config.even_batches,
             slice_fn_for_dispatch=slice_fn_for_dispatch, use_seedable_sampler=config.use_seedable_sampler,
             data_seed=config.data_seed, non_blocking=config.non_blocking,
-            use_stateful_dataloader=config.use_stateful_dataloader,
+            use_stateful_dataloader=config.use_stateful_dataloader, torch_device_mesh=self.state.device_mesh,
         )
         prepared._is_accelerate_prepared = True
         self._dataloaders.append(prepared)

@@ -98,8 +98,10 @@ class FSDPBackend(Backend):
                 _init_single_process_group()
 
             layout = getattr(self.state, "parallelism_config", None)
-            if layout is not None and layout.device_mesh is not None:  # shard over the layout's FSDP view
-                self._mesh = layout.submesh("dp_shard_cp")
+            if layout is not None and layout.device_mesh is not None:  # the layout's FSDP view (2-D for HSDP)
+                from ..parallelism_config import fsdp_mesh
+
+                self._mesh = fsdp_mesh(layout)
             else:
                 self._mesh = init_device_mesh(self.state.device.type, (dist.get_world_size(),))
         return self._mesh
