@@ -334,6 +334,13 @@ def mesh_data_sharding(mesh, dispatch_batches):
     return size, index, dispatch_batches
 
 
+def data_parallel_size(state) -> int:
+    """How many different batches the processes of a run read in one step (the number of processes, unless tensor or
+    context parallel ranks share theirs)."""
+    mesh = getattr(state, "device_mesh", None)
+    return data_ranks(mesh)[0] if splits_data_ranks(mesh) else state.num_processes
+
+
 def splits_data_ranks(mesh) -> bool:
     """Whether some ranks of `mesh` share a batch (a tensor or context dimension above 1)."""
     return mesh is not None and any(name in ("tp", "cp", "sp") and mesh.size(i) > 1
