@@ -130,3 +130,33 @@ def test_layouts_on_four_processes():
     """dp_shard×tp, dp_replicate×tp and HSDP (dp_replicate×dp_shard) on 4 processes match one process."""
     result = launch("tp_grid.py", num_processes=4, timeout=500)
     assert result.stdout.count("grid checks passed") == 4, result.stdout
+
+
+def test_the_deprecated_tp_plugin_becomes_a_parallelism_config():
+    from hasten import ParallelismConfig
+    from hasten.parallelism_config import TorchTensorParallelPlugin, config_for_run
+
+    with pytest.warns(FutureWarning, match="TorchTensorParallelPlugin is deprecated"):
+        config = config_for_run(None, TorchTensorParallelPlugin(tp_size=2))
+    assert config.tp_size == 2 and config.tp_enabled
+    with pytest.raises(ConfigError) as error:
+        config_for_run(ParallelismConfig(), TorchTensorParallelPlugin(tp_size=2))
+    assert "not both" in _one_line(error)
+
+
+def test_maybe_context_parallel_without_cp_warns_once_and_does_nothing():
+    from hasten import Accelerator
+
+    accelerator = Accelerator(cpu=True)
+    x = torch.arange(8.0)
+    with pytest.warns(UserWarning, match="context parallelism is off"):
+        with accelerator.maybe_context_parallel(buffers=[x], buffer_seq_dims=[0]):
+            assert x.shape == (8,)
+    assert x.tolist() == list(range(8))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+def test_context_parallel_on_two_gpus():
+    """cp_size=2 on 2 GPUs: SDPA under maybe_context_parallel equals whole-sequence attention (CPU refuses it)."""
+    result = launch("tp_context_parallel.py", flags=("--parallelism_config_cp_size", "2", "--multi_gpu"), timeout=300)
+    assert result.stdout.count("context parallel checks passed") == 2, result.stdout

@@ -383,10 +383,20 @@ _SIZE_SETTINGS = ("parallelism_config_dp_replicate_size", "parallelism_config_dp
                   "parallelism_config_tp_size", "parallelism_config_cp_size")
 
 
-def config_for_run(config: ParallelismConfig | None) -> ParallelismConfig | None:
+def config_for_run(config: ParallelismConfig | None, tp_plugin=None) -> ParallelismConfig | None:
     """The config an Accelerator runs with: the one passed, else one built from the environment when the launcher
     (or the user) asked for it: `--use_parallelism_config`, or any `--parallelism_config_*` size (a size given
-    alone is honoured, not ignored as Accelerate ignores it without the switch)."""
+    alone is honoured, not ignored as Accelerate ignores it without the switch). The deprecated
+    `TorchTensorParallelPlugin(tp_size=n)` becomes `ParallelismConfig(tp_size=n)`, as in Accelerate."""
+    if tp_plugin is not None:
+        if not isinstance(tp_plugin, TorchTensorParallelPlugin):
+            raise TypeError(f"torch_tp_plugin must be a TorchTensorParallelPlugin, got {type(tp_plugin).__name__}")
+        if config is not None:
+            raise ConfigError("pass either torch_tp_plugin or parallelism_config to Accelerator, not both (fix: "
+                              "ParallelismConfig(tp_size=...) alone)")
+        warnings.warn("TorchTensorParallelPlugin is deprecated (as in Accelerate); use "
+                      "ParallelismConfig(tp_size=...)", FutureWarning, stacklevel=3)
+        return ParallelismConfig(tp_size=tp_plugin.tp_size)
     if config is not None:
         return config
     from .config.resolve import runtime_value
