@@ -227,6 +227,6 @@ def test_the_config_file_block_reaches_the_run(tmp_path):
 
 def test_layouts_on_two_processes():
     """dp_shard=2 (from the launch flag) trains with FSDP2, dp_replicate=2 with DDP, both equal to one process;
-    rank properties read the mesh; TP/CP refused in one line (tests/distributed/parallelism_layouts.py)."""
+    rank properties read the mesh; CP on CPU refused in one line (tests/distributed/parallelism_layouts.py)."""
     result = launch("parallelism_layouts.py", flags=("--parallelism_config_dp_shard_size", "2"), timeout=300)
     assert result.stdout.count("parallelism layout checks passed") == 2, result.stdout

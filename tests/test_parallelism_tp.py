@@ -160,3 +160,16 @@ def test_context_parallel_on_two_gpus():
     """cp_size=2 on 2 GPUs: SDPA under maybe_context_parallel equals whole-sequence attention (CPU refuses it)."""
     result = launch("tp_context_parallel.py", flags=("--parallelism_config_cp_size", "2", "--multi_gpu"), timeout=300)
     assert result.stdout.count("context parallel checks passed") == 2, result.stdout
+
+
+def test_fsdp1_hybrid_shard_is_refused_on_cpu():
+    """FSDP1 HYBRID_SHARD silently diverges on CPU processes: refused, pointing at FSDP2 HSDP."""
+    from hasten import Accelerator, FullyShardedDataParallelPlugin
+
+    with pytest.warns(FutureWarning):  # sharding_strategy is deprecated in Accelerate too
+        plugin = FullyShardedDataParallelPlugin(fsdp_version=1, sharding_strategy="HYBRID_SHARD")
+    accelerator = Accelerator(cpu=True, fsdp_plugin=plugin)
+    with pytest.raises(ConfigError) as error:
+        accelerator.prepare(torch.nn.Linear(4, 4))
+    assert "HYBRID_SHARD (FSDP1) silently diverges on CPU" in _one_line(error)
+    assert "dp_replicate_size" in str(error.value)

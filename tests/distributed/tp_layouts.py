@@ -130,6 +130,20 @@ train(acc, model, opt, FIRST)
 assert max_diff(whole(model.state_dict()), want) < TOL
 
 
+# -- activation checkpointing (the FSDP plugin's) composes with TP: same weights ------------------------------------
+from hasten import FullyShardedDataParallelPlugin  # noqa: E402
+
+plugin = FullyShardedDataParallelPlugin(fsdp_version=2, activation_checkpointing=True,
+                                        auto_wrap_policy="transformer_based_wrap", transformer_cls_names_to_wrap=["Block"])
+acc = fresh_accelerator(parallelism_config=ParallelismConfig(tp_size=2), fsdp_plugin=plugin)
+model = make_model()
+opt = sgd(model.parameters())
+model, opt = acc.prepare(model, opt)
+assert acc._backend.name == "tensor_parallel" and isinstance(model.blocks[0].mlp.fc1.weight, DTensor)
+train(acc, model, opt, FIRST)
+assert max_diff(whole(model.state_dict()), want) < TOL
+
+
 # -- what the automatic plan refuses: one line naming the module ------------------------------------------------------
 def refused(model, *expected):
     acc = fresh_accelerator(parallelism_config=ParallelismConfig(tp_size=2))

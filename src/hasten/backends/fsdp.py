@@ -84,6 +84,12 @@ class FSDPBackend(Backend):
 
     def _check_device(self):
         device = self.state.device
+        strategy = getattr(self.plugin.sharding_strategy, "name", "")
+        if self.version == 1 and device.type == "cpu" and strategy.lstrip("_").startswith("HYBRID_SHARD"):
+            raise ConfigError(
+                f"fsdp sharding_strategy {strategy} (FSDP1) silently diverges on CPU processes; for hybrid sharding "
+                "use ParallelismConfig(dp_replicate_size=..., dp_shard_size=...) (FSDP2 HSDP)"
+            )
         if self.plugin.offloads_params and device.type == "cpu":
             raise ConfigError(
                 "fsdp cpu_offload (--fsdp_offload_params) keeps parameters in CPU memory between uses, but this run's "

@@ -48,8 +48,12 @@ class TensorParallelBackend(FSDPBackend):
             handler = self.layout.tp_handler
             apply_tensor_parallel(model, self.layout.submesh("tp"), getattr(handler, "tp_plan", None))
         if self._device_mesh() is not None:
-            super()._shard(model)  # FSDP2 over the data dimensions; appends to self._roots
+            super()._shard(model)  # FSDP2 over the data dimensions (and its activation checkpointing); appends to _roots
         else:
+            if self.plugin.activation_checkpointing:
+                from .fsdp import _apply_activation_checkpointing
+
+                _apply_activation_checkpointing(model, self.plugin.wrap_predicate(model), composable=True)
             self._roots.append(model)
         current = dict(model.named_parameters())
         for name, old in originals.items():
