@@ -2,6 +2,7 @@
 (dp_shard 2 × tp 2), replicas of a TP model (dp_replicate 2 × tp 2: FSDP2 over ("dp_replicate", "dp_shard") with one
 shard), and HSDP (dp_replicate 2 × dp_shard 2, no TP). Rank properties equal what the mesh says in each."""
 
+import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
@@ -36,7 +37,15 @@ for sizes, dims, backend in (
     assert index == (local[dp[0]] * mesh.size(dims.index(dp[1])) + local[dp[1]] if len(dp) == 2 else local[dp[0]])
     model = make_model()
     opt = sgd(model.parameters())
-    model, opt = acc.prepare(model, opt)
+    loader = torch.utils.data.DataLoader(torch.arange(10), batch_size=2)
+    model, opt, loader = acc.prepare(model, opt, loader)
+    seen = [b.tolist() for b in loader]
+    everyone = [None] * 4
+    dist.all_gather_object(everyone, (index, seen))
+    for other_index, other_seen in everyone:  # same data-parallel index: same batches; else different ones
+        assert (other_seen == seen) == (other_index == index), everyone
+    gathered = torch.cat([acc.gather_for_metrics(b) for b in loader])
+    assert sorted(gathered.tolist()) == list(range(10)), gathered  # each sample once across the mesh
     q = model.blocks[0].attn.q_proj.weight
     assert isinstance(q, DTensor) and q.device_mesh.ndim == len(dims), q.device_mesh
     per = GLOBAL_BATCH // size
