@@ -324,6 +324,11 @@ def data_ranks(mesh) -> tuple[int, int]:
 
 def mesh_data_sharding(mesh, dispatch_batches):
     """(num_processes, process_index, dispatch_batches) for `prepare_data_loader(torch_device_mesh=mesh)`."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    if not isinstance(mesh, DeviceMesh):
+        raise ConfigError(f"torch_device_mesh must be a torch DeviceMesh (e.g. accelerator.torch_device_mesh), got "
+                          f"{type(mesh).__name__}")
     size, index = data_ranks(mesh)
     if splits_data_ranks(mesh):
         if dispatch_batches:
