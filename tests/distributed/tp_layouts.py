@@ -7,7 +7,7 @@
 - save_state under TP=2, continue 2 steps; the same checkpoint loaded under FSDP=2 continues identically (the one-
   process load runs after this script, in tp_resume_one.py); save_model writes whole weights;
 - TP composed with FSDP2 on 2-D meshes (1,2) and (2,1), and replicas of a TP model (HSDP with one shard), match too;
-- a user plan and the automatic plan's refusals.
+- a user plan, activation checkpointing and torch.compile over the split model; the automatic plan's refusals.
 Usage: tp_layouts.py <folder>
 """
 
@@ -142,6 +142,16 @@ model, opt = acc.prepare(model, opt)
 assert acc._backend.name == "tensor_parallel" and isinstance(model.blocks[0].mlp.fc1.weight, DTensor)
 train(acc, model, opt, FIRST)
 assert max_diff(whole(model.state_dict()), want) < TOL
+
+
+# -- torch.compile (aot_eager: no C++ toolchain needed) over the split model: same weights -----------------------------
+acc = fresh_accelerator(parallelism_config=ParallelismConfig(tp_size=2), dynamo_backend="aot_eager")
+model = make_model()
+opt = sgd(model.parameters())
+model, opt = acc.prepare(model, opt)
+assert type(model).__name__ == "OptimizedModule", type(model)
+train(acc, model, opt, FIRST)
+assert max_diff(whole(acc.unwrap_model(model, keep_torch_compile=False).state_dict()), want) < TOL
 
 
 # -- what the automatic plan refuses: one line naming the module ------------------------------------------------------
