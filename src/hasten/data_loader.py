@@ -32,7 +32,8 @@ from .nested import (
     send_to_device,
     slice_tensors,
 )
-from .operations import broadcast, broadcast_object_list, gather, gather_object
+from .operations import broadcast, broadcast_object_list
+from .parallelism_config import gather_data_parallel, mesh_data_sharding, run_shares_batches
 from .rng import synchronize_rng_states
 from .samplers import (
     BatchSamplerShard,
@@ -524,18 +525,10 @@ def _loader_batch_size(dataloader):
     return getattr(holder, "batch_size", None)
 
 
-def _mesh_shares_batches(state) -> bool:
-    """Whether ranks of a tensor/context group read the same batches: they must then shuffle alike."""
-    from .parallelism_config import splits_data_ranks
-    from .state import AcceleratorState
-
-    return splits_data_ranks(AcceleratorState._shared_state.get("device_mesh"))
-
-
 def _new_generator(num_processes: int, state: PartialState) -> torch.Generator:
     """A generator seeded from one draw of torch's global RNG, the same seed on every rank of the job."""
     seed = [int(torch.empty((), dtype=torch.int64).random_().item())]
-    if state.use_distributed and (num_processes == state.num_processes or _mesh_shares_batches(state)):
+    if state.use_distributed and (num_processes == state.num_processes or run_shares_batches()):
         broadcast_object_list(seed)
     generator = torch.Generator()
     generator.manual_seed(seed[0])
@@ -554,8 +547,6 @@ def prepare_data_loader(dataloader, device=None, num_processes=None, process_ind
     `torch_device_mesh`, the share is this process's data-parallel one: tensor/context ranks read the same batches."""
     _reject_unsupported(use_stateful_dataloader, None)
     if torch_device_mesh is not None:
-        from .parallelism_config import mesh_data_sharding
-
         num_processes, process_index, dispatch_batches = mesh_data_sharding(torch_device_mesh, dispatch_batches)
     if not isinstance(dataloader, DataLoader):
         raise ConfigError(f"prepare_data_loader needs a torch.utils.data.DataLoader, got {type(dataloader).__name__}.")
@@ -732,8 +723,6 @@ def gather_for_metrics(input_data, use_gather_object: bool = False):
     except TypeError:
         all_tensors = False
     as_objects = use_gather_object or not all_tensors
-    from .parallelism_config import gather_data_parallel
-
     data = gather_data_parallel(input_data, as_objects)
     try:
         gradient_state = GradientState()

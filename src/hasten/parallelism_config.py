@@ -346,6 +346,13 @@ def data_parallel_size(state) -> int:
     return data_ranks(mesh)[0] if splits_data_ranks(mesh) else state.num_processes
 
 
+def run_shares_batches() -> bool:
+    """Whether this run's ranks of one tensor/context group read the same batches (they must then shuffle alike)."""
+    from .state import AcceleratorState
+
+    return splits_data_ranks(AcceleratorState._shared_state.get("device_mesh"))
+
+
 def splits_data_ranks(mesh) -> bool:
     """Whether some ranks of `mesh` share a batch (a tensor or context dimension above 1)."""
     return mesh is not None and any(name in ("tp", "cp", "sp") and mesh.size(i) > 1

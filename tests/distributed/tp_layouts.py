@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from tp_common import (
-    GLOBAL_BATCH, HEADS, VOCAB, TinyGPT, fresh_accelerator, loss_of, make_model, max_diff, reference, sgd, tokens,
+    GLOBAL_BATCH, HEADS, TinyGPT, fresh_accelerator, loss_of, make_model, max_diff, reference, sgd, tokens,
     whole,
 )
 from hasten import ParallelismConfig
