@@ -126,9 +126,10 @@ def test_tensor_parallel_on_two_processes(tmp_path):
     assert "one process resumed the TP=2 checkpoint" in one.stdout, one.stdout + one.stderr
 
 
-def test_layouts_on_four_processes():
-    """dp_shard×tp, dp_replicate×tp and HSDP (dp_replicate×dp_shard) on 4 processes match one process."""
-    result = launch("tp_grid.py", num_processes=4, timeout=500)
+def test_layouts_on_four_processes(tmp_path):
+    """dp_shard×tp, dp_replicate×tp and HSDP (dp_replicate×dp_shard) on 4 processes match one process; HSDP resumes
+    the dp_shard×tp checkpoint and continues identically."""
+    result = launch("tp_grid.py", tmp_path, num_processes=4, timeout=500)
     assert result.stdout.count("grid checks passed") == 4, result.stdout
 
 

@@ -1,6 +1,11 @@
 """Layouts of 4 processes (a 2×2 mesh), each against one process (tp_common.reference, TOL): FSDP×TP
 (dp_shard 2 × tp 2), replicas of a TP model (dp_replicate 2 × tp 2: FSDP2 over ("dp_replicate", "dp_shard") with one
-shard), and HSDP (dp_replicate 2 × dp_shard 2, no TP). Rank properties equal what the mesh says in each."""
+shard), and HSDP (dp_replicate 2 × dp_shard 2, no TP), which resumes the FSDP×TP checkpoint and continues identically.
+Rank properties equal what the mesh says in each; one TP group reads the same batches.
+Usage: tp_grid.py <folder>"""
+
+import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -13,6 +18,8 @@ from hasten.parallelism_config import data_ranks
 TOL = 1e-5
 STEPS = range(3)
 want, _ = reference(STEPS)
+want_more, _ = reference(range(5))
+folder = os.path.join(sys.argv[1], "fsdp_tp_ckpt")
 rank = int(__import__("os").environ["RANK"])
 
 for sizes, dims, backend in (
@@ -49,10 +56,16 @@ for sizes, dims, backend in (
     q = model.blocks[0].attn.q_proj.weight
     assert isinstance(q, DTensor) and q.device_mesh.ndim == len(dims), q.device_mesh
     per = GLOBAL_BATCH // size
-    for step in STEPS:
+    resumes = backend == "fsdp"  # HSDP continues from the FSDP×TP checkpoint
+    if resumes:
+        acc.load_state(folder)
+    for step in range(3, 5) if resumes else STEPS:
         acc.backward(loss_of(model, tokens(step)[index * per:(index + 1) * per]))
         opt.step()
         opt.zero_grad()
-    assert max_diff(whole(model.state_dict()), want) < TOL, (sizes, max_diff(whole(model.state_dict()), want))
+    expected = want_more if resumes else want
+    assert max_diff(whole(model.state_dict()), expected) < TOL, (sizes, max_diff(whole(model.state_dict()), expected))
+    if "dp_shard_size" in sizes and "tp_size" in sizes:
+        acc.save_state(folder)
 
 print(f"rank {rank}: grid checks passed")
