@@ -14,7 +14,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from .enums import CP_COMM_STRATEGIES
+from .enums import CP_COMM_STRATEGIES, CP_ON_CPU
 from .errors import ConfigError, NotBuiltError
 
 # The order of the mesh dimensions, outermost first (Accelerate's: replicas outside, tensor parallel innermost).
@@ -243,11 +243,6 @@ class ParallelismConfig:
             if size == 1 and getattr(self, f"{dim}_handler", None) is not None:
                 warnings.warn(f"ParallelismConfig.{dim}_handler is set but {dim}_size is 1; the handler has "
                               "nothing to configure", UserWarning, stacklevel=3)
-
-
-# Measured with torch 2.13.0 on CPU processes (gloo): `context_parallel` fails in the attention call itself.
-CP_ON_CPU = ("context parallelism needs CUDA GPUs: torch's context_parallel has no sharding rule for the CPU attention "
-             "kernel (aten._scaled_dot_product_flash_attention_for_cpu has no sharding strategy)")
 
 
 def backend_for_layout(config: ParallelismConfig, num_processes: int, fsdp_plugin=None, deepspeed: bool = False,

@@ -127,7 +127,7 @@ def _pair(module) -> tuple | None:
     return inputs, output
 
 
-def _touches_split_width(module, output_name: str, widths: set) -> str | None:
+def _touches_split_width(module, widths: set) -> str | None:
     """A parameterized child (other than the Linears) whose size is a split width would see a partial tensor."""
     for name, child in module.named_children():
         if type(child) is torch.nn.Linear:
@@ -169,7 +169,7 @@ def automatic_plan(model: torch.nn.Module, tp_size: int) -> tuple[dict, dict]:
         inputs, output = found
         children = dict(module.named_children())
         widths = {children[n].out_features for n in inputs}
-        blocker = _touches_split_width(module, output, widths)
+        blocker = _touches_split_width(module, widths)
         if blocker is not None:
             continue  # e.g. a norm over the hidden width between up and down: left whole, still correct
         prefix = f"{name}." if name else ""

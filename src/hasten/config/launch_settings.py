@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from ..enums import CP_ON_CPU
 from ..errors import ConfigError, NotBuiltError
 from . import file as config_file
 from . import settings as table
@@ -169,8 +170,6 @@ def _check_values(values: dict) -> None:
     v = {name: r.value for name, r in values.items()}
     size = values["parallelism_config_cp_size"]
     if (size.value or 1) > 1 and (v["use_cpu"] or _gpu_count() == 0):
-        from ..parallelism_config import CP_ON_CPU
-
         raise NotBuiltError(f"{_where(size)}: cp_size={size.value} on CPU processes: {CP_ON_CPU}; fix: launch on "
                             "CUDA GPUs or leave cp_size at 1")
     if v["use_cpu"] and v["use_fsdp"]:
