@@ -40,6 +40,8 @@ OWN = {
 EXTERNAL = {
     "checkpoint_io": {"quick": ["--size-mb", "8", "--repeats", "1"], "small": ["--size-mb", "256"], "full": []},
     "fsdp_vs_ddp": {"quick": ["--dim", "64", "--depth", "2", "--rows", "16", "--steps", "2"], "small": [], "full": []},
+    "tp_vs_fsdp": {"quick": ["--dim", "64", "--depth", "2", "--seq", "8", "--rows", "2", "--steps", "2"], "small": [],
+                   "full": []},
 }
 START, END = "<!-- benchmark results start -->", "<!-- benchmark results end -->"
 

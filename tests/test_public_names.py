@@ -18,9 +18,6 @@ import pytest
 NAMES_FILE = Path(__file__).parent / "data" / "accelerate_public_names.txt"
 
 NOT_BUILT = {
-    "issue 14 (N-D parallelism, ParallelismConfig, tensor/context parallel)": [
-        "model_has_dtensor", "get_model_tp_size",
-    ],
     "issue 16 (fp8 and bitsandbytes)": [
         "hasten.utils.ao", "hasten.utils.bnb", "hasten.utils.transformer_engine", "AORecipeKwargs", "TERecipeKwargs",
         "MSAMPRecipeKwargs", "FP8RecipeKwargs", "BnbQuantizationConfig", "convert_model_to_fp8_ao",

@@ -85,9 +85,8 @@ class Accelerator:
         deepspeed_plugins=None,
         parallelism_config=None,
     ):
-        for name, value in (("torch_tp_plugin", torch_tp_plugin), ("megatron_lm_plugin", megatron_lm_plugin)):
-            if value is not None:
-                raise NotSupportedYetError(f"Accelerator({name}=...) is not supported by hasten yet")
+        if megatron_lm_plugin is not None:
+            raise NotSupportedYetError("Accelerator(megatron_lm_plugin=...) is not supported by hasten yet")
         refuse_unbuilt_environment(os.environ)  # e.g. ACCELERATE_USE_MEGATRON_LM=true: refused, not ignored
         if split_batches is not _NOT_PASSED:
             warnings.warn(
@@ -110,7 +109,7 @@ class Accelerator:
         deepspeed_plugins = self._deepspeed_plugins(deepspeed_plugin, deepspeed_plugins, fsdp_plugin)
 
         init_kwargs = self.init_handler.to_kwargs() if self.init_handler is not None else {}
-        parallelism_config = config_for_run(parallelism_config)
+        parallelism_config = config_for_run(parallelism_config, torch_tp_plugin)
         if parallelism_config is not None:  # the layout picks the backend: dp_shard -> FSDP2, dp_replicate -> DDP
             num_processes = PartialState(cpu, **init_kwargs).num_processes
             fsdp_plugin = fsdp_plugin_for_layout(parallelism_config, num_processes, fsdp_plugin, deepspeed_plugins)
@@ -123,7 +122,7 @@ class Accelerator:
             self.state.device_mesh = parallelism_config.get_device_mesh(self.state.device.type)
         precision = PrecisionPolicy.from_setting(self.state.mixed_precision, self.device, self.autocast_handler,
                                                  self.scaler_handler)
-        backend_name = backend_name_for(self.distributed_type, self.num_processes)
+        backend_name = backend_name_for(self.distributed_type, self.num_processes, parallelism_config)
         self._backend = create_backend(backend_name, self.state, precision=precision, ddp_kwargs=self.ddp_handler,
                                        plugin=fsdp_plugin)
         # The backend's view of precision: one whose engine applies it (DeepSpeed) keeps hasten's autocast off.
@@ -252,6 +251,11 @@ class Accelerator:
     context_parallel_rank = property(lambda self: mesh_rank(self.state, "cp"))
     data_parallel_rank = property(lambda self: mesh_rank(self.state, "dp_replicate"))
     data_parallel_shard_rank = property(lambda self: mesh_rank(self.state, "dp_shard"))
+
+    def maybe_context_parallel(self, buffers=None, buffer_seq_dims=None, no_restore_buffers=None):
+        from .context_parallel import maybe_context_parallel
+
+        return maybe_context_parallel(self.state, buffers, buffer_seq_dims, no_restore_buffers)
 
     @property
     def multi_device(self) -> bool:
@@ -407,7 +411,7 @@ class Accelerator:
             dispatch_batches=config.dispatch_batches, even_batches=config.even_batches,
             slice_fn_for_dispatch=slice_fn_for_dispatch, use_seedable_sampler=config.use_seedable_sampler,
             data_seed=config.data_seed, non_blocking=config.non_blocking,
-            use_stateful_dataloader=config.use_stateful_dataloader,
+            use_stateful_dataloader=config.use_stateful_dataloader, torch_device_mesh=self.state.device_mesh,
         )
         prepared._is_accelerate_prepared = True
         self._dataloaders.append(prepared)

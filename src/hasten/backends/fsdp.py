@@ -84,6 +84,12 @@ class FSDPBackend(Backend):
 
     def _check_device(self):
         device = self.state.device
+        strategy = getattr(self.plugin.sharding_strategy, "name", "")
+        if self.version == 1 and device.type == "cpu" and strategy.lstrip("_").startswith("HYBRID_SHARD"):
+            raise ConfigError(
+                f"fsdp sharding_strategy {strategy} (FSDP1) silently diverges on CPU processes; for hybrid sharding "
+                "use ParallelismConfig(dp_replicate_size=..., dp_shard_size=...) (FSDP2 HSDP)"
+            )
         if self.plugin.offloads_params and device.type == "cpu":
             raise ConfigError(
                 "fsdp cpu_offload (--fsdp_offload_params) keeps parameters in CPU memory between uses, but this run's "
@@ -98,8 +104,10 @@ class FSDPBackend(Backend):
                 _init_single_process_group()
 
             layout = getattr(self.state, "parallelism_config", None)
-            if layout is not None and layout.device_mesh is not None:  # shard over the layout's FSDP view
-                self._mesh = layout.submesh("dp_shard_cp")
+            if layout is not None and layout.device_mesh is not None:  # the layout's FSDP view (2-D for HSDP)
+                from ..parallelism_config import fsdp_mesh
+
+                self._mesh = fsdp_mesh(layout)
             else:
                 self._mesh = init_device_mesh(self.state.device.type, (dist.get_world_size(),))
         return self._mesh

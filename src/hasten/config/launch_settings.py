@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from ..enums import CP_ON_CPU
 from ..errors import ConfigError, NotBuiltError
 from . import file as config_file
 from . import settings as table
@@ -167,13 +168,10 @@ def _fill_num_processes(values: dict, per_task: bool, env: Mapping[str, str]) ->
 def _check_values(values: dict) -> None:
     """Combinations that cannot work, whatever source each value came from."""
     v = {name: r.value for name, r in values.items()}
-    for dim, kind in (("tp", "tensor"), ("cp", "context")):
-        size = values[f"parallelism_config_{dim}_size"]
-        if (size.value or 1) > 1:  # read, so that it is refused here rather than ignored (issue 14 builds it)
-            raise NotBuiltError(
-                f"{_where(size)}: {dim}_size={size.value}: {kind} parallelism is not built in hasten yet (issue 14); "
-                "fix: use --parallelism_config_dp_shard_size (FSDP) or --parallelism_config_dp_replicate_size (DDP)"
-            )
+    size = values["parallelism_config_cp_size"]
+    if (size.value or 1) > 1 and (v["use_cpu"] or _gpu_count() == 0):
+        raise NotBuiltError(f"{_where(size)}: cp_size={size.value} on CPU processes: {CP_ON_CPU}; fix: launch on "
+                            "CUDA GPUs or leave cp_size at 1")
     if v["use_cpu"] and v["use_fsdp"]:
         raise ConfigError(
             f"use_cpu (from {_where(values['use_cpu'])}) and use_fsdp (from {_where(values['use_fsdp'])}) cannot "

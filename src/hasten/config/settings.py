@@ -526,8 +526,8 @@ SETTINGS: tuple[Setting, ...] = (
             ("use_mxfp8_block_scaling", "bool", "use_mxfp8_block_scaling", (), "MXFP8 block scaling."),
         )
     ),
-    # -- N-D parallelism: the sizes hasten runs are built (dp_replicate alone: DDP, dp_shard alone: FSDP2); tensor and
-    # context sizes above 1 are read and then refused by hasten.parallelism_config.backend_for_layout (issue 14);
+    # -- N-D parallelism (docs/parallelism.md): dp_replicate alone: DDP, dp_shard alone: FSDP2, both: HSDP, tp: tensor
+    # parallelism composed with them; cp above 1 is refused on CPU (torch has no CPU rule for it) and runs on CUDA;
     # DeepSpeed sequence parallelism is not built. A size given alone turns the config on (no --use_parallelism_config).
     Setting("parallelism_config", "dict", {}, file_key=("parallelism_config",), role="file",
             prefix="parallelism_config_", feature="N-D parallelism (the parallelism_config block)", fix=_ND_FIX,
@@ -540,8 +540,8 @@ SETTINGS: tuple[Setting, ...] = (
         for name, kind, default, text, extra in (
             ("dp_replicate_size", "int", 1, "Replicated data-parallel size (alone: DDP).", {"minimum": 1}),
             ("dp_shard_size", "int", 1, "Sharded data-parallel size (alone: FSDP2).", {"minimum": 1}),
-            ("tp_size", "int", 1, "Tensor-parallel size (above 1: not built yet, refused).", {"minimum": 1}),
-            ("cp_size", "int", 1, "Context-parallel size (above 1: not built yet, refused).", {"minimum": 1}),
+            ("tp_size", "int", 1, "Tensor-parallel size (any nn.Module: its plan or the automatic one).", {"minimum": 1}),
+            ("cp_size", "int", 1, "Context-parallel size (CUDA only; refused on CPU processes).", {"minimum": 1}),
             ("cp_backend", "str", "torch", "Context-parallel backend.", {"choices": enums.CP_BACKENDS}),
             ("cp_comm_strategy", "str", "allgather", "Context-parallel communication strategy.",
              {"choices": enums.CP_COMM_STRATEGIES}),

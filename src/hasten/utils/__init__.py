@@ -27,6 +27,7 @@ _SOURCES = {
     "hasten.parallelism_config": [
         "ParallelismConfig", "TorchContextParallelConfig", "TorchTensorParallelConfig", "TorchTensorParallelPlugin",
     ],
+    "hasten.tensor_parallel": ["get_model_tp_size", "model_has_dtensor"],
     "hasten.config.deepspeed": [
         "DeepSpeedPlugin", "DummyOptim", "DummyScheduler", "HfDeepSpeedConfig", "get_active_deepspeed_plugin",
         "DeepSpeedSequenceParallelConfig",
