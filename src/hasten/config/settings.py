@@ -344,7 +344,7 @@ SETTINGS: tuple[Setting, ...] = (
     _tpu("tpu", "bool", switch=True, distributed_type="XLA", help="Run on TPUs."),
     # -- resources ----------------------------------------------------------------------------------------------
     Setting("mixed_precision", "str", "no", flags=("--mixed_precision",), file_key=("mixed_precision",),
-            owner="Accelerator", code="mixed_precision", choices=tuple(e.value for e in enums.PrecisionType),
+            owner="Accelerator", code="mixed_precision", choices=enums.PRECISION_CHOICES,
             case="lower", group="Resource selection",
             question="Which mixed precision?", help="Mixed precision mode.", **_exported("MIXED_PRECISION")),
     Setting("num_processes", "int", None, flags=("--num_processes",), file_key=("num_processes",), minimum=1,
@@ -521,11 +521,13 @@ SETTINGS: tuple[Setting, ...] = (
             help="fp8 recipe settings (the keys below), used with mixed_precision fp8."),
     *(
         Setting(f"fp8_{name}", kind, default, flags=(f"--fp8_{name}",) if key else (),
-                file_key=("fp8_config", key) if key else None, file_aliases=aliases, owner=owner, code=code,
+                file_key=("fp8_config", key) if key else None, file_aliases=aliases, owner=owner,
+                code=code or (name if owner in (_TE, _AO) and name not in ("override_fprop", "override_dgrad",
+                                                                          "override_wgrad") else None),
                 group="FP8 (with --mixed_precision fp8)", switch=switch, help=text, **_exported(f"FP8_{name.upper()}"),
                 **extra)
         for name, kind, default, key, aliases, owner, code, switch, text, extra in (
-            ("backend", "str", None, "backend", (), "Accelerator", None, False,
+            ("backend", "str", None, "backend", (), "hasten.fp8", None, False,
              "fp8 library: ao (torchao) or te (TransformerEngine); default: torchao if installed, else te.",
              {"choices": enums.FP8_BACKENDS, "case": "lower", "unbuilt_values": _FP8_BACKEND_UNBUILT}),
             ("use_autocast_during_eval", "bool", False, "use_autocast_during_eval", (), _TE, None, True,
