@@ -336,3 +336,27 @@ def test_without_fsdp2_the_weights_stay_plain_parameters():
     Fp8Recipe("AO", AORecipeKwargs()).convert([model], fsdp2=False)
     assert all(a is b for a, b in zip(originals, model.parameters()))
     assert all(type(p.data) is torch.Tensor for p in model.parameters())
+
+
+@no_fp8_here
+def test_benchmark_says_why_it_cannot_run_here():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "fp8_vs_bf16.py"
+    result = subprocess.run([sys.executable, str(script), "--quick"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert "needs a CUDA GPU with compute capability >= 8.9" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_fsdp_refuses_fp8_with_ram_efficient_loading():
+    from hasten.backends.fsdp import FSDPBackend
+    from hasten.config.fsdp import FullyShardedDataParallelPlugin
+    from hasten.precision import PrecisionPolicy
+    from hasten.state import PartialState
+
+    plugin = FullyShardedDataParallelPlugin(fsdp_version=2, cpu_ram_efficient_loading=True)
+    policy = PrecisionPolicy(mode="fp8", fp8=Fp8Recipe("AO", AORecipeKwargs()))
+    with pytest.raises(ConfigError, match="cannot be combined with fsdp cpu_ram_efficient_loading"):
+        FSDPBackend(PartialState(cpu=True), precision=policy, plugin=plugin)
