@@ -360,3 +360,72 @@ def test_fsdp_refuses_fp8_with_ram_efficient_loading():
     policy = PrecisionPolicy(mode="fp8", fp8=Fp8Recipe("AO", AORecipeKwargs()))
     with pytest.raises(ConfigError, match="cannot be combined with fsdp cpu_ram_efficient_loading"):
         FSDPBackend(PartialState(cpu=True), precision=policy, plugin=plugin)
+
+
+@needs_torchao
+def test_fsdp2_float8_all_gather_trains_the_sharded_fp8_layers():
+    """The FSDP2 path of `prepare` on one CPU process (torchao emulates the fp8 matmul): convert with the float8
+    all-gather on, shard, re-point the optimizer, and train; the scales are recomputed after each step."""
+    import torch.distributed as dist
+
+    from hasten.backends.fsdp import FSDPBackend
+    from hasten.config.fsdp import FullyShardedDataParallelPlugin
+    from hasten.precision import PrecisionPolicy
+
+    state = AcceleratorState(cpu=True, _from_accelerator=True)  # the Accelerator refuses fp8 on a CPU
+    policy = PrecisionPolicy(mode="no", fp8=Fp8Recipe("AO", AORecipeKwargs()))
+    backend = FSDPBackend(state, precision=policy, plugin=FullyShardedDataParallelPlugin(fsdp_version=2))
+    torch.manual_seed(0)
+    model = Tower()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    try:
+        policy.convert_models([model], [optimizer], fsdp2=True)
+        backend.prepare_together([model], [optimizer])
+        layer = model.blocks[0][0]
+        assert type(layer).__name__ == "Float8Linear" and type(layer.weight).__name__ == "DTensor"
+        before = layer.weight.full_tensor().clone()
+        for _ in range(2):
+            model(torch.randn(8, 32)).pow(2).mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        assert not torch.equal(before, layer.weight.full_tensor())
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def test_te_recipe_arguments_are_the_fields_set_away_from_the_defaults():
+    from hasten.fp8.te import recipe_kwargs
+
+    assert recipe_kwargs(TERecipeKwargs()) == {}
+    handler = TERecipeKwargs(fp8_format="E4M3", margin=1, amax_history_len=16, override_linear_precision="0,0,1",
+                             use_autocast_during_eval=True)
+    assert recipe_kwargs(handler) == {"fp8_format": "E4M3", "margin": 1, "amax_history_len": 16,
+                                      "override_linear_precision": (False, False, True)}
+
+
+def test_te_forward_wrapper_runs_fp8_in_training_only(monkeypatch):
+    """The wrapper's own logic, with a stand-in for TE's `fp8_autocast` (TransformerEngine needs CUDA)."""
+    import contextlib
+    import sys
+    import types
+    from types import MethodType
+
+    from hasten.fp8.te import _Fp8AutocastForward
+
+    seen = []
+    stand_in = types.ModuleType("transformer_engine.pytorch")
+    stand_in.fp8_autocast = lambda enabled, fp8_recipe: seen.append((enabled, fp8_recipe)) or contextlib.nullcontext()
+    monkeypatch.setitem(sys.modules, "transformer_engine", types.ModuleType("transformer_engine"))
+    monkeypatch.setitem(sys.modules, "transformer_engine.pytorch", stand_in)
+    for use_during_eval, expected in ((False, [(True, "recipe"), (False, "recipe")]),
+                                      (True, [(True, "recipe"), (True, "recipe")])):
+        model, seen[:] = Tower(), []
+        original = model.forward
+        model.forward = MethodType(_Fp8AutocastForward(model.forward, "recipe", use_during_eval), model)
+        assert model.forward.__func__.__wrapped__ == original
+        x = torch.randn(2, 32)
+        assert torch.equal(model(x), original(x))
+        model.eval()
+        model(x)
+        assert seen == expected

@@ -6,7 +6,7 @@ with CUDA; see NVIDIA's instructions) and a CUDA GPU with compute capability 8.9
 
 from __future__ import annotations
 
-import functools
+from types import MethodType
 
 import torch
 
@@ -69,29 +69,26 @@ def has_transformer_engine_layers(model) -> bool:
 
 
 class _Fp8AutocastForward:
-    """`forward` run under TE's `fp8_autocast` in training mode (and in eval mode too with `use_during_eval`).
+    """`forward` run under TE's `fp8_autocast` while the module it is bound to trains (in eval mode too with
+    `use_during_eval`). Called as a method (`MethodType(wrapper, module)`), as Accelerate's wrapper is; a class, not
+    a closure, so `__wrapped__` leads back to the forward it wraps."""
 
-    A class, not a closure, so `__wrapped__` leads back to the forward it wraps (unwrapping undoes it)."""
-
-    def __init__(self, forward, fp8_recipe, use_during_eval: bool, module=None):
+    def __init__(self, forward, fp8_recipe, use_during_eval: bool):
         self.__wrapped__ = forward
         self.fp8_recipe = fp8_recipe
         self.use_during_eval = use_during_eval
-        self.module = module
-        functools.update_wrapper(self, forward)
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, module, *args, **kwargs):
         from transformer_engine.pytorch import fp8_autocast
 
-        module = self.module if self.module is not None else getattr(self.__wrapped__, "__self__", None)
-        enabled = self.use_during_eval or module is None or module.training
-        with fp8_autocast(enabled=enabled, fp8_recipe=self.fp8_recipe):
+        with fp8_autocast(enabled=self.use_during_eval or module.training, fp8_recipe=self.fp8_recipe):
             return self.__wrapped__(*args, **kwargs)
 
 
 def contextual_fp8_autocast(model_forward, fp8_recipe, use_during_eval: bool = False):
     """`model_forward` wrapped to run under `fp8_autocast(fp8_recipe)` while its module trains (evaluation runs in
-    higher precision, which gives better metrics, unless `use_during_eval`)."""
+    higher precision, which gives better metrics, unless `use_during_eval`). Bind the result to the module:
+    `model.forward = MethodType(contextual_fp8_autocast(model.forward, recipe), model)`."""
     _te("contextual_fp8_autocast")
     return _Fp8AutocastForward(model_forward, fp8_recipe, use_during_eval)
 
@@ -130,7 +127,7 @@ def apply_fp8_autowrap(model, fp8_recipe_handler):
     default delayed scaling)."""
     fp8_recipe = build_recipe(fp8_recipe_handler)
     use_during_eval = bool(getattr(fp8_recipe_handler, "use_autocast_during_eval", False))
-    model.forward = _Fp8AutocastForward(model.forward, fp8_recipe, use_during_eval, module=model)
+    model.forward = MethodType(_Fp8AutocastForward(model.forward, fp8_recipe, use_during_eval), model)
     return model
 
 
