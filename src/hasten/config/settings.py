@@ -524,8 +524,8 @@ SETTINGS: tuple[Setting, ...] = (
                 file_key=("fp8_config", key) if key else None, file_aliases=aliases, owner=owner,
                 code=code or (name if owner in (_TE, _AO) and name not in ("override_fprop", "override_dgrad",
                                                                           "override_wgrad") else None),
-                group="FP8 (with --mixed_precision fp8)", switch=switch, help=text, **_exported(f"FP8_{name.upper()}"),
-                **extra)
+                group="FP8 (with --mixed_precision fp8)", switch=switch, help=text,
+                **{**_exported(f"FP8_{name.upper()}"), **extra})
         for name, kind, default, key, aliases, owner, code, switch, text, extra in (
             ("backend", "str", None, "backend", (), "hasten.fp8", None, False,
              "fp8 library: ao (torchao) or te (TransformerEngine); default: torchao if installed, else te.",
@@ -542,7 +542,8 @@ SETTINGS: tuple[Setting, ...] = (
             ("amax_compute_algo", "str", "most_recent", "amax_compute_algorithm", ("amax_compute_algo",), _TE, None,
              False, "te: max or most_recent.", {"choices": enums.FP8_AMAX_COMPUTE_ALGORITHMS, "case": "lower"}),
             ("override_linear_precision", "bools3", "false,false,false", "override_linear_precision", (), _TE, None,
-             False, "te: run the fprop,dgrad,wgrad matmuls in higher precision (three booleans).", {}),
+             False, "te: run the fprop,dgrad,wgrad matmuls in higher precision (three booleans; Accelerate passes "
+             "them as FP8_OVERRIDE_FPROP/DGRAD/WGRAD).", {"env": ("HASTEN_FP8_OVERRIDE_LINEAR_PRECISION",)}),
             ("override_fprop", "bool", False, None, (), _TE, None, False,
              "te: forward matmul in higher precision.", {}),
             ("override_dgrad", "bool", False, None, (), _TE, None, False,
