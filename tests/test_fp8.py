@@ -429,3 +429,15 @@ def test_te_forward_wrapper_runs_fp8_in_training_only(monkeypatch):
         model.eval()
         model(x)
         assert seen == expected
+
+
+@needs_torchao
+def test_a_model_converted_before_prepare_is_not_converted_twice():
+    from torchao.float8.float8_linear import Float8Linear
+
+    from hasten.utils.ao import convert_model_to_fp8_ao
+
+    model = convert_model_to_fp8_ao(Tower(), module_filter_func=lambda module, fqn: fqn == "blocks.0.0")
+    Fp8Recipe("AO", AORecipeKwargs()).convert([model])
+    assert [n for n, m in model.named_modules() if isinstance(m, Float8Linear)] == ["blocks.0.0"]
+    assert type(model.blocks[0][0].weight) is torch.nn.Parameter and type(model.blocks[0][0]) is Float8Linear

@@ -159,6 +159,9 @@ class Fp8Recipe:
         for model in models:
             if model in self._converted or getattr(model, "_is_accelerate_prepared", False):
                 continue
+            if self._already_fp8(model):  # the user converted it before prepare: nothing to swap twice
+                self._converted[model] = True
+                continue
             before = dict(model.named_parameters())
             if self.backend == "AO":
                 _convert_ao(model, self.handler, fsdp2)
@@ -178,6 +181,15 @@ class Fp8Recipe:
                     _precompute_scales_after_step(getattr(optimizer, "optimizer", optimizer), model)
         for optimizer in optimizers:
             self.repoint(optimizer)
+
+    def _already_fp8(self, model) -> bool:
+        if self.backend == "AO":
+            from .ao import has_ao_layers
+
+            return has_ao_layers(model)
+        from .te import has_transformer_engine_layers
+
+        return has_transformer_engine_layers(model)
 
     def repoint(self, optimizer) -> None:
         """Make an optimizer built on the unconverted model update the converted layers' parameters."""
