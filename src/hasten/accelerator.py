@@ -15,6 +15,7 @@ import torch
 from . import operations
 from .backends import backend_name_for, create_backend
 from .compilation import compile_model
+from .config.fp8 import RECIPE_HANDLERS, AORecipeKwargs, FP8RecipeKwargs, MSAMPRecipeKwargs, TERecipeKwargs
 from .config.dataclasses import (
     AutocastKwargs,
     DataLoaderConfiguration,
@@ -44,6 +45,10 @@ _HANDLER_SLOTS = {
     InitProcessGroupKwargs: "init_handler",
     AutocastKwargs: "autocast_handler",
     ProfileKwargs: "profile_handler",
+    AORecipeKwargs: "ao_recipe_handler",
+    TERecipeKwargs: "te_recipe_handler",
+    MSAMPRecipeKwargs: "msamp_recipe_handler",
+    FP8RecipeKwargs: "fp8_recipe_handler",
 }
 
 
@@ -121,7 +126,7 @@ class Accelerator:
         if parallelism_config is not None:
             self.state.device_mesh = parallelism_config.get_device_mesh(self.state.device.type)
         precision = PrecisionPolicy.from_setting(self.state.mixed_precision, self.device, self.autocast_handler,
-                                                 self.scaler_handler)
+                                                 self.scaler_handler, self._recipe_handler)
         backend_name = backend_name_for(self.distributed_type, self.num_processes, parallelism_config)
         self._backend = create_backend(backend_name, self.state, precision=precision, ddp_kwargs=self.ddp_handler,
                                        plugin=fsdp_plugin)
@@ -161,7 +166,7 @@ class Accelerator:
         # `loss.backward()` itself; in one process, `accumulate` has no gradient sync to hold back.
         self._plain_backward = self.scaler is None and self._backend.plain_backward
         self._holds_back_sync = self.use_distributed
-        self.fp8_enabled = False
+        self.fp8_enabled = self.precision.fp8 is not None
         self.has_lomo_optimizer = False
         self.flag_tensor = None
         self.step = 0
@@ -192,6 +197,10 @@ class Accelerator:
             if getattr(self, slot) is not None:
                 raise ConfigError(f"only one {type(handler).__name__} may be passed in kwargs_handlers")
             setattr(self, slot, handler)
+        recipes = [h for h in handlers if isinstance(h, RECIPE_HANDLERS)]
+        if len(recipes) > 1:
+            raise ConfigError(f"pass one fp8 recipe handler, not {' and '.join(type(h).__name__ for h in recipes)}")
+        self._recipe_handler = recipes[0] if recipes else None
 
     @staticmethod
     def _deepspeed_plugins(deepspeed_plugin, deepspeed_plugins, fsdp_plugin):
@@ -236,6 +245,7 @@ class Accelerator:
     is_fsdp2 = property(lambda self: self.state.is_fsdp2)
     deepspeed_plugin = property(lambda self: self.state.deepspeed_plugin)
     deepspeed_engine_wrapped = property(lambda self: self._backend.engine_wrapper)
+    fp8_backend = property(lambda self: self.precision.fp8_backend)
 
     @property
     def deepspeed_config(self):
@@ -318,6 +328,7 @@ class Accelerator:
         result = list(args)
         models = [(i, o) for i, o in enumerate(args) if isinstance(o, torch.nn.Module)]
         optimizers = [(i, o) for i, o in enumerate(args) if isinstance(o, torch.optim.Optimizer)]
+        self.precision.convert_models([o for _, o in models], [o for _, o in optimizers], fsdp2=self.is_fsdp2)
         self._backend.prepare_together(
             [o for _, o in models], [o for _, o in optimizers], schedulers=[o for o in args if _is_scheduler(o)],
             data_loaders=[o for o in args if _is_dataloader(o)], split_batches=self.split_batches,
@@ -361,8 +372,10 @@ class Accelerator:
             device_placement = False
         if any(p.is_meta for p in model.parameters()) and device_placement:
             raise ConfigError("prepare() got a model with parameters on the meta device; load its weights first")
+        self.precision.convert_models([model], fsdp2=self.is_fsdp2)
         self.precision.wrap_forward(model)
         model = self._backend.prepare_model(model, device_placement=device_placement, evaluation_mode=evaluation_mode)
+        model = self.precision.wrap_prepared(model)
         plugin = self.state.dynamo_plugin
         if plugin is not None and plugin.backend != DynamoBackend.NO and not _is_compiled(model):
             model = compile_model(model, plugin)
@@ -377,6 +390,7 @@ class Accelerator:
             return optimizer
         if device_placement is None:
             device_placement = self.device_placement
+        self.precision.repoint_optimizer(optimizer)
         wrapped = self._backend.prepare_optimizer(optimizer, device_placement=device_placement, scaler=self.scaler)
         wrapped._is_accelerate_prepared = True
         self._optimizers.append(wrapped)

@@ -52,6 +52,10 @@ class FSDPBackend(Backend):
         super().__init__(state, precision=precision, ddp_kwargs=ddp_kwargs, plugin=plugin)
         plugin.set_mixed_precision(self.precision.mode)
         self.version = plugin.fsdp_version
+        if self.precision.fp8 is not None and plugin.cpu_ram_efficient_loading:
+            # fp8 swaps layers before sharding, which needs every rank's real weights
+            raise ConfigError("mixed_precision='fp8' cannot be combined with fsdp cpu_ram_efficient_loading (the fp8 "
+                              "layers are made from each process's full model); fix: set it to false")
         # user's module -> what prepare_model returns (the same module for FSDP2, the FSDP1 container for 1)
         self._prepared = WeakIdKeyDictionary()
         # parameter the user's optimizer may still hold -> the sharded parameter that replaced it

@@ -84,6 +84,24 @@ def _check_requirements(args, values: dict) -> None:
                 )
 
 
+def _fp8_settings_follow_precision(values: dict) -> None:
+    """fp8 settings only mean something with mixed_precision fp8: a typed one is then an error; the file's
+    fp8_config block goes with the file's own mixed_precision, so it is dropped when a flag changes the precision."""
+    precision = values["mixed_precision"]
+    if precision.value == "fp8":
+        return
+    for name, resolved in list(values.items()):
+        if not name.startswith("fp8_"):
+            continue
+        if resolved.source == "flag" and resolved.value != table.get(name).default:
+            raise ConfigError(
+                f"{resolved.origin} only applies to fp8 training, but mixed_precision is {precision.value!r} (from "
+                f"{_where(precision)}); fix: add --mixed_precision fp8, or drop {resolved.origin}"
+            )
+        if resolved.source == "file":
+            values[name] = Resolved(name, table.get(name).default, "default", "built-in default")
+
+
 def resolve_launch(args, env: Mapping[str, str] | None = None) -> LaunchSettings:
     """Resolve a parsed `hasten launch` command line against the environment and the config file."""
     env = os.environ if env is None else env
@@ -108,6 +126,7 @@ def resolve_launch(args, env: Mapping[str, str] | None = None) -> LaunchSettings
                     values[name] = Resolved(name, None, "default", "built-in default")
 
     _check_requirements(args, values)
+    _fp8_settings_follow_precision(values)
 
     slurm = slurm_values(env)
     per_task = bool(slurm.get("slurm_per_task"))
