@@ -1,0 +1,110 @@
+"""Preemption: SIGTERM or SIGUSR1 -> a checkpoint at the next step boundary on every rank -> exit code 75.
+
+SLURM sends SIGTERM before it kills a preempted or cancelled job (and SIGUSR1 ahead of the time limit when asked
+with `--signal=USR1@<seconds>`); Kubernetes sends SIGTERM before it kills a pod; torchrun's agent passes the
+signal it receives on to every worker. The handler installed here only notes the signal. At the end of every
+`accumulate()` block that stepped the optimizer, the ranks agree whether any of them got one (an all_reduce of
+one integer over a CPU group), so a signal that reaches one rank only, or the ranks at different steps, still
+stops them all after the same step. They then write a checkpoint with `save_state()` and leave with
+`PREEMPTED_EXIT_CODE`, which tells a wrapper script (or `hasten launch`) that the run should be started again;
+`ProjectConfiguration(automatic_resume=True)` picks it up there. At most the step in progress is lost.
+
+Opt-in through `ProjectConfiguration(handle_preemption=True)` (on with `automatic_resume=True`): a library
+that silently takes over SIGTERM would surprise a script with its own handler. See docs/fault_tolerance.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+
+import torch
+
+from .errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+# sysexits.h EX_TEMPFAIL: "a temporary failure; the user is invited to retry". Not 128+n, which the shell
+# reports for a process *killed* by signal n (no checkpoint written); not 1, which any error gives.
+PREEMPTED_EXIT_CODE = 75
+PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+_active = None  # the handler installed in this process (the newest Accelerator's)
+
+
+def requested() -> bool:
+    """Whether this process has received a preemption signal (e.g. to cut a long evaluation short)."""
+    return _active is not None and _active.received is not None
+
+
+class PreemptionHandler:
+    """Notes SIGTERM/SIGUSR1; at each step boundary, agrees with the other ranks and checkpoints and exits."""
+
+    def __init__(self, accelerator):
+        self.accelerator = accelerator
+        self.received = None  # the first signal's number, set by the handler
+        self._previous = {}
+        self._group = None
+        self._flag = torch.zeros(1, dtype=torch.int64)  # the agreement runs on the CPU: no device sync per step
+        self._distributed = accelerator.state.use_distributed and torch.distributed.is_initialized()
+
+    def install(self) -> "PreemptionHandler":
+        global _active
+        if threading.current_thread() is not threading.main_thread():
+            raise ConfigError("ProjectConfiguration(handle_preemption=True) needs the Accelerator to be built in the "
+                              "main thread (signal handlers can only be set there); set handle_preemption=False")
+        if self._distributed and "gloo" not in str(torch.distributed.get_backend()):
+            # NCCL cannot reduce a CPU tensor: a gloo group beside it (built once, by every rank, here).
+            self._group = torch.distributed.new_group(backend="gloo")
+        for sig in PREEMPTION_SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._on_signal)
+        _active = self
+        return self
+
+    def uninstall(self) -> None:
+        global _active
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
+        self._previous = {}
+        if _active is self:
+            _active = None
+
+    def _on_signal(self, signum, frame) -> None:
+        # Runs between two bytecodes of the main thread: only note it; the work happens at the step boundary.
+        if self.received is None:
+            self.received = signum
+
+    def at_step_boundary(self) -> None:
+        """Called at the end of every step that stepped the optimizer, on every rank."""
+        if not self._distributed:
+            if self.received is not None:
+                self._stop(self.received)
+            return
+        flag = self._flag
+        flag.fill_(self.received or 0)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, group=self._group)
+        signum = int(flag.item())
+        if signum:
+            self._stop(signum)
+
+    def _stop(self, signum: int) -> None:
+        accelerator = self.accelerator
+        name = signal.Signals(signum).name
+        where = "this rank" if self.received is not None else "another rank"
+        path = accelerator.save_state()
+        if accelerator.is_main_process:
+            print(f"hasten: {name} received ({where} of {accelerator.num_processes}); saved {path} after step "
+                  f"{accelerator.step}; exiting with code {PREEMPTED_EXIT_CODE} so that the run is started again",
+                  file=sys.stderr, flush=True)
+        if accelerator._tracking is not None:
+            accelerator._tracking.finish()
+        raise SystemExit(PREEMPTED_EXIT_CODE)
+
+
+def handler_for(accelerator):
+    """The installed handler when the accelerator's ProjectConfiguration asks for one, else None."""
+    if not getattr(accelerator.project_configuration, "handle_preemption", False):
+        return None
+    return PreemptionHandler(accelerator).install()
