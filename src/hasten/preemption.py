@@ -23,13 +23,9 @@ import threading
 import torch
 
 from .errors import ConfigError
+from .requeue import PREEMPTED_EXIT_CODE, PREEMPTION_SIGNALS  # one definition, shared with the launcher
 
 logger = logging.getLogger(__name__)
-
-# sysexits.h EX_TEMPFAIL: "a temporary failure; the user is invited to retry". Not 128+n, which the shell
-# reports for a process *killed* by signal n (no checkpoint written); not 1, which any error gives.
-PREEMPTED_EXIT_CODE = 75
-PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 _active = None  # the handler installed in this process (the newest Accelerator's)
 
