@@ -91,7 +91,7 @@ class PreemptionHandler:
         where = "this rank" if self.received is not None else "another rank"
         path = accelerator.save_state()
         if accelerator.is_main_process:
-            print(f"hasten: {name} received ({where} of {accelerator.num_processes}); saved {path} after step "
+            print(f"hasten: {name} received ({where} of {accelerator.num_processes}); saved {path} at micro-step "
                   f"{accelerator.step}; exiting with code {PREEMPTED_EXIT_CODE} so that the run is started again",
                   file=sys.stderr, flush=True)
         if accelerator._tracking is not None:
