@@ -1,0 +1,138 @@
+"""Preemption (issue 17, part 3): SIGTERM/SIGUSR1 -> a checkpoint at the next step boundary on every rank, exit
+code 75, and a relaunch that finishes bit-identical to a run that was never stopped."""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+
+import pytest
+import torch
+
+from hasten import Accelerator, ProjectConfiguration, preemption
+from hasten.requeue import PREEMPTED_EXIT_CODE, all_preempted, exit_code_for_signal
+from launching import SCRIPTS, launch
+from test_auto_resume import SCRIPT, assert_same_finish
+
+
+@pytest.fixture(autouse=True)
+def no_handlers_left():
+    yield
+    if preemption._active is not None:
+        preemption._active.uninstall()
+
+
+def test_exit_codes():
+    assert PREEMPTED_EXIT_CODE == 75
+    assert exit_code_for_signal(signal.SIGTERM) == exit_code_for_signal(signal.SIGUSR1) == 75
+    assert exit_code_for_signal(signal.SIGINT) == 130
+    assert all_preempted([75, 75]) and all_preempted([75, -signal.SIGTERM])
+    assert not all_preempted([75, 1]) and not all_preempted([-signal.SIGTERM]) and not all_preempted([-9, 75])
+
+
+def _accelerator(tmp_path, **project):
+    from hasten.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    config = ProjectConfiguration(project_dir=str(tmp_path), automatic_checkpoint_naming=True, **project)
+    return Accelerator(gradient_accumulation_steps=2, project_config=config)
+
+
+def test_handlers_are_opt_in(tmp_path):
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGUSR1)
+    _accelerator(tmp_path)
+    _accelerator(tmp_path, automatic_resume=True, handle_preemption=False)
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGUSR1)) == before
+    _accelerator(tmp_path, handle_preemption=True)
+    assert signal.getsignal(signal.SIGTERM) != before[0] and signal.getsignal(signal.SIGUSR1) != before[1]
+    preemption._active.uninstall()
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGUSR1)) == before
+
+
+def test_a_signal_stops_at_the_end_of_the_next_optimizer_step(tmp_path):
+    accelerator = _accelerator(tmp_path, handle_preemption=True)
+    model = torch.nn.Linear(3, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    steps_done = []
+
+    def micro_step():
+        with accelerator.accumulate(model):
+            accelerator.backward(model(torch.ones(2, 3)).sum())
+            optimizer.step()
+            optimizer.zero_grad()
+            steps_done.append(accelerator.step)
+            if len(steps_done) == 3:
+                os.kill(os.getpid(), signal.SIGTERM)  # in the middle of micro-step 3 (of an accumulation window of 2)
+                assert preemption.requested()
+
+    with pytest.raises(SystemExit) as stopped:
+        for _ in range(10):
+            micro_step()
+    assert stopped.value.code == PREEMPTED_EXIT_CODE
+    assert steps_done == [1, 2, 3, 4]  # micro-step 3 did not step the optimizer: the boundary is after 4
+    checkpoints = sorted(os.listdir(tmp_path / "checkpoints"))
+    assert checkpoints == ["checkpoint_0"]
+    saved = torch.load(tmp_path / "checkpoints" / "checkpoint_0" / "random_states_0.pkl", weights_only=True)
+    assert saved["step"] == 4
+    assert not os.path.exists(tmp_path / "checkpoints" / "checkpoint_0" / "gradients_0.safetensors")
+
+
+def _launch_and_terminate(workdir, event_step: int):
+    """Launch the script, wait for its READY line (inside micro-step `event_step`), SIGTERM the launcher."""
+    command = [sys.executable, "-m", "hasten", "launch", "--num_processes", "2", str(SCRIPTS / SCRIPT),
+               str(workdir), "flag", f"wait:{event_step}"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HASTEN_", "ACCELERATE_"))}
+    env["PYTHONUNBUFFERED"] = "1"
+    stderr_path = os.path.join(workdir, "launcher.err")
+    with open(stderr_path, "w") as stderr:
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
+    lines = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in process.stdout], daemon=True).start()
+    seen = []
+    try:
+        while not seen or not seen[-1].startswith("READY"):
+            seen.append(lines.get(timeout=180))
+        process.send_signal(signal.SIGTERM)  # as SLURM or Kubernetes would: to the launcher only
+        code = process.wait(timeout=180)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    process.stdout.close()
+    while not lines.empty():
+        seen.append(lines.get())
+    with open(stderr_path) as handle:
+        return code, "".join(seen), handle.read()
+
+
+def _stopped_at(stdout: str) -> set:
+    return {line.split()[2] for line in stdout.splitlines() if line.startswith("STOPPED")}
+
+
+def test_preempted_on_one_rank_then_by_sigterm_then_finished_bit_identical(tmp_path):
+    os.makedirs(tmp_path, exist_ok=True)
+    # 1. SIGUSR1 to rank 1 only, in the middle of micro-step 5: both ranks checkpoint after micro-step 6.
+    first = launch(SCRIPT, tmp_path, "flag", "usr1:1:5", check=False)
+    assert first.returncode == PREEMPTED_EXIT_CODE, first.stdout + first.stderr
+    assert first.stdout.count("STOPPED") == 2 and _stopped_at(first.stdout) == {"micro=6"}, first.stdout
+    assert "SIGUSR1 received" in first.stderr and "exit code 75" in first.stderr
+    progress = torch.load(tmp_path / "checkpoints" / "checkpoint_1" / "custom_checkpoint_0.pkl", weights_only=True)
+    assert progress["micro"] == 6
+
+    # 2. SIGTERM to the launcher in the middle of micro-step 11: the agent passes it on, the workers checkpoint
+    # after micro-step 12, the launcher exits 75.
+    code, stdout, stderr = _launch_and_terminate(tmp_path, 11)
+    assert "micro=6" in stdout.split("START", 2)[1], stdout  # resumed where the first launch stopped
+    assert code == PREEMPTED_EXIT_CODE, stdout + stderr
+    assert _stopped_at(stdout) == {"micro=12"} and "stopped by SIGTERM" in stderr, stdout + stderr
+
+    # 3. Started again: resumes after micro-step 12 and ends exactly as the uninterrupted run.
+    last = launch(SCRIPT, tmp_path, "flag", "none")
+    assert "micro=12" in last.stdout.split("START", 2)[1]
+    assert_same_finish(tmp_path)
