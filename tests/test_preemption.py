@@ -83,6 +83,19 @@ def test_a_signal_stops_at_the_end_of_the_next_optimizer_step(tmp_path):
     assert not os.path.exists(tmp_path / "checkpoints" / "checkpoint_0" / "gradients_0.safetensors")
 
 
+def test_a_loop_without_accumulate_is_warned(tmp_path):
+    accelerator = _accelerator(tmp_path, handle_preemption=True)
+    accelerator.gradient_accumulation_steps = 1
+    model = torch.nn.Linear(3, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    with pytest.warns(UserWarning, match="outside `with accelerator.accumulate"):
+        for _ in range(3):
+            accelerator.backward(model(torch.ones(2, 3)).sum())
+            optimizer.step()
+            optimizer.zero_grad()
+
+
 def _launch_and_terminate(workdir, event_step: int):
     """Launch the script, wait for its READY line (inside micro-step `event_step`), SIGTERM the launcher."""
     command = [sys.executable, "-m", "hasten", "launch", "--num_processes", "2", str(SCRIPTS / SCRIPT),

@@ -19,6 +19,7 @@ import logging
 import signal
 import sys
 import threading
+import warnings
 
 import torch
 
@@ -45,6 +46,7 @@ class PreemptionHandler:
         self._group = None
         self._flag = torch.zeros(1, dtype=torch.int64)  # the agreement runs on the CPU: no device sync per step
         self._distributed = accelerator.state.use_distributed and torch.distributed.is_initialized()
+        self._boundaries = self._optimizer_steps = 0
 
     def install(self) -> "PreemptionHandler":
         global _active
@@ -72,8 +74,20 @@ class PreemptionHandler:
         if self.received is None:
             self.received = signum
 
+    def count_optimizer_step(self) -> None:
+        """Called by every optimizer step: a loop that never reaches a boundary is told so, once."""
+        self._optimizer_steps += 1
+        if self._optimizer_steps == 2 and self._boundaries == 0:
+            warnings.warn(
+                "handle_preemption: the optimizer steps outside `with accelerator.accumulate(model):`, where the "
+                "checkpoint on SIGTERM/SIGUSR1 is taken; wrap each training step in it (free with one accumulation "
+                "step), otherwise a preemption signal is only noted and the run is killed without a checkpoint",
+                stacklevel=3,
+            )
+
     def at_step_boundary(self) -> None:
         """Called at the end of every step that stepped the optimizer, on every rank."""
+        self._boundaries += 1
         if not self._distributed:
             if self.received is not None:
                 self._stop(self.received)
