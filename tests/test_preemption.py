@@ -130,22 +130,27 @@ def _stopped_at(stdout: str) -> set:
 
 def test_preempted_on_one_rank_then_by_sigterm_then_finished_bit_identical(tmp_path):
     os.makedirs(tmp_path, exist_ok=True)
-    # 1. SIGUSR1 to rank 1 only, in the middle of micro-step 5: both ranks checkpoint after micro-step 6.
+    # 1. SIGUSR1 to rank 1 only, in the middle of micro-step 5 (accumulation windows of 2): the ranks' flags are
+    # reduced from the boundary after micro-step 6 on and read at the next one, so both checkpoint after 8.
     first = launch(SCRIPT, tmp_path, "flag", "usr1:1:5", check=False)
     assert first.returncode == PREEMPTED_EXIT_CODE, first.stdout + first.stderr
-    assert first.stdout.count("STOPPED") == 2 and _stopped_at(first.stdout) == {"micro=6"}, first.stdout
+    assert first.stdout.count("STOPPED") == 2 and _stopped_at(first.stdout) == {"micro=8"}, first.stdout
     assert "SIGUSR1 received" in first.stderr and "exit code 75" in first.stderr
-    progress = torch.load(tmp_path / "checkpoints" / "checkpoint_1" / "custom_checkpoint_0.pkl", weights_only=True)
-    assert progress["micro"] == 6
+    # Saved after 3 and 6 by the script, after 8 for the preemption: one checkpoint, both ranks' files in it.
+    newest = tmp_path / "checkpoints" / "checkpoint_2"
+    assert torch.load(newest / "custom_checkpoint_0.pkl", weights_only=True)["micro"] == 8
+    # (micro-step 8 ends the epoch, so the accumulation counter has just gone back to 0 on both ranks)
+    assert [torch.load(newest / f"random_states_{r}.pkl", weights_only=False)["step"] for r in (0, 1)] == [0, 0]
 
     # 2. SIGTERM to the launcher in the middle of micro-step 11: the agent passes it on, the workers checkpoint
-    # after micro-step 12, the launcher exits 75.
+    # after micro-step 14, the launcher exits 75.
     code, stdout, stderr = _launch_and_terminate(tmp_path, 11)
-    assert "micro=6" in stdout.split("START", 2)[1], stdout  # resumed where the first launch stopped
+    assert "micro=8" in stdout.split("START", 2)[1], stdout  # resumed where the first launch stopped
     assert code == PREEMPTED_EXIT_CODE, stdout + stderr
-    assert _stopped_at(stdout) == {"micro=12"} and "stopped by SIGTERM" in stderr, stdout + stderr
+    assert _stopped_at(stdout) == {"micro=14"} and "stopped by SIGTERM" in stderr, stdout + stderr
 
-    # 3. Started again: resumes after micro-step 12 and ends exactly as the uninterrupted run.
+    # 3. Started again: resumes after micro-step 14 and ends exactly as the uninterrupted run (with the two
+    # preemption checkpoints counted in the numbering).
     last = launch(SCRIPT, tmp_path, "flag", "none")
-    assert "micro=12" in last.stdout.split("START", 2)[1]
-    assert_same_finish(tmp_path)
+    assert "micro=14" in last.stdout.split("START", 2)[1]
+    assert_same_finish(tmp_path, extra_saves=2)

@@ -45,6 +45,7 @@ class PreemptionHandler:
         self._previous = {}
         self._group = None
         self._flag = torch.zeros(1, dtype=torch.int64)  # the agreement runs on the CPU: no device sync per step
+        self._pending = None  # the agreement started at the previous boundary (work handle)
         self._distributed = accelerator.state.use_distributed and torch.distributed.is_initialized()
         self._boundaries = self._optimizer_steps = 0
 
@@ -53,8 +54,9 @@ class PreemptionHandler:
         if threading.current_thread() is not threading.main_thread():
             raise ConfigError("ProjectConfiguration(handle_preemption=True) needs the Accelerator to be built in the "
                               "main thread (signal handlers can only be set there); set handle_preemption=False")
-        if self._distributed and "gloo" not in str(torch.distributed.get_backend()):
-            # NCCL cannot reduce a CPU tensor: a gloo group beside it (built once, by every rank, here).
+        if self._distributed:
+            # A gloo group of its own (NCCL cannot reduce a CPU tensor; and the flag then never queues behind the
+            # model's gradients), built once, by every rank, here.
             self._group = torch.distributed.new_group(backend="gloo")
         for sig in PREEMPTION_SIGNALS:
             self._previous[sig] = signal.signal(sig, self._on_signal)
@@ -63,6 +65,9 @@ class PreemptionHandler:
 
     def uninstall(self) -> None:
         global _active
+        if self._pending is not None:
+            self._pending.wait()
+            self._pending = None
         for sig, previous in self._previous.items():
             signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
         self._previous = {}
@@ -92,12 +97,19 @@ class PreemptionHandler:
             if self.received is not None:
                 self._stop(self.received)
             return
+        # The ranks' flags are reduced in the background during the next step, and read at the next boundary:
+        # waiting for a round trip at every step would cost a collective's latency per step (measured in
+        # benchmarks/preemption_overhead.py). Every rank reads the same reduction at the same boundary, so they
+        # still stop together, one step later: at the second boundary after the signal.
         flag = self._flag
+        if self._pending is not None:
+            self._pending.wait()
+            self._pending = None
+            if int(flag.item()):
+                self._stop(int(flag.item()))
         flag.fill_(self.received or 0)
-        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, group=self._group)
-        signum = int(flag.item())
-        if signum:
-            self._stop(signum)
+        self._pending = torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, group=self._group,
+                                                     async_op=True)
 
     def _stop(self, signum: int) -> None:
         accelerator = self.accelerator
