@@ -42,7 +42,9 @@ def worker(steps: int, rounds: int) -> None:
     raw_optimizer = torch.optim.SGD(raw_model.parameters(), lr=1e-3)
     x, y = torch.randn(16, 32), torch.randn(16, 1)
 
-    def hasten_steps(on: bool):
+    blocking_group, flag = torch.distributed.new_group(backend="gloo"), torch.zeros(1, dtype=torch.int64)
+
+    def hasten_steps(on: bool, blocking: bool = False):
         accelerator._preemption = handler if on else None
         start = time.perf_counter()
         for _ in range(steps):
@@ -50,6 +52,9 @@ def worker(steps: int, rounds: int) -> None:
                 accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
                 optimizer.step()
                 optimizer.zero_grad()
+            if blocking:  # the alternative design: wait for the agreement inside every step
+                torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, group=blocking_group)
+                int(flag.item())
         return (time.perf_counter() - start) / steps
 
     def raw_steps():
@@ -60,12 +65,14 @@ def worker(steps: int, rounds: int) -> None:
             raw_optimizer.zero_grad()
         return (time.perf_counter() - start) / steps
 
-    results = {"raw torch": [], "hasten": [], "hasten + handle_preemption": []}
+    results = {"raw torch": [], "hasten": [], "hasten + handle_preemption": [],
+               "hasten + a blocking agreement (not used)": []}
     hasten_steps(True), raw_steps()  # warm-up
     for _ in range(rounds):
         results["raw torch"].append(raw_steps())
         results["hasten"].append(hasten_steps(False))
         results["hasten + handle_preemption"].append(hasten_steps(True))
+        results["hasten + a blocking agreement (not used)"].append(hasten_steps(False, blocking=True))
     if accelerator.is_main_process:
         medians = {side: statistics.median(times) for side, times in results.items()}
         print(f"### Preemption handling: time per optimizer step, 2 processes (gloo, CPU), {steps} steps x {rounds} rounds\n")

@@ -4,10 +4,11 @@ SLURM sends SIGTERM before it kills a preempted or cancelled job (and SIGUSR1 ah
 with `--signal=USR1@<seconds>`); Kubernetes sends SIGTERM before it kills a pod; torchrun's agent passes the
 signal it receives on to every worker. The handler installed here only notes the signal. At the end of every
 `accumulate()` block that stepped the optimizer, the ranks agree whether any of them got one (an all_reduce of
-one integer over a CPU group), so a signal that reaches one rank only, or the ranks at different steps, still
-stops them all after the same step. They then write a checkpoint with `save_state()` and leave with
+one integer over a CPU group of its own, started in the background and read at the next boundary), so a signal
+that reaches one rank only, or the ranks at different steps, still stops them all after the same step (the
+second boundary after the signal). They then write a checkpoint with `save_state()` and leave with
 `PREEMPTED_EXIT_CODE`, which tells a wrapper script (or `hasten launch`) that the run should be started again;
-`ProjectConfiguration(automatic_resume=True)` picks it up there. At most the step in progress is lost.
+`ProjectConfiguration(automatic_resume=True)` picks it up there. No finished step is lost.
 
 Opt-in through `ProjectConfiguration(handle_preemption=True)` (on with `automatic_resume=True`): a library
 that silently takes over SIGTERM would surprise a script with its own handler. See docs/fault_tolerance.md.
