@@ -75,7 +75,8 @@ def worker(steps: int, rounds: int) -> None:
         results["hasten + a blocking agreement (not used)"].append(hasten_steps(False, blocking=True))
     if accelerator.is_main_process:
         medians = {side: statistics.median(times) for side, times in results.items()}
-        print(f"### Preemption handling: time per optimizer step, 2 processes (gloo, CPU), {steps} steps x {rounds} rounds\n")
+        print(f"### Preemption handling: time per optimizer step, 2 processes (gloo, CPU), "
+              f"{steps} steps x {rounds} rounds\n")
         print("| side | median per step | / raw torch |")
         print("| --- | ---: | ---: |")
         for side, value in medians.items():

@@ -53,7 +53,8 @@ def main(workdir: str, resume: str, event: str) -> None:
                                             automatic_resume=resume == "flag", handle_preemption=True),
     )
     rank = accelerator.process_index
-    model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Dropout(0.3), torch.nn.Linear(16, 1))
+    model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Dropout(0.3),
+                                torch.nn.Linear(16, 1))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (1 + step))
     g = torch.Generator().manual_seed(1234)

@@ -343,9 +343,9 @@ def _run_distributed(args, plan: LaunchPlan) -> int:
         elastic_launch(config, entrypoint)(*entry_args)
     except SignalException as error:
         code = requeue.exit_code_for_signal(error.sigval)
+        hint = " (preempted: start the run again to resume)" if code == requeue.PREEMPTED_EXIT_CODE else ""
         print(f"hasten launch: stopped by {error.sigval.name} after {time.monotonic() - started:.1f}s; exit code "
-              f"{code}" + (" (preempted: start the run again to resume)" if code == requeue.PREEMPTED_EXIT_CODE else ""),
-              file=sys.stderr)
+              f"{code}{hint}", file=sys.stderr)
         if error.sigval == signal.SIGUSR1:  # SLURM's warning ahead of the time limit: put the job back in the queue
             requeue.requeue_slurm_job(plan.machine_rank)
         return code

@@ -179,7 +179,8 @@ class ProjectConfiguration:
     save_on_each_node: bool = False
     # hasten only (after Accelerate's fields, so positional construction still matches): see docs/fault_tolerance.md
     automatic_resume: bool = False  # load the newest complete checkpoint once everything it holds is prepared
-    handle_preemption: Optional[bool] = None  # SIGTERM/SIGUSR1 -> checkpoint at a step boundary, exit 75; None: as automatic_resume
+    # SIGTERM/SIGUSR1 -> a checkpoint at a step boundary, then exit code 75; None: the value of automatic_resume
+    handle_preemption: Optional[bool] = None
 
     def set_directories(self, project_dir: Optional[str] = None) -> None:
         self.project_dir = project_dir
