@@ -34,6 +34,24 @@ def test_exit_codes():
     assert not all_preempted([75, 1]) and not all_preempted([-signal.SIGTERM]) and not all_preempted([-9, 75])
 
 
+def test_slurm_requeue_runs_scontrol_from_the_first_machine_only(tmp_path, monkeypatch, capsys):
+    from hasten.requeue import requeue_slurm_job
+
+    calls = tmp_path / "calls"
+    fake = tmp_path / "scontrol"  # stands in for SLURM's command: records its arguments
+    fake.write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    requeue_slurm_job(0)  # not under SLURM: nothing
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    requeue_slurm_job(1)  # not the first machine: nothing
+    assert not calls.exists()
+    requeue_slurm_job(0)
+    assert calls.read_text().split() == ["requeue", "4242"]
+    assert "requeued SLURM job 4242" in capsys.readouterr().err
+
+
 def _accelerator(tmp_path, **project):
     from hasten.state import AcceleratorState, GradientState
 
