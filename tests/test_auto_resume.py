@@ -172,12 +172,12 @@ def assert_same_finish(workdir, extra_saves=0) -> None:
     assert reference["weights"].keys() == final["weights"].keys()
     for name, tensor in reference["weights"].items():
         assert torch.equal(tensor, final["weights"][name]), f"{name} differs from the uninterrupted run"
-    assert final["micro"] == reference["micro"] == 16
+    assert final["micro"] == reference["micro"] == 24
     assert final["step"] == reference["step"]
     assert final["iteration"] == reference["iteration"] + extra_saves
 
 
-# Ten kills at steps drawn by a seeded RNG: which rank, after which of the 16 micro-steps, and every third one in
+# Ten kills at steps drawn by a seeded RNG: which rank, after which of the 24 micro-steps, and every third one in
 # the middle of a save (at one of its first crash points). Three run by default; set HASTEN_TEST_ALL_KILLS=1 for
 # all ten (about 15-40 s each).
 _rng = random.Random(17)
@@ -185,9 +185,9 @@ KILLS = []
 for _i in range(10):
     _rank = _rng.randrange(2)
     if _i % 3 == 2:
-        KILLS.append(f"save:{_rank}:{_rng.choice([3, 6, 9, 12, 15])}:{_rng.randint(1, 6)}")
+        KILLS.append(f"save:{_rank}:{_rng.choice(range(3, 24, 3))}:{_rng.randint(1, 6)}")
     else:
-        KILLS.append(f"kill:{_rank}:{_rng.randint(1, 16)}")
+        KILLS.append(f"kill:{_rank}:{_rng.randint(1, 24)}")
 ALL_KILLS = bool(os.environ.get("HASTEN_TEST_ALL_KILLS"))
 
 

@@ -114,8 +114,8 @@ def test_a_loop_without_accumulate_is_warned(tmp_path):
             optimizer.zero_grad()
 
 
-def _launch_and_terminate(workdir, event_step: int):
-    """Launch the script, wait for its READY line (inside micro-step `event_step`), SIGTERM the launcher."""
+def _launch_and_signal(workdir, event_step: int, signum):
+    """Launch the script, wait for its READY line (inside micro-step `event_step`), signal the launcher."""
     command = [sys.executable, "-m", "hasten", "launch", "--num_processes", "2", str(SCRIPTS / SCRIPT),
                str(workdir), "flag", f"wait:{event_step}"]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HASTEN_", "ACCELERATE_"))}
@@ -129,7 +129,7 @@ def _launch_and_terminate(workdir, event_step: int):
     try:
         while not seen or not seen[-1].startswith("READY"):
             seen.append(lines.get(timeout=180))
-        process.send_signal(signal.SIGTERM)  # as SLURM or Kubernetes would: to the launcher only
+        process.send_signal(signum)  # as SLURM or Kubernetes would: to the launcher only
         code = process.wait(timeout=180)
     finally:
         if process.poll() is None:
@@ -146,7 +146,7 @@ def _stopped_at(stdout: str) -> set:
     return {line.split()[2] for line in stdout.splitlines() if line.startswith("STOPPED")}
 
 
-def test_preempted_on_one_rank_then_by_sigterm_then_finished_bit_identical(tmp_path):
+def test_preempted_three_ways_then_finished_bit_identical(tmp_path):
     os.makedirs(tmp_path, exist_ok=True)
     # 1. SIGUSR1 to rank 1 only, in the middle of micro-step 5 (accumulation windows of 2): the ranks' flags are
     # reduced from the boundary after micro-step 6 on and read at the next one, so both checkpoint after 8.
@@ -162,13 +162,20 @@ def test_preempted_on_one_rank_then_by_sigterm_then_finished_bit_identical(tmp_p
 
     # 2. SIGTERM to the launcher in the middle of micro-step 11: the agent passes it on, the workers checkpoint
     # after micro-step 14, the launcher exits 75.
-    code, stdout, stderr = _launch_and_terminate(tmp_path, 11)
+    code, stdout, stderr = _launch_and_signal(tmp_path, 11, signal.SIGTERM)
     assert "micro=8" in stdout.split("START", 2)[1], stdout  # resumed where the first launch stopped
     assert code == PREEMPTED_EXIT_CODE, stdout + stderr
     assert _stopped_at(stdout) == {"micro=14"} and "stopped by SIGTERM" in stderr, stdout + stderr
 
-    # 3. Started again: resumes after micro-step 14 and ends exactly as the uninterrupted run (with the two
+    # 3. SIGUSR1 to the launcher (SLURM's warning ahead of the time limit) in the middle of micro-step 17: the agent
+    # survives it and passes it on (torch's agent would die of it by default); checkpoint after 20, exit 75.
+    code, stdout, stderr = _launch_and_signal(tmp_path, 17, signal.SIGUSR1)
+    assert "micro=14" in stdout.split("START", 2)[1], stdout
+    assert code == PREEMPTED_EXIT_CODE, stdout + stderr
+    assert _stopped_at(stdout) == {"micro=20"} and "stopped by SIGUSR1" in stderr, stdout + stderr
+
+    # 4. Started again: resumes after micro-step 20 and ends exactly as the uninterrupted run (with the three
     # preemption checkpoints counted in the numbering).
     last = launch(SCRIPT, tmp_path, "flag", "none")
-    assert "micro=14" in last.stdout.split("START", 2)[1]
-    assert_same_finish(tmp_path, extra_saves=2)
+    assert "micro=20" in last.stdout.split("START", 2)[1]
+    assert_same_finish(tmp_path, extra_saves=3)

@@ -19,8 +19,8 @@ PREEMPTED_EXIT_CODE = 75
 # SLURM sends SIGUSR1 ahead of the time limit when asked (`--signal=USR1@<seconds>`).
 PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
-# torchrun's agent forwards to the workers only the signals it handles; SIGUSR1 is not among its defaults
-# (and would otherwise kill the agent and leave the workers running).
+# torchrun's agent forwards to the workers only the signals it handles (`LaunchConfig.signals_to_handle`, torchrun's
+# --signals_to_handle); SIGUSR1 is not among its defaults and would kill the agent, leaving the workers running.
 AGENT_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
 
 

@@ -28,7 +28,7 @@ from hasten import Accelerator, ProjectConfiguration
 from hasten import preemption
 from hasten.rng import set_seed
 
-EPOCHS, SAVE_EVERY = 2, 3
+EPOCHS, SAVE_EVERY = 3, 3
 
 
 class Progress:

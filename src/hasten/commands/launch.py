@@ -333,12 +333,12 @@ def _run_distributed(args, plan: LaunchPlan) -> int:
         monitor_interval=plan.monitor_interval,
         start_method="spawn",
         logs_specs=_logs_specs(args),
+        # The agent passes these signals on to the workers, waits up to TORCH_ELASTIC_SHUTDOWN_TIMEOUT (30 s) for
+        # them to checkpoint and leave, then raises SignalException here (docs/fault_tolerance.md).
+        signals_to_handle=requeue.AGENT_SIGNALS,
     )
     entrypoint, entry_args = _target_command(args)
     started = time.monotonic()
-    # The agent passes SIGTERM/SIGUSR1 on to the workers, waits up to TORCH_ELASTIC_SHUTDOWN_TIMEOUT (30 s) for
-    # them to checkpoint and leave, then raises SignalException here (docs/fault_tolerance.md).
-    os.environ.setdefault("TORCHELASTIC_SIGNALS_TO_HANDLE", requeue.AGENT_SIGNALS)
     try:
         elastic_launch(config, entrypoint)(*entry_args)
     except SignalException as error:
