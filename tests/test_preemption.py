@@ -153,7 +153,7 @@ def test_preempted_three_ways_then_finished_bit_identical(tmp_path):
     first = launch(SCRIPT, tmp_path, "flag", "usr1:1:5", check=False)
     assert first.returncode == PREEMPTED_EXIT_CODE, first.stdout + first.stderr
     assert first.stdout.count("STOPPED") == 2 and _stopped_at(first.stdout) == {"micro=8"}, first.stdout
-    assert "SIGUSR1 received" in first.stderr and "exit code 75" in first.stderr
+    assert "SIGUSR1 received (rank 1 of 2)" in first.stderr and "exit code 75" in first.stderr
     # Saved after 3 and 6 by the script, after 8 for the preemption: one checkpoint, both ranks' files in it.
     newest = tmp_path / "checkpoints" / "checkpoint_2"
     assert torch.load(newest / "custom_checkpoint_0.pkl", weights_only=True)["micro"] == 8

@@ -115,12 +115,15 @@ class PreemptionHandler:
     def _stop(self, signum: int) -> None:
         accelerator = self.accelerator
         name = signal.Signals(signum).name
-        where = "this rank" if self.received is not None else "another rank"
+        got = [self.received is not None]
+        if self._distributed:  # once, to name the ranks the signal reached
+            got = [None] * accelerator.num_processes
+            torch.distributed.all_gather_object(got, self.received is not None, group=self._group)
         path = accelerator.save_state()
         if accelerator.is_main_process:
-            print(f"hasten: {name} received ({where} of {accelerator.num_processes}); saved {path} at micro-step "
-                  f"{accelerator.step}; exiting with code {PREEMPTED_EXIT_CODE} so that the run is started again",
-                  file=sys.stderr, flush=True)
+            ranks = ", ".join(str(rank) for rank, received in enumerate(got) if received) or "none yet"
+            print(f"hasten: {name} received (rank {ranks} of {accelerator.num_processes}); saved {path}; exiting "
+                  f"with code {PREEMPTED_EXIT_CODE} so that the run is started again", file=sys.stderr, flush=True)
         if accelerator._tracking is not None:
             accelerator._tracking.finish()
         raise SystemExit(PREEMPTED_EXIT_CODE)
