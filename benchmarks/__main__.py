@@ -33,6 +33,7 @@ OWN = {
     "ddp_throughput": ["--repeats", "3", "--steps", "200"],
     "startup": ["--repeats", "10", "--launch-repeats", "5"],
     "save_load_state": ["--size-mb", "256", "--repeats", "3"],
+    "async_checkpoint": ["--size-mb", "64", "--repeats", "3"],
     "big_model": ["--size-mb", "512", "--repeats", "2"],
 }
 # Benchmarks written elsewhere, run as scripts when present: their arguments for each size (they have no --quick).

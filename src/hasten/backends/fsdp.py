@@ -348,6 +348,31 @@ class FSDPBackend(Backend):
         ]
         return [name for name in written if name is not None]
 
+    def stage_model_and_optimizer(self, folder, models, optimizers, *, writer=True, rank=0, safe_serialization=True,
+                                  before_write=None, stage=None, dcp_group=None, **save_model_func_kwargs) -> list:
+        """The asynchronous save of the same files. SHARDED_STATE_DICT: `torch.distributed.checkpoint.async_save`
+        stages each process's shards to CPU memory now and uploads them in its own thread, on a gloo group of
+        its own (`dcp_group()`); the returned write waits for that upload. FULL_STATE_DICT: the whole state is
+        gathered now (a collective) and staged on the main process, which writes it in the background."""
+        if before_write is not None:
+            before_write([])
+        sharded = fsdp_checkpoint.is_sharded(self.plugin)
+        pairs = [(fsdp_checkpoint.MODEL_NAME, index, model, None) for index, model in enumerate(models)]
+        pairs += [(fsdp_checkpoint.OPTIMIZER_NAME, index, self.owner_of(optimizer), _plain(optimizer))
+                  for index, optimizer in enumerate(optimizers)]
+        files = []
+        for stem, index, model, optimizer in pairs:
+            if sharded:
+                future = fsdp_checkpoint.async_save_sharded(model, optimizer, folder, index, dcp_group())
+                files.append((fsdp_checkpoint.sharded_name(stem, index), lambda p, f=future: f.result()))
+                continue
+            state = (fsdp_checkpoint.full_model_state_dict(model) if optimizer is None
+                     else fsdp_checkpoint.full_optimizer_state_dict(model, optimizer))
+            if rank == 0:
+                name = fsdp_checkpoint.full_name(stem, index)
+                files.append((name, lambda p, s=stage(state, name): torch.save(s, p)))
+        return files
+
     def load_model_and_optimizer(self, folder, models, optimizers, *, map_location="cpu", load_kwargs=None,
                                  strict=True, **load_model_func_kwargs) -> None:
         """Read what `save_model_and_optimizer` wrote, whatever number of processes wrote it."""
