@@ -12,7 +12,7 @@ from collections import OrderedDict
 
 import torch
 
-from . import operations
+from . import auto_resume, operations, preemption
 from .backends import backend_name_for, create_backend
 from .compilation import compile_model
 from .config.fp8 import RECIPE_HANDLERS, AORecipeKwargs, FP8RecipeKwargs, MSAMPRecipeKwargs, TERecipeKwargs
@@ -181,6 +181,9 @@ class Accelerator:
 
             self.log_with = filter_trackers(log_with, self.logging_dir)
             self._tracking = TrackerSession(self.log_with, self.logging_dir)
+        # Fault tolerance (docs/fault_tolerance.md): a resume waiting for its objects; the preemption handler.
+        self._auto_resume = auto_resume.PendingResume.for_project(self.project_configuration)
+        self._preemption = preemption.handler_for(self)
 
     def _set_handlers(self, handlers) -> None:
         for slot in _HANDLER_SLOTS.values():
@@ -341,7 +344,12 @@ class Accelerator:
         for i, obj in enumerate(args):
             if _is_scheduler(obj):
                 result[i] = self._prepare_one(obj, device_placement[i])
+        self._resume_when_ready()
         return result[0] if len(result) == 1 else tuple(result)
+
+    def _resume_when_ready(self) -> None:
+        if self._auto_resume is not None and self._auto_resume.try_load(self):
+            self._auto_resume = None
 
     def _prepare_one(self, obj, device_placement=None):
         # Objects prepared before (here or by another Accelerator) are registered, not wrapped again, by
@@ -381,6 +389,7 @@ class Accelerator:
             model = compile_model(model, plugin)
         model._is_accelerate_prepared = True
         self._models.append(model)
+        self._resume_when_ready()
         return model
 
     def prepare_optimizer(self, optimizer, device_placement=None):
@@ -394,6 +403,7 @@ class Accelerator:
         wrapped = self._backend.prepare_optimizer(optimizer, device_placement=device_placement, scaler=self.scaler)
         wrapped._is_accelerate_prepared = True
         self._optimizers.append(wrapped)
+        self._resume_when_ready()
         return wrapped
 
     def prepare_scheduler(self, scheduler):
@@ -407,6 +417,7 @@ class Accelerator:
                                                   split_batches=self.split_batches)
         wrapped._is_accelerate_prepared = True
         self._schedulers.append(wrapped)
+        self._resume_when_ready()
         return wrapped
 
     def prepare_data_loader(self, data_loader, device_placement=None, slice_fn_for_dispatch=None):
@@ -429,6 +440,7 @@ class Accelerator:
         )
         prepared._is_accelerate_prepared = True
         self._dataloaders.append(prepared)
+        self._resume_when_ready()
         return prepared
 
     def skip_first_batches(self, dataloader, num_batches: int = 0):
@@ -439,6 +451,8 @@ class Accelerator:
     # -- the training step ----------------------------------------------------------------------------------
     def backward(self, loss, **kwargs):
         """`loss.backward()`, divided by the accumulation steps and scaled for fp16."""
+        if self._auto_resume is not None:  # training starts before the awaited resume could run
+            raise self._auto_resume.missing(self)
         steps = self.gradient_state.num_steps
         if self._plain_backward:  # runs on every micro-step: no call into the backend when it would add nothing
             (loss / steps if steps != 1 else loss).backward(**kwargs)
@@ -656,6 +670,7 @@ class Accelerator:
     def load_state(self, input_dir=None, load_kwargs=None, **load_model_func_kwargs):
         from . import checkpointing
 
+        self._auto_resume = None  # an explicit load replaces the automatic one
         step = checkpointing.load_state(self._checkpoint_contents(), input_dir, load_kwargs=load_kwargs,
                                         **load_model_func_kwargs)
         if step is not None:
@@ -680,6 +695,7 @@ class Accelerator:
                 f"them: {', '.join(invalid)}"
             )
         self._custom_objects.extend(objects)
+        self._resume_when_ready()
 
     def register_save_state_pre_hook(self, hook):
         from torch.utils.hooks import RemovableHandle
@@ -753,6 +769,9 @@ class _AccumulationStep:
             for context in reversed(self.entered):
                 context.__exit__(*exc_info)
             self.entered = ()
+        preemption = self.accelerator._preemption
+        if preemption is not None and exc_info[0] is None and self.accelerator.gradient_state.sync_gradients:
+            preemption.at_step_boundary()  # the step is complete: every rank agrees whether to checkpoint and stop
         return False
 
 

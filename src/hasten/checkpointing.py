@@ -335,8 +335,10 @@ def _resolve_input(contents: CheckpointContents, input_dir) -> str:
             )
         root = folders.checkpoints_root(project)
         found = folders.newest_checkpoint(root)
-        if found is None:
-            raise CheckpointError(f"no complete checkpoint in {root} to load")
+        if found is None and folders.list_checkpoints(root):  # folders there, none whole: refuse to start over
+            raise CheckpointError(f"no complete checkpoint in {root} to load (each one is damaged; see the warnings)")
+        if found is None:  # a fresh project: nothing to resume (Accelerate raises here); see docs/fault_tolerance.md
+            logger.info("load_state(): no checkpoint in %s yet; starting from the beginning", root)
         return found
     path = os.path.abspath(os.path.expanduser(str(input_dir)))
     if contents.writer:
@@ -412,6 +414,8 @@ def load_state(contents: CheckpointContents, input_dir=None, load_kwargs=None, *
     the facade takes over."""
     background.wait()  # a save still being written commits first (it may be the checkpoint to load)
     folder = _resolve_input(contents, input_dir)
+    if folder is None:
+        return None
     marker = io.read_marker(folder)
     if marker is not None:
         io.verify_files(folder, marker)

@@ -200,6 +200,10 @@ class ProjectConfiguration:
     total_limit: Optional[int] = None
     iteration: int = 0
     save_on_each_node: bool = False
+    # hasten only (after Accelerate's fields, so positional construction still matches): see docs/fault_tolerance.md
+    automatic_resume: bool = False  # load the newest complete checkpoint once everything it holds is prepared
+    # SIGTERM/SIGUSR1 -> a checkpoint at a step boundary, then exit code 75; None: the value of automatic_resume
+    handle_preemption: Optional[bool] = None
 
     def set_directories(self, project_dir: Optional[str] = None) -> None:
         self.project_dir = project_dir
@@ -210,6 +214,14 @@ class ProjectConfiguration:
         self.set_directories(self.project_dir)
         if self.total_limit is not None and (not isinstance(self.total_limit, int) or self.total_limit < 1):
             raise ConfigError(f"ProjectConfiguration.total_limit must be a positive integer or None, got {self.total_limit!r}")
+        if self.handle_preemption is None:
+            self.handle_preemption = bool(self.automatic_resume)
+        for name in ("automatic_resume", "handle_preemption"):
+            if getattr(self, name) and not self.automatic_checkpoint_naming:
+                raise ConfigError(
+                    f"ProjectConfiguration({name}=True) needs automatic_checkpoint_naming=True: it finds and writes "
+                    "checkpoints under <project_dir>/checkpoints/checkpoint_<n>"
+                )
 
 
 @dataclass
