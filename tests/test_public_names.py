@@ -22,9 +22,9 @@ NOT_BUILT = {
         "model_has_dtensor", "get_model_tp_size",
     ],
     "issue 16 (fp8 and bitsandbytes)": [
-        "hasten.utils.ao", "hasten.utils.bnb", "hasten.utils.transformer_engine", "AORecipeKwargs", "TERecipeKwargs",
-        "MSAMPRecipeKwargs", "FP8RecipeKwargs", "BnbQuantizationConfig", "convert_model_to_fp8_ao",
-        "filter_first_and_last_linear_layers", "has_ao_layers", "has_4bit_bnb_layers", "load_and_quantize_model",
+        "hasten.utils.ao", "hasten.utils.transformer_engine", "AORecipeKwargs", "TERecipeKwargs",
+        "MSAMPRecipeKwargs", "FP8RecipeKwargs", "convert_model_to_fp8_ao",
+        "filter_first_and_last_linear_layers", "has_ao_layers",
         "apply_fp8_autowrap", "contextual_fp8_autocast", "convert_model", "has_transformer_engine_layers",
     ],
     "no issue yet (Megatron-LM, SageMaker)": [

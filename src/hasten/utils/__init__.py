@@ -24,6 +24,8 @@ _SOURCES = {
         "DataLoaderConfiguration", "TorchDynamoPlugin",
     ],
     "hasten.config.fsdp": ["FullyShardedDataParallelPlugin"],
+    "hasten.config.quantization": ["BnbQuantizationConfig"],
+    "hasten.quantization": ["has_4bit_bnb_layers", "load_and_quantize_model"],
     "hasten.parallelism_config": [
         "ParallelismConfig", "TorchContextParallelConfig", "TorchTensorParallelConfig", "TorchTensorParallelPlugin",
     ],

@@ -1,0 +1,76 @@
+"""bitsandbytes parameters (`Int8Params`, `Params4bit`) inside the big-model toolkit.
+
+A quantized parameter is not an ordinary tensor: it is quantized when float values first reach a device, and it
+carries statistics (`SCB` for int8, a `quant_state` for 4-bit) that a plain `Parameter(...)` rebuild would drop.
+`set_module_tensor_to_device` hands such parameters to `place_quantized_parameter` here. Recognising one costs
+nothing: a model can only hold them once bitsandbytes is imported, so nothing here imports it first.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from .errors import CheckpointError
+
+INSTALL_HINT = 'pip install "hasten[bnb]"'
+_QUANTIZED_CLASSES = ("Int8Params", "Params4bit")
+
+
+def import_bitsandbytes():
+    """bitsandbytes, imported on first use (it takes seconds), or an ImportError with the install line."""
+    try:
+        import bitsandbytes
+    except ImportError:
+        raise ImportError(f"8-bit and 4-bit quantization needs bitsandbytes: {INSTALL_HINT}") from None
+    return bitsandbytes
+
+
+def is_quantized_parameter(tensor) -> bool:
+    """Whether `tensor` is a bitsandbytes int8 or 4-bit parameter."""
+    return "bitsandbytes" in sys.modules and type(tensor).__name__ in _QUANTIZED_CLASSES
+
+
+def is_int8_parameter(tensor) -> bool:
+    """Whether `tensor` is the weight of a bitsandbytes 8-bit layer."""
+    return "bitsandbytes" in sys.modules and type(tensor).__name__ == "Int8Params"
+
+
+def quantize_int8(value: torch.Tensor):
+    """(int8 rows, per-row fp32 scales `SCB`) of a float weight, computed on the CPU."""
+    bnb = import_bitsandbytes()
+    int8, scales, _ = bnb.functional.int8_vectorwise_quant(value.detach().to("cpu", torch.float16).contiguous())
+    return int8, scales
+
+
+def place_quantized_parameter(old, value, device, statistics=None):
+    """The parameter that replaces the quantized parameter `old` on `device`.
+
+    Without `value`, `old` is moved (its statistics travel with it). A float `value` is quantized the way
+    `old` was set up (int8, or 4-bit of its quant type, block size and double quantization). An int8 `value`
+    is taken as already quantized and needs its `statistics` (the `SCB` row scales).
+    """
+    bnb = import_bitsandbytes()
+    device = torch.device(device)
+    if value is None:
+        return old if old.device == device else old.to(device)
+    if isinstance(old, bnb.nn.Int8Params):
+        if value.dtype == torch.int8:
+            if statistics is None:
+                raise CheckpointError("an int8 weight reached its Linear8bitLt without its SCB statistics; keep "
+                                      "the '<layer>.SCB' tensors next to the int8 weights")
+            new = bnb.nn.Int8Params(value.to(device), requires_grad=False, has_fp16_weights=old.has_fp16_weights)
+            new.CB = new.data
+            new.SCB = statistics.to(device)
+            return new
+        # bitsandbytes quantizes an Int8Params when it moves off the CPU (or stays there) for the first time.
+        return bnb.nn.Int8Params(value.to("cpu", torch.float16), requires_grad=False,
+                                 has_fp16_weights=old.has_fp16_weights).to(device)
+    if not value.is_floating_point():
+        raise CheckpointError(f"a {value.dtype} weight reached a 4-bit layer: load_and_quantize_model quantizes "
+                              "float checkpoints; pre-quantized 4-bit checkpoints are not supported")
+    fresh = bnb.nn.Params4bit(value.to("cpu"), requires_grad=False, blocksize=old.blocksize,
+                              compress_statistics=old.compress_statistics, quant_type=old.quant_type,
+                              quant_storage=old.quant_storage, module=old.module)
+    return fresh.to(device)
