@@ -290,3 +290,4 @@ def quantize_and_offload_8bit(model, param, param_name, new_dtype, offload_folde
     offload_weight(int8, param_name, offload_folder, index=offload_index)
     offload_weight(scales, param_name.replace("weight", "SCB"), offload_folder, index=offload_index)
     set_module_tensor_to_device(model, param_name, "meta", dtype=torch.int8)
+

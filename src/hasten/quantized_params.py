@@ -2,8 +2,9 @@
 
 A quantized parameter is not an ordinary tensor: it is quantized when float values first reach a device, and it
 carries statistics (`SCB` for int8, a `quant_state` for 4-bit) that a plain `Parameter(...)` rebuild would drop.
-`set_module_tensor_to_device` hands such parameters to `place_quantized_parameter` here. Recognising one costs
-nothing: a model can only hold them once bitsandbytes is imported, so nothing here imports it first.
+`set_module_tensor_to_device` hands such parameters to `place_quantized_parameter` here, and `Accelerator.prepare`
+asks `quantized_model_placement` where a quantized model may train. Recognising one costs nothing: a model can
+only hold them once bitsandbytes is imported, so nothing here imports it first (and this module stays light).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import sys
 
 import torch
 
-from .errors import CheckpointError
+from .errors import CheckpointError, ConfigError
 
 INSTALL_HINT = 'pip install "hasten[bnb]"'
 _QUANTIZED_CLASSES = ("Int8Params", "Params4bit")
@@ -74,3 +75,44 @@ def place_quantized_parameter(old, value, device, statistics=None):
                               compress_statistics=old.compress_statistics, quant_type=old.quant_type,
                               quant_storage=old.quant_storage, module=old.module)
     return fresh.to(device)
+
+
+# -- training a quantized model (Accelerator.prepare) -----------------------------------------------------------
+def _as_device(device) -> torch.device:
+    if isinstance(device, int):
+        return torch.device("cuda", device)
+    return torch.device(device)
+
+
+def quantized_model_placement(model, device: torch.device, distributed: bool, device_placement: bool) -> bool:
+    """Whether `prepare()` should move `model` to `device`: False for a bitsandbytes model dispatched with a
+    device map (its weights are where they will run). Refuses a quantized model that cannot train there: weights
+    offloaded to disk (or to the CPU under a GPU run), several devices in a distributed run, another device."""
+    if not (getattr(model, "is_loaded_in_8bit", False) or getattr(model, "is_loaded_in_4bit", False)):
+        return device_placement
+    device_map = getattr(model, "hf_device_map", None)
+    if not device_map:
+        return device_placement
+    bits = "8-bit" if getattr(model, "is_loaded_in_8bit", False) else "4-bit"
+    placed = {str(d) for d in device_map.values() if d in ("cpu", "disk")}
+    devices = {_as_device(d) for d in device_map.values() if d not in ("cpu", "disk")}
+    if "cpu" in placed and device.type == "cpu":
+        devices.add(torch.device("cpu"))
+    elif "cpu" in placed or "disk" in placed:
+        raise ConfigError(f"prepare() got a {bits} model with modules offloaded to {'/'.join(sorted(placed))}, "
+                          f"which cannot train; load it with device_map={{'': {_map_value(device)!r}}}")
+    if len(devices) > 1 and distributed:
+        raise ConfigError(f"prepare() got a {bits} model spread over {sorted(map(str, devices))}, which cannot train "
+                          "in a distributed run; load it on each process's device (device_map={'': "
+                          "accelerator.process_index}) or launch one process")
+    if len(devices) == 1:
+        loaded_on = next(iter(devices))
+        same_index = loaded_on.index == device.index or (device.index is None and loaded_on.index in (None, 0))
+        if loaded_on.type != device.type or not same_index:
+            raise ConfigError(f"prepare() got a {bits} model loaded on {loaded_on} but this process trains on "
+                              f"{device}; load it with device_map={{'': {_map_value(device)!r}}}")
+    return False
+
+
+def _map_value(device: torch.device):
+    return device.index if device.type == "cuda" and device.index is not None else str(device)
