@@ -96,11 +96,13 @@ def quantized_model_placement(model, device: torch.device, distributed: bool, de
     bits = "8-bit" if getattr(model, "is_loaded_in_8bit", False) else "4-bit"
     placed = {str(d) for d in device_map.values() if d in ("cpu", "disk")}
     devices = {_as_device(d) for d in device_map.values() if d not in ("cpu", "disk")}
-    if "cpu" in placed and device.type == "cpu":
+    # On a CPU run "cpu" is where the model runs; otherwise it is offloading, like "disk".
+    offloaded = sorted(p for p in placed if p == "disk" or device.type != "cpu")
+    if offloaded:
+        raise ConfigError(f"prepare() got a {bits} model with modules offloaded to {'/'.join(offloaded)}, which "
+                          f"cannot train; load it with device_map={{'': {_map_value(device)!r}}}")
+    if "cpu" in placed:
         devices.add(torch.device("cpu"))
-    elif "cpu" in placed or "disk" in placed:
-        raise ConfigError(f"prepare() got a {bits} model with modules offloaded to {'/'.join(sorted(placed))}, "
-                          f"which cannot train; load it with device_map={{'': {_map_value(device)!r}}}")
     if len(devices) > 1 and distributed:
         raise ConfigError(f"prepare() got a {bits} model spread over {sorted(map(str, devices))}, which cannot train "
                           "in a distributed run; load it on each process's device (device_map={'': "
