@@ -1,0 +1,386 @@
+"""8-bit and 4-bit models with bitsandbytes on the CPU: loading from checkpoints, memory, error against fp32, modules
+kept unquantized, device maps with offload, and QLoRA-style training through `Accelerator.prepare`.
+
+All in one file so that the ~10 s `import bitsandbytes` is paid once per test process. Tolerances (relative L2
+error of the model's output against the fp32 model, measured on this model): 8-bit <= 0.01, 4-bit <= 0.15.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+import pytest
+import torch
+from torch import nn
+
+bnb = pytest.importorskip("bitsandbytes", reason='needs bitsandbytes: pip install "hasten[bnb]"')
+
+from safetensors.torch import save_file  # noqa: E402
+
+from hasten import Accelerator, init_empty_weights  # noqa: E402
+from hasten.errors import CheckpointError, ConfigError, DeviceMapError  # noqa: E402
+from hasten.utils.bnb import (  # noqa: E402
+    BnbQuantizationConfig,
+    get_keys_to_not_convert,
+    has_4bit_bnb_layers,
+    load_and_quantize_model,
+    replace_with_bnb_layers,
+)
+
+TOLERANCE_8BIT = 0.01
+TOLERANCE_4BIT = 0.15
+WIDTH, HIDDEN = 256, 1024
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.LayerNorm(WIDTH)
+        self.fc1 = nn.Linear(WIDTH, HIDDEN)
+        self.fc2 = nn.Linear(HIDDEN, WIDTH)
+
+    def forward(self, x):
+        return x + self.fc2(torch.relu(self.fc1(self.norm(x))))
+
+
+class Net(nn.Module):
+    """Linear layers of 16K-262K weights (large enough that quantization statistics are a small, known part)."""
+
+    def __init__(self, tie=False):
+        super().__init__()
+        self.proj = nn.Linear(WIDTH, WIDTH)
+        self.blocks = nn.ModuleList([Block(), Block()])
+        self.head = nn.Linear(WIDTH, WIDTH)
+        if tie:
+            self.head.weight = self.proj.weight
+
+    def forward(self, x):
+        x = self.proj(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def _rel_error(output, reference):
+    return ((output.float() - reference).norm() / reference.norm()).item()
+
+
+@pytest.fixture(scope="module")
+def reference():
+    torch.manual_seed(0)
+    model = Net().eval()
+    inputs = torch.randn(32, WIDTH)
+    with torch.no_grad():
+        expected = model(inputs)
+    return model, inputs, expected
+
+
+@pytest.fixture(scope="module")
+def checkpoints(reference, tmp_path_factory):
+    """The fp32 model saved as one safetensors file, as safetensors shards with an index, and as one .bin."""
+    model = reference[0]
+    root = tmp_path_factory.mktemp("bnb_checkpoints")
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    single = root / "single"
+    single.mkdir()
+    save_file(state, single / "model.safetensors", metadata={"format": "pt"})
+    sharded = root / "sharded"
+    sharded.mkdir()
+    names = list(state)
+    weight_map = {}
+    for i, part in enumerate((names[: len(names) // 2], names[len(names) // 2:])):
+        file_name = f"model-{i + 1:05d}-of-00002.safetensors"
+        save_file({n: state[n] for n in part}, sharded / file_name, metadata={"format": "pt"})
+        weight_map.update({n: file_name for n in part})
+    (sharded / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    pickled = root / "pytorch_model.bin"
+    torch.save(state, pickled)
+    return {"single": single, "sharded": sharded, "bin": pickled}
+
+
+def _load(config, location, **kwargs):
+    with init_empty_weights():
+        model = Net()
+    return load_and_quantize_model(model, config, weights_location=location, **kwargs).eval()
+
+
+def _run(model, inputs, dtype=torch.float32):
+    with torch.no_grad():
+        return model(inputs.to(dtype)).float()
+
+
+def _linear_shapes(model):
+    return {name: (m.out_features, m.in_features) for name, m in model.named_modules() if isinstance(m, nn.Linear)}
+
+
+def _quant_statistics_bytes(model):
+    """Bytes of what quantized layers hold beside their weights: int8 row scales, 4-bit block scales."""
+    total = 0
+    for module in model.modules():
+        if isinstance(module, bnb.nn.Linear8bitLt):
+            scales = module.weight.SCB if module.weight.SCB is not None else module.state.SCB
+            total += scales.numel() * scales.element_size()
+        elif isinstance(module, bnb.nn.Linear4bit):
+            state = module.weight.quant_state
+            tensors = [state.absmax, state.code]
+            if state.nested:
+                tensors += [state.state2.absmax, state.state2.code]
+            total += sum(t.numel() * t.element_size() for t in tensors)
+    return total
+
+
+def _parameter_bytes(model):
+    return sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
+
+
+def test_8bit_from_a_checkpoint_memory_and_error(reference, checkpoints):
+    fp32, inputs, expected = reference
+    config = BnbQuantizationConfig(load_in_8bit=True)  # unquantized layers in fp16 (Accelerate's default)
+    model = _load(config, checkpoints["single"])
+    assert model.is_loaded_in_8bit and not model.is_loaded_in_4bit and model.hf_device_map == {"": "cpu"}
+    assert not has_4bit_bnb_layers(model)
+    quantized = [n for n, m in model.named_modules() if isinstance(m, bnb.nn.Linear8bitLt)]
+    assert quantized == ["proj", "blocks.0.fc1", "blocks.0.fc2", "blocks.1.fc1", "blocks.1.fc2"]
+    assert type(model.head) is nn.Linear and model.head.weight.dtype == torch.float16  # the output head is kept
+    assert all(not p.requires_grad for n, p in model.named_parameters() if n.rsplit(".", 1)[0] in quantized)
+
+    # theory from the layer shapes: one byte per quantized weight, two per other element (fp16)
+    shapes = _linear_shapes(fp32)
+    quantized_elements = sum(o * i for n, (o, i) in shapes.items() if n in quantized)
+    other_elements = sum(p.numel() for p in fp32.parameters()) - quantized_elements
+    theory = quantized_elements * 1 + other_elements * 2
+    assert abs(_parameter_bytes(model) - theory) <= 0.1 * theory
+    # with the fp32 row scales (SCB): + 4 bytes per output row of each quantized layer
+    scales_theory = sum(4 * o for n, (o, i) in shapes.items() if n in quantized)
+    assert abs(_parameter_bytes(model) + _quant_statistics_bytes(model) - theory - scales_theory) <= 0.1 * theory
+    fp32_bytes = _parameter_bytes(fp32)
+    assert _parameter_bytes(model) < 0.3 * fp32_bytes
+
+    error = _rel_error(_run(model, inputs, torch.float16), expected)
+    assert error <= TOLERANCE_8BIT, error
+
+
+@pytest.mark.parametrize("quant_type", ["nf4", "fp4"])
+@pytest.mark.parametrize("double_quant", [False, True])
+def test_4bit_from_a_checkpoint_memory_and_error(reference, checkpoints, quant_type, double_quant):
+    fp32, inputs, expected = reference
+    config = BnbQuantizationConfig(load_in_4bit=True, bnb_4bit_quant_type=quant_type,
+                                   bnb_4bit_use_double_quant=double_quant, bnb_4bit_compute_dtype="fp32")
+    model = _load(config, checkpoints["single"])
+    assert model.is_loaded_in_4bit and has_4bit_bnb_layers(model)
+    quantized = {n: m for n, m in model.named_modules() if isinstance(m, bnb.nn.Linear4bit)}
+    assert sorted(quantized) == ["blocks.0.fc1", "blocks.0.fc2", "blocks.1.fc1", "blocks.1.fc2", "proj"]
+    for layer in quantized.values():
+        state = layer.weight.quant_state
+        assert (state.quant_type, state.nested, layer.compute_dtype) == (quant_type, double_quant, torch.float32)
+
+    shapes = _linear_shapes(fp32)
+    quantized_elements = sum(o * i for n, (o, i) in shapes.items() if n in quantized)
+    other_elements = sum(p.numel() for p in fp32.parameters()) - quantized_elements
+    theory = quantized_elements // 2 + other_elements * 4  # two weights a byte; the rest fp32
+    assert abs(_parameter_bytes(model) - theory) <= 0.1 * theory
+    # block scales, one per 64 weights: fp32, or one byte when double-quantized
+    scales_theory = quantized_elements // 64 * (1 if double_quant else 4)
+    with_scales = _parameter_bytes(model) + _quant_statistics_bytes(model)
+    assert abs(with_scales - theory - scales_theory) <= 0.1 * (theory + scales_theory)
+
+    error = _rel_error(_run(model, inputs), expected)
+    assert error <= TOLERANCE_4BIT, error
+
+
+def test_sharded_and_bin_checkpoints_load_the_same_model(reference, checkpoints):
+    _, inputs, _ = reference
+    config = BnbQuantizationConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype="fp32")
+    outputs = {kind: _run(_load(config, location), inputs) for kind, location in checkpoints.items()}
+    assert torch.equal(outputs["single"], outputs["sharded"])
+    assert torch.equal(outputs["single"], outputs["bin"])
+    index = checkpoints["sharded"] / "model.safetensors.index.json"
+    assert torch.equal(outputs["single"], _run(_load(config, index), inputs))
+
+
+def test_skip_and_keep_in_fp32_modules_stay_unquantized(reference, checkpoints):
+    fp32, inputs, expected = reference
+    config = BnbQuantizationConfig(load_in_8bit=True, torch_dtype="bf16", skip_modules=["blocks.0.fc1", "head"],
+                                   keep_in_fp32_modules=["blocks.1"])
+    model = _load(config, checkpoints["sharded"])
+    for name in ("blocks.0.fc1", "head"):
+        layer = model.get_submodule(name)
+        assert type(layer) is nn.Linear and layer.weight.dtype == torch.bfloat16
+        assert torch.equal(layer.weight, fp32.get_submodule(name).weight.to(torch.bfloat16))
+    for name in ("blocks.1.fc1", "blocks.1.fc2", "blocks.1.norm"):
+        layer = model.get_submodule(name)
+        assert type(layer) in (nn.Linear, nn.LayerNorm) and layer.weight.dtype == torch.float32, name
+        assert torch.equal(layer.weight, fp32.get_submodule(name).weight)
+    assert isinstance(model.blocks[0].fc2, bnb.nn.Linear8bitLt) and isinstance(model.proj, bnb.nn.Linear8bitLt)
+    assert model.blocks[0].norm.weight.dtype == torch.bfloat16
+    assert config.skip_modules == ["blocks.0.fc1", "head"]  # the caller's config is not modified
+    with torch.no_grad():
+        hidden = model.blocks[0](model.proj(inputs.to(torch.bfloat16)))
+        output = model.head(model.blocks[1](hidden.float()).to(torch.bfloat16))
+    assert _rel_error(output, expected) <= 0.02  # bf16 activations add ~0.4% to int8's error
+
+
+def test_get_keys_to_not_convert_picks_the_head_and_tied_weights():
+    assert get_keys_to_not_convert(Net()) == ["head"]
+    # tied weights: both modules holding them (and the last module once)
+    assert sorted(get_keys_to_not_convert(Net(tie=True))) == ["head", "proj"]
+    # a suffix is removed only at the end of a name
+    class Odd(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight_proj = nn.Linear(2, 2)
+            self.out = nn.Linear(2, 2)
+            self.out.weight = self.weight_proj.weight
+    assert sorted(get_keys_to_not_convert(Odd())) == ["out", "weight_proj"]
+
+    class BaseModel(Net):  # a transformers base model (no head attribute of its prefix) without tied weights
+        base_model_prefix = "transformer"
+    assert get_keys_to_not_convert(BaseModel()) == []
+
+    class WithHead(BaseModel):
+        def __init__(self):
+            super().__init__()
+            self.transformer = nn.Identity()
+    assert get_keys_to_not_convert(WithHead()) == ["transformer"]  # the last child
+
+
+def test_tied_weights_stay_unquantized_when_loaded(tmp_path):
+    torch.manual_seed(1)
+    tied = Net(tie=True)
+    save_file({k: v.contiguous() for k, v in tied.state_dict().items() if k != "head.weight"},
+              tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with init_empty_weights():
+        model = Net(tie=True)
+    model = load_and_quantize_model(model, BnbQuantizationConfig(load_in_8bit=True), weights_location=tmp_path)
+    assert type(model.proj) is nn.Linear and type(model.head) is nn.Linear
+    assert model.head.weight is model.proj.weight
+    assert isinstance(model.blocks[0].fc1, bnb.nn.Linear8bitLt)
+
+
+def test_replace_with_bnb_layers_and_already_loaded_models(reference, caplog):
+    fp32, inputs, expected = reference
+    config = BnbQuantizationConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype="fp32")
+    with init_empty_weights():
+        empty = Net()
+    replace_with_bnb_layers(empty, config, modules_to_not_convert=["fc1"])
+    assert [type(b.fc1) for b in empty.blocks] == [nn.Linear, nn.Linear]
+    assert isinstance(empty.head, bnb.nn.Linear4bit) and not empty.head.weight.requires_grad
+
+    # a model with its weights: quantized in place (with a warning), on the CPU here
+    loaded = Net()
+    loaded.load_state_dict(fp32.state_dict())
+    with caplog.at_level(logging.WARNING, logger="hasten.quantization"):
+        loaded = load_and_quantize_model(loaded, config)
+    assert "init_empty_weights" in caplog.text
+    assert isinstance(loaded.proj, bnb.nn.Linear4bit) and loaded.proj.weight.bnb_quantized
+    assert _rel_error(_run(loaded.eval(), inputs), expected) <= TOLERANCE_4BIT
+
+    with init_empty_weights():
+        empty = Net()
+    with pytest.raises(CheckpointError, match="needs weights_location") as caught:
+        load_and_quantize_model(empty, config)
+    assert isinstance(caught.value, RuntimeError) and "\n" not in str(caught.value)
+
+
+def test_8bit_with_disk_offload_matches_the_model_without(reference, checkpoints, tmp_path):
+    _, inputs, expected = reference
+    config = BnbQuantizationConfig(load_in_8bit=True, torch_dtype="fp32")
+    whole = _run(_load(config, checkpoints["single"]), inputs)
+    device_map = {"proj": "cpu", "blocks.0": "cpu", "blocks.1": "disk", "head": "cpu"}
+    model = _load(config, checkpoints["single"], device_map=device_map, offload_folder=tmp_path)
+    # the disk part is written quantized: int8 weights with their fp32 row scales
+    index = json.loads((tmp_path / "index.json").read_text())
+    assert index["blocks.1.fc1.weight"]["dtype"] == "int8" and index["blocks.1.fc1.SCB"]["dtype"] == "float32"
+    assert model.blocks[1].fc1.weight.device.type == "meta"
+    first, second = _run(model, inputs), _run(model, inputs)
+    assert torch.equal(first, whole) and torch.equal(second, whole)
+    assert model.blocks[1].fc1.weight.device.type == "meta" and model.blocks[1].fc1.state.CB is None
+    assert _rel_error(first, expected) <= TOLERANCE_8BIT
+
+
+def test_4bit_device_maps_with_offload(reference, checkpoints, tmp_path):
+    fp32, inputs, expected = reference
+    config = BnbQuantizationConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype="fp32")
+    # a custom map: what it sends to disk stays unquantized (4-bit weights cannot be offloaded)
+    device_map = {"proj": "cpu", "blocks.0": "cpu", "blocks.1": "disk", "head": "cpu"}
+    model = _load(config, checkpoints["single"], device_map=device_map, offload_folder=tmp_path / "custom")
+    assert isinstance(model.blocks[0].fc1, bnb.nn.Linear4bit) and type(model.blocks[1].fc1) is nn.Linear
+    assert model.blocks[1].fc1.weight.device.type == "meta"
+    assert _rel_error(_run(model, inputs), expected) <= TOLERANCE_4BIT
+
+    # a computed map that would put 4-bit layers on disk is refused in one line
+    with pytest.raises(DeviceMapError, match="4-bit layers cannot be offloaded") as caught:
+        _load(config, checkpoints["single"], device_map="auto", max_memory={"cpu": 300_000},
+              offload_folder=tmp_path / "auto")
+    assert "\n" not in str(caught.value)
+    # with room for it, "auto" keeps everything on the CPU, sized at 4 bits a weight
+    model = _load(config, checkpoints["single"], device_map="auto", max_memory={"cpu": 2_000_000})
+    assert set(model.hf_device_map.values()) == {"cpu"}
+    with pytest.raises(DeviceMapError, match="not a known strategy"):
+        _load(config, checkpoints["single"], device_map="fastest")
+
+
+def test_8bit_auto_map_offloads_to_disk(reference, checkpoints, tmp_path):
+    _, inputs, expected = reference
+    config = BnbQuantizationConfig(load_in_8bit=True, torch_dtype="fp32")
+    model = _load(config, checkpoints["single"], device_map="auto", max_memory={"cpu": 700_000},
+                  offload_folder=tmp_path, no_split_module_classes=["Block"])
+    assert "disk" in model.hf_device_map.values() and "cpu" in model.hf_device_map.values()
+    assert _rel_error(_run(model, inputs), expected) <= TOLERANCE_8BIT
+    with pytest.raises(ConfigError, match="offloaded to disk"):
+        Accelerator(cpu=True).prepare(model)
+
+
+class LoRA(nn.Module):
+    """A frozen (quantized) linear layer plus a trainable low-rank update: y = base(x) + x A B."""
+
+    def __init__(self, base, rank=8):
+        super().__init__()
+        self.base = base
+        self.a = nn.Parameter(torch.randn(base.in_features, rank) / base.in_features ** 0.5)
+        self.b = nn.Parameter(torch.zeros(rank, base.out_features))
+
+    def forward(self, x):
+        return self.base(x) + x @ self.a @ self.b
+
+
+def _add_adapters(model):
+    model.requires_grad_(False)
+    for block in model.blocks:
+        block.fc1, block.fc2 = LoRA(block.fc1), LoRA(block.fc2)
+    return model
+
+
+def _frozen_state(model):
+    """Every tensor of the frozen base, quantization statistics included."""
+    return {k: v.detach().clone() for k, v in model.state_dict().items() if ".a" not in k[-2:] and ".b" not in k[-2:]}
+
+
+def test_qlora_trains_adapters_on_a_frozen_4bit_base(reference, checkpoints):
+    _, inputs, _ = reference
+    config = BnbQuantizationConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                                   bnb_4bit_compute_dtype="fp32")
+    model = _add_adapters(_load(config, checkpoints["single"]))
+    frozen = _frozen_state(model)
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert trainable == [f"blocks.{i}.{fc}.{ab}" for i in (0, 1) for fc in ("fc1", "fc2") for ab in "ab"]
+    accelerator = Accelerator(cpu=True)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=3e-3)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    torch.manual_seed(2)
+    target = torch.randn(inputs.shape[0], WIDTH)
+    losses = []
+    model.train()
+    for _ in range(20):
+        loss = nn.functional.mse_loss(model(inputs), target)
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    assert losses[-1] < 0.8 * losses[0], losses
+    after = _frozen_state(model)
+    assert frozen.keys() == after.keys() and any(k.endswith("quant_map") for k in after)
+    assert all(torch.equal(frozen[k], after[k]) for k in frozen)
+    assert all(p.grad is None for n, p in model.named_parameters() if not p.requires_grad)
