@@ -35,11 +35,11 @@ WIDTH, HIDDEN = 256, 1024
 
 
 class Block(nn.Module):
-    def __init__(self):
+    def __init__(self, width=WIDTH, hidden=HIDDEN):
         super().__init__()
-        self.norm = nn.LayerNorm(WIDTH)
-        self.fc1 = nn.Linear(WIDTH, HIDDEN)
-        self.fc2 = nn.Linear(HIDDEN, WIDTH)
+        self.norm = nn.LayerNorm(width)
+        self.fc1 = nn.Linear(width, hidden)
+        self.fc2 = nn.Linear(hidden, width)
 
     def forward(self, x):
         return x + self.fc2(torch.relu(self.fc1(self.norm(x))))
@@ -48,11 +48,11 @@ class Block(nn.Module):
 class Net(nn.Module):
     """Linear layers of 16K-262K weights (large enough that quantization statistics are a small, known part)."""
 
-    def __init__(self, tie=False):
+    def __init__(self, tie=False, width=WIDTH, hidden=HIDDEN):
         super().__init__()
-        self.proj = nn.Linear(WIDTH, WIDTH)
-        self.blocks = nn.ModuleList([Block(), Block()])
-        self.head = nn.Linear(WIDTH, WIDTH)
+        self.proj = nn.Linear(width, width)
+        self.blocks = nn.ModuleList([Block(width, hidden), Block(width, hidden)])
+        self.head = nn.Linear(width, width)
         if tie:
             self.head.weight = self.proj.weight
 
@@ -100,9 +100,9 @@ def checkpoints(reference, tmp_path_factory):
     return {"single": single, "sharded": sharded, "bin": pickled}
 
 
-def _load(config, location, **kwargs):
+def _load(config, location, net=Net, **kwargs):
     with init_empty_weights():
-        model = Net()
+        model = net()
     return load_and_quantize_model(model, config, weights_location=location, **kwargs).eval()
 
 
@@ -193,11 +193,11 @@ def test_4bit_from_a_checkpoint_memory_and_error(reference, checkpoints, quant_t
 def test_sharded_and_bin_checkpoints_load_the_same_model(reference, checkpoints):
     _, inputs, _ = reference
     config = BnbQuantizationConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype="fp32")
-    outputs = {kind: _run(_load(config, location), inputs) for kind, location in checkpoints.items()}
-    assert torch.equal(outputs["single"], outputs["sharded"])
-    assert torch.equal(outputs["single"], outputs["bin"])
     index = checkpoints["sharded"] / "model.safetensors.index.json"
-    assert torch.equal(outputs["single"], _run(_load(config, index), inputs))
+    single = _run(_load(config, checkpoints["single"]), inputs)
+    assert torch.equal(single, _run(_load(config, index), inputs))
+    assert torch.equal(single, _run(_load(config, checkpoints["bin"]), inputs))
+    # (the sharded folder itself is read in test_skip_and_keep_in_fp32_modules_stay_unquantized)
 
 
 def test_skip_and_keep_in_fp32_modules_stay_unquantized(reference, checkpoints):
@@ -358,11 +358,21 @@ def _frozen_state(model):
     return {k: v.detach().clone() for k, v in model.state_dict().items() if ".a" not in k[-2:] and ".b" not in k[-2:]}
 
 
-def test_qlora_trains_adapters_on_a_frozen_4bit_base(reference, checkpoints):
-    _, inputs, _ = reference
+class SmallNet(Net):
+    """Training on 4-bit weights dequantizes them at every forward and backward: slow on a CPU, so keep it small."""
+
+    def __init__(self):
+        super().__init__(width=64, hidden=128)
+
+
+def test_qlora_trains_adapters_on_a_frozen_4bit_base(tmp_path):
+    torch.manual_seed(3)
+    save_file({k: v.contiguous() for k, v in SmallNet().state_dict().items()}, tmp_path / "model.safetensors",
+              metadata={"format": "pt"})
     config = BnbQuantizationConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
                                    bnb_4bit_compute_dtype="fp32")
-    model = _add_adapters(_load(config, checkpoints["single"]))
+    model = _add_adapters(_load(config, tmp_path, net=SmallNet))
+    inputs = torch.randn(32, 64)
     frozen = _frozen_state(model)
     trainable = [n for n, p in model.named_parameters() if p.requires_grad]
     assert trainable == [f"blocks.{i}.{fc}.{ab}" for i in (0, 1) for fc in ("fc1", "fc2") for ab in "ab"]
@@ -370,7 +380,7 @@ def test_qlora_trains_adapters_on_a_frozen_4bit_base(reference, checkpoints):
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=3e-3)
     model, optimizer = accelerator.prepare(model, optimizer)
     torch.manual_seed(2)
-    target = torch.randn(inputs.shape[0], WIDTH)
+    target = torch.randn(inputs.shape[0], 64)
     losses = []
     model.train()
     for _ in range(20):
