@@ -394,3 +394,19 @@ def test_qlora_trains_adapters_on_a_frozen_4bit_base(tmp_path):
     assert frozen.keys() == after.keys() and any(k.endswith("quant_map") for k in after)
     assert all(torch.equal(frozen[k], after[k]) for k in frozen)
     assert all(p.grad is None for n, p in model.named_parameters() if not p.requires_grad)
+
+
+def test_qlora_with_ddp_on_two_processes(tmp_path):
+    import re
+
+    from launching import launch
+
+    torch.manual_seed(4)
+    base = nn.Sequential()  # the script's Net, by state-dict names
+    base.fc1, base.fc2, base.head = nn.Linear(32, 64), nn.Linear(64, 32), nn.Linear(32, 1)
+    save_file({k: v.contiguous() for k, v in base.state_dict().items()}, tmp_path / "model.safetensors",
+              metadata={"format": "pt"})
+    result = launch("bnb_qlora.py", tmp_path, timeout=300)
+    passed = re.findall(r"CHECKS-PASSED (\d) (\d+)", result.stdout)
+    assert sorted(rank for rank, _ in passed) == ["0", "1"], result.stdout + result.stderr
+    assert all(int(count) == 20 for _, count in passed), passed
