@@ -1,8 +1,10 @@
 """8-bit and 4-bit models with bitsandbytes on the CPU: loading from checkpoints, memory, error against fp32, modules
 kept unquantized, device maps with offload, and QLoRA-style training through `Accelerator.prepare`.
 
-All in one file so that the ~10 s `import bitsandbytes` is paid once per test process. Tolerances (relative L2
-error of the model's output against the fp32 model, measured on this model): 8-bit <= 0.01, 4-bit <= 0.15.
+All in one file so that the ~10 s `import bitsandbytes` is paid once per test process. Tolerances, as relative L2
+error against the fp32 model: each quantized layer's output (same input) 8-bit <= 0.01, 4-bit <= 0.15 (the issue's
+figures; measured here: 0.004, NF4 0.09, FP4 0.11); the whole model's output, five quantized layers in a row,
+8-bit <= 0.015 (measured 0.0099), 4-bit <= 0.15 (measured NF4 0.114, FP4 0.138).
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ from hasten.utils.bnb import (  # noqa: E402
     replace_with_bnb_layers,
 )
 
-TOLERANCE_8BIT = 0.01
+LAYER_TOLERANCE_8BIT = 0.01
+TOLERANCE_8BIT = 0.015
 TOLERANCE_4BIT = 0.15
 WIDTH, HIDDEN = 256, 1024
 
@@ -111,6 +114,18 @@ def _run(model, inputs, dtype=torch.float32):
         return model(inputs.to(dtype)).float()
 
 
+def _layer_errors(model, fp32, names, dtype=torch.float32):
+    """Relative error of each quantized layer against its fp32 original, on the same random input."""
+    errors = {}
+    generator = torch.Generator().manual_seed(5)
+    for name in names:
+        original = fp32.get_submodule(name)
+        x = torch.randn(32, original.in_features, generator=generator)
+        with torch.no_grad():
+            errors[name] = _rel_error(model.get_submodule(name)(x.to(dtype)), original(x))
+    return errors
+
+
 def _linear_shapes(model):
     return {name: (m.out_features, m.in_features) for name, m in model.named_modules() if isinstance(m, nn.Linear)}
 
@@ -162,6 +177,8 @@ def test_8bit_from_a_checkpoint_memory_and_error(reference, checkpoints):
 
     error = _rel_error(_run(model, inputs, torch.float16), expected)
     assert error <= TOLERANCE_8BIT, error
+    layer_errors = _layer_errors(model, fp32, quantized, torch.float16)
+    assert max(layer_errors.values()) <= LAYER_TOLERANCE_8BIT, layer_errors
 
 
 @pytest.mark.parametrize("quant_type", ["nf4", "fp4"])
@@ -195,6 +212,8 @@ def test_4bit_from_a_checkpoint_memory_and_error(reference, checkpoints, quant_t
 
     error = _rel_error(_run(model, inputs), expected)
     assert error <= TOLERANCE_4BIT, error
+    layer_errors = _layer_errors(model, fp32, quantized)
+    assert max(layer_errors.values()) <= TOLERANCE_4BIT, layer_errors
 
 
 def test_sharded_and_bin_checkpoints_load_the_same_model(reference, checkpoints):
