@@ -421,6 +421,32 @@ def test_qlora_trains_adapters_on_a_frozen_4bit_base(tmp_path):
     assert all(torch.equal(frozen[k], after[k]) for k in frozen)
     assert all(p.grad is None for n, p in model.named_parameters() if not p.requires_grad)
 
+    # save_state / load_state round trip, strict: the 4-bit weights come back with their quantization statistics
+    accelerator.save_state(tmp_path / "state")
+    saved = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(1.0)
+    accelerator.load_state(tmp_path / "state")
+    assert all(torch.equal(saved[k], v) for k, v in model.state_dict().items())
+    assert nn.functional.mse_loss(model(inputs), target).item() < losses[0]
+
+
+def test_8bit_state_dict_round_trip_after_a_forward(reference, checkpoints):
+    _, inputs, _ = reference
+    config = BnbQuantizationConfig(load_in_8bit=True, torch_dtype="fp32")
+    model = _load(config, checkpoints["single"])
+    expected = _run(model, inputs)  # a forward moves the int8 scales into the layer's matmul state
+    state = model.state_dict()
+    assert state["proj.SCB"].dtype == torch.float32 and state["proj.weight"].dtype == torch.int8
+    torch.manual_seed(6)
+    other = load_and_quantize_model(Net(), config).eval()  # other weights, quantized in place
+    assert _rel_error(_run(other, inputs), expected) > 0.5
+    other.load_state_dict({k: v.clone() for k, v in state.items()})  # strict
+    assert torch.equal(_run(other, inputs), expected)
+    assert torch.equal(other.proj.weight, model.proj.weight)
+
 
 def test_qlora_with_ddp_on_two_processes(tmp_path):
     import re

@@ -28,7 +28,7 @@ from .device_map import find_tied_parameters, get_balanced_memory, infer_auto_de
 from .errors import CheckpointError, ConfigError, DeviceMapError
 from .modeling import load_checkpoint_in_model, set_module_tensor_to_device
 from .offload import offload_weight
-from .quantized_params import INSTALL_HINT, import_bitsandbytes, quantize_int8
+from .quantized_params import INSTALL_HINT, import_bitsandbytes, place_quantized_parameter, quantize_int8
 
 logger = logging.getLogger(__name__)
 
@@ -119,7 +119,28 @@ def _quantized_linear(linear: nn.Linear, config: BnbQuantizationConfig, bnb) -> 
     if has_bias:
         layer.bias.data = linear.bias.data
     layer.requires_grad_(False)
+    layer._register_load_state_dict_pre_hook(_load_quantized_state, with_module=True)
     return layer
+
+
+def _load_quantized_state(module, state_dict, prefix, *_):
+    """Let `load_state_dict` (and so `Accelerator.load_state`) take what the layer's `state_dict()` gave: the
+    quantized weight with its statistics (`SCB` for 8-bit, the quant_state entries for 4-bit), which bitsandbytes'
+    layers alone refuse (8-bit after a forward, 4-bit always: "unexpected keys")."""
+    bnb = import_bitsandbytes()
+    key = prefix + "weight"
+    if isinstance(module, bnb.nn.Linear4bit):
+        statistics = {k[len(key) + 1:]: state_dict.pop(k) for k in list(state_dict) if k.startswith(key + ".")}
+        if statistics and key in state_dict:
+            device = module.weight.device
+            module.weight = bnb.nn.Params4bit.from_prequantized(data=state_dict[key], quantized_stats=statistics,
+                                                                requires_grad=False, device=device, module=module)
+        return
+    scales = state_dict.pop(prefix + "SCB", None)
+    state_dict.pop(prefix + "weight_format", None)
+    if scales is not None and key in state_dict:
+        module.weight = place_quantized_parameter(module.weight, state_dict[key], module.weight.device, scales)
+        module.state.CB = module.state.SCB = None  # the next forward takes the new weight
 
 
 def get_keys_to_not_convert(model) -> list:
