@@ -303,6 +303,13 @@ def test_replace_with_bnb_layers_and_already_loaded_models(reference, caplog):
     assert isinstance(loaded.proj, bnb.nn.Linear4bit) and loaded.proj.weight.bnb_quantized
     assert _rel_error(_run(loaded.eval(), inputs), expected) <= TOLERANCE_4BIT
 
+    # a tied weight named in keep_in_fp32_modules under one of its names stays fp32 under all of them
+    tied = load_and_quantize_model(Net(tie=True), BnbQuantizationConfig(load_in_8bit=True,
+                                                                        keep_in_fp32_modules=["head"]))
+    assert tied.proj.weight is tied.head.weight and tied.head.weight.dtype == torch.float32
+    assert tied.proj.bias.dtype == torch.float16 and tied.blocks[0].norm.weight.dtype == torch.float16
+    assert isinstance(tied.blocks[0].fc1, bnb.nn.Linear8bitLt) and tied.blocks[0].fc1.weight.dtype == torch.int8
+
     with init_empty_weights():
         empty = Net()
     with pytest.raises(CheckpointError, match="needs weights_location") as caught:

@@ -14,7 +14,7 @@ the model is dispatched along a device map whose sizes count quantized weights a
 
 from __future__ import annotations
 
-import dataclasses
+import copy
 import logging
 import os
 from typing import Optional, Union
@@ -230,7 +230,8 @@ def _unquantized_dtypes(model, config) -> dict:
                          if isinstance(module, (bnb.nn.Linear8bitLt, bnb.nn.Linear4bit))}
     keep = list(config.keep_in_fp32_modules or [])
     return {name: torch.float32 if _matches(name, keep) else config.torch_dtype
-            for name, tensor in model.named_parameters() if name not in quantized_weights and tensor.is_floating_point()}
+            for name, tensor in model.named_parameters()
+            if name not in quantized_weights and tensor.is_floating_point()}
 
 
 def _resolved(config: BnbQuantizationConfig, model, device_map) -> BnbQuantizationConfig:
@@ -242,8 +243,9 @@ def _resolved(config: BnbQuantizationConfig, model, device_map) -> BnbQuantizati
         main = _main_device(device_map)
         skip += [key for key, device in device_map.items() if _offloaded(device, main) and key not in skip]
     keep = list(config.keep_in_fp32_modules or [])
-    resolved = dataclasses.replace(config, skip_modules=skip + [k for k in keep if k not in skip],
-                                   keep_in_fp32_modules=keep)
+    resolved = copy.copy(config)  # already validated: no second __post_init__ (and its warnings)
+    resolved.skip_modules = skip + [k for k in keep if k not in skip]
+    resolved.keep_in_fp32_modules = keep
     return resolved
 
 
@@ -275,16 +277,13 @@ def load_and_quantize_model(model: torch.nn.Module, bnb_quantization_config: Bnb
         logger.warning("load_and_quantize_model got a model with its weights loaded; create it under "
                        "init_empty_weights() and pass weights_location to avoid holding it unquantized first")
         replace_with_bnb_layers(model, config, modules_to_not_convert=config.skip_modules)
-        # Every alias of a tied weight is visited, so a kept-in-fp32 alias wins whatever the order.
-        for name, param in model.named_parameters(remove_duplicate=False):
-            if _matches(name, keep):
+        # A tied weight stays in fp32 when any of its names is to be kept in fp32.
+        kept = {id(p) for name, p in model.named_parameters(remove_duplicate=False) if _matches(name, keep)}
+        for param in model.parameters():
+            if id(param) in kept:
                 param.data = param.data.to(torch.float32)
             elif param.is_floating_point():
                 param.data = param.data.to(config.torch_dtype)
-        for name, module in model.named_modules():
-            if _matches(name, keep):
-                for param in module.parameters(recurse=False):
-                    param.data = param.data.to(torch.float32)
         return model.to(_default_device())  # bitsandbytes quantizes as its parameters move
 
     if weights_location is None:
