@@ -223,6 +223,12 @@ def test_sharded_and_bin_checkpoints_load_the_same_model(reference, checkpoints)
     single = _run(_load(config, checkpoints["single"]), inputs)
     assert torch.equal(single, _run(_load(config, index), inputs))
     assert torch.equal(single, _run(_load(config, checkpoints["bin"]), inputs))
+    # CPU weights staged on disk while loading (offload_state_dict), cast to bf16 on the way: still NF4
+    bf16 = BnbQuantizationConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype="bf16")
+    staged = _load(bf16, checkpoints["bin"], offload_state_dict=True)
+    assert staged.proj.weight.quant_state.quant_type == "nf4" and staged.head.weight.dtype == torch.bfloat16
+    assert _rel_error(_run(staged, inputs, torch.bfloat16), _run(_load(bf16, checkpoints["single"]), inputs,
+                                                                  torch.bfloat16)) < 0.01
     # (the sharded folder itself is read in test_skip_and_keep_in_fp32_modules_stay_unquantized)
 
 

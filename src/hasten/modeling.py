@@ -183,11 +183,11 @@ def set_module_tensor_to_device(module, tensor_name, device, value=None, dtype=N
         if old.shape != value.shape and type(old).__name__ != "Params4bit":
             raise ValueError(f"cannot set {tensor_name}: the value has shape {tuple(value.shape)}, the model expects "
                              f"{tuple(old.shape)}; the checkpoint does not match this model")
-    if not is_buffer and str(device) != "meta" and is_quantized_parameter(old):
-        # bitsandbytes weights are quantized on arrival and carry statistics that a plain rebuild would drop.
-        if value is not None and dtype is not None and value.is_floating_point():
-            value = value.to(dtype)
-        owner._parameters[name] = place_quantized_parameter(old, value, _torch_device(device), fp16_statistics)
+    if not is_buffer and is_quantized_parameter(old):
+        # bitsandbytes weights are quantized on arrival and carry settings and statistics that a plain
+        # Parameter rebuild would drop.
+        owner._parameters[name] = place_quantized_parameter(old, value, _torch_device(device), fp16_statistics,
+                                                            dtype=dtype)
         return
     if value is not None:
         if dtype is None:

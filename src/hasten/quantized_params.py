@@ -45,15 +45,33 @@ def quantize_int8(value: torch.Tensor):
     return int8, scales
 
 
-def place_quantized_parameter(old, value, device, statistics=None):
+def _unquantized_like(old, data, bnb):
+    """A parameter of `old`'s class and settings holding `data`, not quantized yet."""
+    if isinstance(old, bnb.nn.Int8Params):
+        return bnb.nn.Int8Params(data, requires_grad=False, has_fp16_weights=old.has_fp16_weights)
+    return bnb.nn.Params4bit(data, requires_grad=False, blocksize=old.blocksize,
+                             compress_statistics=old.compress_statistics, quant_type=old.quant_type,
+                             quant_storage=old.quant_storage, module=old.module)
+
+
+def place_quantized_parameter(old, value, device, statistics=None, dtype=None):
     """The parameter that replaces the quantized parameter `old` on `device`.
 
-    Without `value`, `old` is moved (its statistics travel with it). A float `value` is quantized the way
-    `old` was set up (int8, or 4-bit of its quant type, block size and double quantization). An int8 `value`
-    is taken as already quantized and needs its `statistics` (the `SCB` row scales).
+    Without `value`, `old` is moved (its statistics travel with it). A float `value` (cast to `dtype`, else to
+    `old`'s dtype while `old` is not quantized yet) is quantized the way `old` was set up (int8, or 4-bit of its quant type, block size and double
+    quantization). An int8 `value` is taken as already quantized and needs its `statistics` (the `SCB` row
+    scales). On the meta device, the parameter keeps its class and settings (shape and dtype only).
     """
     bnb = import_bitsandbytes()
     device = torch.device(device)
+    if value is not None and value.is_floating_point():
+        # like any parameter: cast to `dtype`, else to the dtype the (not yet quantized) parameter has
+        target = dtype if dtype is not None else old.dtype if old.is_floating_point() else None
+        value = value if target is None else value.to(target)
+    if device.type == "meta":
+        source = value if value is not None else old
+        cast = dtype if dtype is not None and source.is_floating_point() else source.dtype
+        return _unquantized_like(old, torch.empty(source.shape, dtype=cast, device="meta"), bnb)
     if value is None:
         return old if old.device == device else old.to(device)
     if isinstance(old, bnb.nn.Int8Params):
@@ -66,15 +84,11 @@ def place_quantized_parameter(old, value, device, statistics=None):
             new.SCB = statistics.to(device)
             return new
         # bitsandbytes quantizes an Int8Params when it moves off the CPU (or stays there) for the first time.
-        return bnb.nn.Int8Params(value.to("cpu", torch.float16), requires_grad=False,
-                                 has_fp16_weights=old.has_fp16_weights).to(device)
+        return _unquantized_like(old, value.to("cpu", torch.float16), bnb).to(device)
     if not value.is_floating_point():
         raise CheckpointError(f"a {value.dtype} weight reached a 4-bit layer: load_and_quantize_model quantizes "
                               "float checkpoints; pre-quantized 4-bit checkpoints are not supported")
-    fresh = bnb.nn.Params4bit(value.to("cpu"), requires_grad=False, blocksize=old.blocksize,
-                              compress_statistics=old.compress_statistics, quant_type=old.quant_type,
-                              quant_storage=old.quant_storage, module=old.module)
-    return fresh.to(device)
+    return _unquantized_like(old, value.to("cpu"), bnb).to(device)
 
 
 # -- training a quantized model (Accelerator.prepare) -----------------------------------------------------------
