@@ -594,17 +594,22 @@ class Accelerator:
 
     clear = free_memory
 
-    @contextlib.contextmanager
     def profile(self, profile_handler: ProfileKwargs | None = None):
-        import os
+        from .profiling import profile
 
-        handler = profile_handler or self.profile_handler or ProfileKwargs()
-        with handler.build() as profiler:
-            yield profiler
-        if handler.output_trace_dir is not None:
-            os.makedirs(handler.output_trace_dir, exist_ok=True)
-            profiler.export_chrome_trace(os.path.join(handler.output_trace_dir, f"profile_{self.process_index}.json"))
-            self.wait_for_everyone()
+        return profile(self, profile_handler)
+
+    def track_memory(self, output_dir=None, interval: float = 0.5, plot: bool = True):
+        """A hasten extension: a `MemoryTracker` sampling this process's memory (see docs/observability.md)."""
+        from .memory_tracker import track_memory
+
+        return track_memory(self, output_dir, interval=interval, plot=plot)
+
+    def track_step_times(self, log_every: int = 10, straggler_factor: float = 1.5, synchronize: bool = False):
+        """A hasten extension: log where each step's time goes, and the straggler rank (see docs/observability.md)."""
+        from .step_timer import track_step_times
+
+        return track_step_times(self, log_every, straggler_factor=straggler_factor, synchronize=synchronize)
 
     # -- checkpoints (hasten/checkpointing.py) --------------------------------------------------------------
     def _checkpoint_contents(self):
