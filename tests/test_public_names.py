@@ -18,9 +18,6 @@ import pytest
 NAMES_FILE = Path(__file__).parent / "data" / "accelerate_public_names.txt"
 
 NOT_BUILT = {
-    "issue 16 (bitsandbytes)": [
-        "hasten.utils.bnb", "BnbQuantizationConfig", "has_4bit_bnb_layers", "load_and_quantize_model",
-    ],
     "no issue yet (Megatron-LM, SageMaker)": [
         "hasten.utils.megatron_lm", "MegatronLMPlugin", "add_model_config_to_megatron_parser", "AbstractTrainStep",
         "BertTrainStep", "GPTTrainStep", "T5TrainStep", "MegatronEngine", "MegatronLMDummyDataLoader",

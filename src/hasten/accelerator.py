@@ -34,6 +34,7 @@ from .config.settings import refuse_unbuilt_environment
 from .errors import ConfigError, NotSupportedYetError
 from .parallelism_config import config_for_run, fsdp_plugin_for_layout, mesh_rank
 from .precision import PrecisionPolicy
+from .quantized_params import quantized_model_placement
 from .state import AcceleratorState, GradientState, PartialState
 
 _NOT_PASSED = object()
@@ -378,6 +379,7 @@ class Accelerator:
                                   "cannot train in a distributed run; launch one process (or set "
                                   "HASTEN_BYPASS_DEVICE_MAP=1)")
             device_placement = False
+        device_placement = quantized_model_placement(model, self.device, self.use_distributed, device_placement)
         if any(p.is_meta for p in model.parameters()) and device_placement:
             raise ConfigError("prepare() got a model with parameters on the meta device; load its weights first")
         self.precision.convert_models([model], fsdp2=self.is_fsdp2)

@@ -10,3 +10,4 @@ from ..parallelism_config import (  # noqa: F401,E402
     TorchContextParallelConfig, TorchTensorParallelConfig, TorchTensorParallelPlugin,
 )
 from ..config.deepspeed import DeepSpeedPlugin, DeepSpeedSequenceParallelConfig  # noqa: F401
+from ..config.quantization import BnbQuantizationConfig  # noqa: F401,E402
