@@ -140,6 +140,9 @@ def test_argument_errors(tmp_path):
         accelerator.load_state(tmp_path / "nothing")
     accelerator.project_configuration.automatic_checkpoint_naming = True
     accelerator.project_configuration.set_directories(str(tmp_path))
+    # A fresh project has nothing to resume: a no-op (issue 17: auto-resume); only damaged folders raise.
+    assert accelerator.load_state() is None and accelerator.project_configuration.iteration == 0
+    os.makedirs(tmp_path / "checkpoints" / "checkpoint_0")
     with pytest.raises(CheckpointError, match="no complete checkpoint"):
         accelerator.load_state()
 

@@ -248,6 +248,9 @@ class AlignDevicesHook(ModelHook):
         if self.offload:
             for name in self._offloaded_names(module):
                 set_module_tensor_to_device(module, name, "meta")
+            if type(module).__name__ == "Linear8bitLt":
+                # bitsandbytes keeps the int8 weight in the layer's matmul state too; release it with the weight.
+                module.state.CB = module.state.SCB = None
             for pointer, device in self.tied_pointers_to_remove:
                 self.tied_params_map[pointer].pop(device, None)
             self.tied_pointers_to_remove = set()

@@ -17,6 +17,7 @@ import torch
 from . import checkpoint_io as io
 from .device_map import _device_of
 from .errors import CheckpointError, NotSupportedYetError, OffloadError
+from .quantized_params import is_int8_parameter, is_quantized_parameter, place_quantized_parameter, quantize_int8
 
 logger = logging.getLogger(__name__)
 
@@ -182,6 +183,13 @@ def set_module_tensor_to_device(module, tensor_name, device, value=None, dtype=N
         if old.shape != value.shape and type(old).__name__ != "Params4bit":
             raise ValueError(f"cannot set {tensor_name}: the value has shape {tuple(value.shape)}, the model expects "
                              f"{tuple(old.shape)}; the checkpoint does not match this model")
+    if not is_buffer and is_quantized_parameter(old):
+        # bitsandbytes weights are quantized on arrival and carry settings and statistics that a plain
+        # Parameter rebuild would drop.
+        owner._parameters[name] = place_quantized_parameter(old, value, _torch_device(device), fp16_statistics,
+                                                            dtype=dtype)
+        return
+    if value is not None:
         if dtype is None:
             value = value.to(old.dtype, non_blocking=non_blocking)
         elif not str(value.dtype).startswith(_NON_CASTING_PREFIXES):
@@ -280,9 +288,10 @@ def _keeps_fp32(name, keep_in_fp32_modules) -> bool:
 
 
 def _load_with_map(model, files, device_map, offload_folder, dtype, offload_state_dict, offload_buffers,
-                   keep_in_fp32_modules, tied):
+                   keep_in_fp32_modules, tied, offload_8bit_bnb=False):
     """Place each tensor where the map says. Disk weights of a safetensors checkpoint stay in its files (the
-    offload index points at them); other disk weights are written to `offload_folder` as `.dat` files."""
+    offload index points at them); other disk weights are written to `offload_folder` as `.dat` files. With
+    `offload_8bit_bnb`, disk weights of 8-bit layers are quantized first and written as int8 plus `SCB` scales."""
     import shutil
     import tempfile
 
@@ -305,7 +314,8 @@ def _load_with_map(model, files, device_map, offload_folder, dtype, offload_stat
                 device = _device_of(name, device_map)
                 new_dtype = dtype
                 if dtype is not None and torch.is_floating_point(tensor):
-                    if keep_in_fp32_modules and dtype == torch.float16 and _keeps_fp32(name, keep_in_fp32_modules):
+                    # Accelerate honours keep_in_fp32_modules for fp16 only; bf16 loses the same precision.
+                    if keep_in_fp32_modules and _keeps_fp32(name, keep_in_fp32_modules):
                         new_dtype = torch.float32
                 elif not torch.is_floating_point(tensor):
                     new_dtype = None
@@ -313,7 +323,12 @@ def _load_with_map(model, files, device_map, offload_folder, dtype, offload_stat
                 scb = name.replace("weight", "SCB")
                 if "weight" in name and scb in loaded and tensor.dtype == torch.int8:
                     statistics = loaded[scb]
-                if device == "disk" and (offload_buffers or name not in buffer_names):
+                if device == "disk" and offload_8bit_bnb and is_int8_parameter(model.get_parameter(name)):
+                    int8, scales = (tensor, statistics) if statistics is not None else quantize_int8(tensor)
+                    offload_weight(int8, name, offload_folder, index=offload_index)
+                    offload_weight(scales, name.replace("weight", "SCB"), offload_folder, index=offload_index)
+                    set_module_tensor_to_device(model, name, "meta", dtype=torch.int8)
+                elif device == "disk" and (offload_buffers or name not in buffer_names):
                     final_dtype = new_dtype or tensor.dtype
                     set_module_tensor_to_device(model, name, "meta", dtype=final_dtype)
                     if _is_safetensors(path):
@@ -375,9 +390,6 @@ def load_checkpoint_in_model(model: torch.nn.Module, checkpoint, device_map=None
     """
     from .device_map import check_tied_parameters_on_same_device, find_tied_parameters
 
-    if offload_8bit_bnb:
-        raise NotSupportedYetError("load_checkpoint_in_model: offload_8bit_bnb (bitsandbytes) is not supported by "
-                                   "hasten yet; load the model without 8-bit offloading")
     if broadcast_from_rank0:
         raise NotSupportedYetError("load_checkpoint_in_model: broadcast_from_rank0 is not supported by hasten yet; "
                                    "load the checkpoint on every rank")
@@ -386,6 +398,8 @@ def load_checkpoint_in_model(model: torch.nn.Module, checkpoint, device_map=None
     keep_fp32 = tuple(keep_in_fp32_modules or ())
     files = _weight_files(checkpoint)
     tied = find_tied_parameters(model)
+    # Taken before loading: quantized layers add their statistics (SCB, quant_state) to state_dict() once loaded.
+    expected = list(model.state_dict(keep_vars=True))
     if device_map is None:
         if offload_folder is not None or offload_buffers:
             raise OffloadError("load_checkpoint_in_model: offload_folder/offload_buffers need a device_map that "
@@ -400,10 +414,9 @@ def load_checkpoint_in_model(model: torch.nn.Module, checkpoint, device_map=None
                                    "offload_folder was given; pass offload_folder='some/folder'")
             os.makedirs(offload_folder, exist_ok=True)
         seen, unexpected = _load_with_map(model, files, device_map, offload_folder, dtype, offload_state_dict,
-                                          offload_buffers, keep_fp32, tied)
+                                          offload_buffers, keep_fp32, tied, offload_8bit_bnb)
     # Loading replaced parameter objects; make tied names share one again.
     retie_parameters(model, tied)
-    expected = model.state_dict(keep_vars=True)
     missing = [name for name in expected if name not in seen]
     if missing:
         # Tied weights are stored once; they are filled when their twin is loaded.

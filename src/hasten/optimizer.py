@@ -6,6 +6,7 @@ import inspect
 
 import torch
 
+from . import preemption
 from .nested import send_to_device
 from .state import AcceleratorState, GradientState
 
@@ -93,6 +94,8 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
     def step(self, closure=None):
         if not self.gradient_state.sync_gradients:
             return None
+        if preemption._active is not None:
+            preemption._active.count_optimizer_step()
         if self.scaler is None:
             self._is_overflow = False
             return self.optimizer.step(closure) if closure is not None else self.optimizer.step()

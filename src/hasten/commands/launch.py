@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import runpy
+import signal
 import socket
 import sys
 import time
@@ -316,8 +317,11 @@ def _run_distributed(args, plan: LaunchPlan) -> int:
     import logging
     import uuid
 
+    from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    from .. import requeue
 
     if not args.debug:
         # The agent's chatter (and its guess at the failed rank, often wrong) buries the user's own output;
@@ -346,6 +350,9 @@ def _run_distributed(args, plan: LaunchPlan) -> int:
         monitor_interval=plan.monitor_interval,
         start_method="spawn",
         logs_specs=_logs_specs(args),
+        # The agent passes these signals on to the workers, waits up to TORCH_ELASTIC_SHUTDOWN_TIMEOUT (30 s) for
+        # them to checkpoint and leave, then raises SignalException here (docs/fault_tolerance.md).
+        signals_to_handle=requeue.AGENT_SIGNALS,
     )
     entrypoint, entry_args = _target_command(args)
     # Debug mode's hang doctor leaves its report in the workers' error files for the launcher to print, once.
@@ -355,7 +362,19 @@ def _run_distributed(args, plan: LaunchPlan) -> int:
     started = time.monotonic()
     try:
         elastic_launch(config, entrypoint)(*entry_args)
+    except SignalException as error:
+        code = requeue.exit_code_for_signal(error.sigval)
+        hint = " (preempted: start the run again to resume)" if code == requeue.PREEMPTED_EXIT_CODE else ""
+        print(f"hasten launch: stopped by {error.sigval.name} after {time.monotonic() - started:.1f}s; exit code "
+              f"{code}{hint}", file=sys.stderr)
+        if error.sigval == signal.SIGUSR1:  # SLURM's warning ahead of the time limit: put the job back in the queue
+            requeue.requeue_slurm_job(plan.machine_rank)
+        return code
     except ChildFailedError as error:
+        if requeue.all_preempted(f.exitcode for f in (getattr(error, "failures", {}) or {}).values()):
+            print(f"hasten launch: the workers checkpointed and stopped after a preemption signal; exit code "
+                  f"{requeue.PREEMPTED_EXIT_CODE} (start the run again to resume)", file=sys.stderr)
+            return requeue.PREEMPTED_EXIT_CODE
         if not args.quiet:
             elapsed = time.monotonic() - started
             print(

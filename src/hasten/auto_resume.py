@@ -1,0 +1,102 @@
+"""`ProjectConfiguration(automatic_resume=True)`: resume from the newest complete checkpoint without a line of code.
+
+A script prepares its objects in one `prepare()` call or several, and may register more with
+`register_for_checkpointing` afterwards. Loading must happen once, when every object the checkpoint holds is
+there, and before the first batch is drawn (a loader that has started its pass cannot be moved any more). So the
+newest checkpoint is looked up when the `Accelerator` is built, the objects it holds are counted from its file
+names, and the load runs at the end of the first `prepare()` / `register_for_checkpointing()` call after which the
+accelerator holds at least that many models, optimizers, schedulers and data loaders and exactly that many
+registered objects. If training starts (`backward()`) while the load is still waiting, a one-line error says
+what is missing instead of training from scratch. See docs/fault_tolerance.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+
+from . import checkpoint_folder as folders
+from .errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+# File (or folder) names of each kind of object in a save_state checkpoint, with the object's index when > 0:
+# the base layout (model.safetensors, pytorch_model_1.bin), FSDP (pytorch_model_fsdp_0, optimizer_0) and
+# DeepSpeed (pytorch_model, pytorch_model_1: the optimizer lives inside the engine's folder and is not counted).
+_KINDS = {
+    "models": re.compile(r"^(?:model|pytorch_model|pytorch_model_fsdp)(?:_(\d+))?(?:\.safetensors|\.bin)?$"),
+    "optimizers": re.compile(r"^optimizer(?:_(\d+))?(?:\.bin)?$"),
+    "schedulers": re.compile(r"^scheduler(?:_(\d+))?\.bin$"),
+    "dataloaders": re.compile(r"^sampler(?:_(\d+))?\.bin$"),
+    "custom_objects": re.compile(r"^custom_checkpoint_(\d+)\.pkl$"),
+}
+
+
+def objects_in(folder: str) -> dict:
+    """{kind: how many objects of that kind `folder` holds}, read from the file names."""
+    counts = dict.fromkeys(_KINDS, 0)
+    for name in os.listdir(folder):
+        for kind, pattern in _KINDS.items():
+            match = pattern.match(name)
+            if match:
+                counts[kind] = max(counts[kind], int(match.group(1) or 0) + 1)
+                break
+    return counts
+
+
+class PendingResume:
+    """The newest complete checkpoint, waiting until the accelerator holds everything it holds."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.expected = objects_in(path)
+
+    @classmethod
+    def for_project(cls, project):
+        """A pending resume, or None when `project` asks for none or has no checkpoint yet."""
+        if not getattr(project, "automatic_resume", False):
+            return None
+        root = folders.checkpoints_root(project)
+        path = folders.newest_checkpoint(root)
+        if path is None:
+            if folders.list_checkpoints(root):
+                from .errors import CheckpointError
+
+                raise CheckpointError(f"automatic_resume: no complete checkpoint in {root} (each one is damaged; "
+                                      "see the warnings); remove them to start over")
+            logger.info("automatic_resume: no checkpoint in %s yet; starting from the beginning", root)
+            return None
+        return cls(path)
+
+    def _held(self, accelerator) -> dict:
+        return {
+            "models": len(accelerator._models), "optimizers": len(accelerator._optimizers),
+            "schedulers": len(accelerator._schedulers), "dataloaders": len(accelerator._dataloaders),
+            "custom_objects": len(accelerator._custom_objects),
+        }
+
+    def _ready(self, held: dict) -> bool:
+        return held["custom_objects"] == self.expected["custom_objects"] and all(
+            held[kind] >= count for kind, count in self.expected.items() if kind != "custom_objects"
+        ) and held["models"] > 0
+
+    def try_load(self, accelerator) -> bool:
+        """Load when everything is there; True once loaded (the caller then forgets this object)."""
+        if not self._ready(self._held(accelerator)):
+            return False
+        logger.info("automatic_resume: resuming from %s", self.path)
+        accelerator.load_state(self.path)
+        return True
+
+    def missing(self, accelerator) -> ConfigError:
+        """The error for training that starts before everything the checkpoint holds was prepared."""
+        held = self._held(accelerator)
+        wanted = ", ".join(f"{count} {kind.replace('_', ' ')} (have {held[kind]})"
+                           for kind, count in self.expected.items()
+                           if held[kind] < count or (kind == "custom_objects" and held[kind] != count))
+        return ConfigError(
+            f"automatic_resume: training started before everything in {self.path} was prepared: it holds {wanted}. "
+            "Prepare (and register_for_checkpointing) the same objects as the run that saved it, before the first "
+            "backward(), or set automatic_resume=False and call accelerator.load_state() yourself"
+        )

@@ -1,0 +1,13 @@
+"""Accelerate's `utils.bnb` path; the code lives in `hasten.quantization` and `hasten.config.quantization`."""
+
+from ..big_modeling import dispatch_model, init_empty_weights  # noqa: F401
+from ..config.quantization import BnbQuantizationConfig  # noqa: F401
+from ..quantization import (  # noqa: F401
+    get_keys_to_not_convert,
+    get_parameter_device,
+    get_quantized_model_device_map,
+    has_4bit_bnb_layers,
+    load_and_quantize_model,
+    quantize_and_offload_8bit,
+    replace_with_bnb_layers,
+)
