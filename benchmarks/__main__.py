@@ -33,12 +33,15 @@ OWN = {
     "ddp_throughput": ["--repeats", "3", "--steps", "200"],
     "startup": ["--repeats", "10", "--launch-repeats", "5"],
     "save_load_state": ["--size-mb", "256", "--repeats", "3"],
+    "async_checkpoint": ["--size-mb", "64", "--repeats", "3"],
     "big_model": ["--size-mb", "512", "--repeats", "2"],
 }
 # Benchmarks written elsewhere, run as scripts when present: their arguments for each size (they have no --quick).
 EXTERNAL = {
     "checkpoint_io": {"quick": ["--size-mb", "8", "--repeats", "1"], "small": ["--size-mb", "256"], "full": []},
     "fsdp_vs_ddp": {"quick": ["--dim", "64", "--depth", "2", "--rows", "16", "--steps", "2"], "small": [], "full": []},
+    "tp_vs_fsdp": {"quick": ["--dim", "64", "--depth", "2", "--seq", "8", "--rows", "2", "--steps", "2"], "small": [],
+                   "full": []},
 }
 START, END = "<!-- benchmark results start -->", "<!-- benchmark results end -->"
 

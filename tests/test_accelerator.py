@@ -58,7 +58,7 @@ def test_prepare_rejects_bad_objects():
     "kwargs, error, message",
     [
         ({"mixed_precision": "fp32"}, ConfigError, "Unknown mixed precision 'fp32'"),
-        ({"mixed_precision": "fp8"}, NotSupportedYetError, "fp8"),
+        ({"mixed_precision": "fp8", "cpu": True}, ConfigError, "fp8 training needs a CUDA GPU with compute capability >= 8.9"),
         ({"gradient_accumulation_steps": 0}, ConfigError, "positive integer"),
         ({"gradient_accumulation_steps": 2, "gradient_accumulation_plugin": GradientAccumulationPlugin(num_steps=2)},
          ConfigError, "not both"),

@@ -30,6 +30,7 @@ RUNS = {
     "fsdp1": ("fsdp", 2, [*FSDP, "--fsdp_version", "1"]),
     "deepspeed_zero2": ("deepspeed", 2, [*DEEPSPEED, "--zero_stage", "2"]),
     "deepspeed_zero3": ("deepspeed", 2, [*DEEPSPEED, "--zero_stage", "3"]),
+    "tensor_parallel": ("tensor_parallel", 2, ["--cpu", "--parallelism_config_tp_size", "2"]),
 }
 NEEDS = {run: "deepspeed" for run in RUNS if run.startswith("deepspeed")}  # run -> module it needs
 # Known failures, with the reason; strict, so a fix shows up as an unexpected pass.

@@ -200,7 +200,7 @@ def test_bad_arguments_get_clear_errors():
         prepare_data_loader(loader, dispatch_batches=True)
     with pytest.raises(NotSupportedYetError, match="StatefulDataLoader"):
         prepare_data_loader(loader, use_stateful_dataloader=True)
-    with pytest.raises(NotSupportedYetError, match="device mesh"):
+    with pytest.raises(ValueError, match="torch_device_mesh must be a torch DeviceMesh"):  # a mesh: issue 14
         prepare_data_loader(loader, torch_device_mesh=object())
     with pytest.raises(ValueError, match="process_index=3"):
         prepare_data_loader(loader, num_processes=2, process_index=3)

@@ -99,7 +99,6 @@ def test_a_bad_or_unbuilt_variable_is_one_line(monkeypatch, variable, text, expe
     (dict(dp_shard_size=0), "dp_shard_size=0"),
     (dict(tp_size=1.5), "tp_size=1.5"),
     (dict(cp_size=2, sp_size=2), "cannot both be above 1"),
-    (dict(dp_replicate_size=2, tp_size=2), "use dp_shard_size instead"),
     (dict(cp_backend="ring"), "must be 'torch'"),
     (dict(sp_backend="ulysses"), "must be 'deepspeed'"),
 ])
@@ -123,6 +122,11 @@ def test_handler_options_not_built_are_refused():
     ({}, 4, "ddp"),  # all sizes 1 on many processes: replicate over all of them, as Accelerate does
     (dict(dp_replicate_size=2), 2, "ddp"),
     (dict(dp_shard_size=4), 4, "fsdp"),
+    (dict(dp_replicate_size=2, dp_shard_size=2), 4, "fsdp"),  # HSDP: FSDP2 over a 2-D mesh
+    (dict(tp_size=2), 2, "tensor_parallel"),
+    (dict(dp_shard_size=2, tp_size=2), 4, "tensor_parallel"),
+    (dict(dp_replicate_size=2, tp_size=2), 4, "tensor_parallel"),  # Accelerate refuses it; hasten replicates
+    (dict(dp_shard_size=2, cp_size=2), 4, "tensor_parallel"),  # on CUDA (no device type given here)
 ])
 def test_layouts_hasten_runs(kwargs, processes, backend):
     config = ParallelismConfig(**kwargs)
@@ -132,15 +136,19 @@ def test_layouts_hasten_runs(kwargs, processes, backend):
 
 @pytest.mark.parametrize("kwargs, processes, error, expected", [
     (dict(dp_shard_size=2), 3, ConfigError, "sizes multiply to 2 (dp_shard_size=2) but this run has 3 process"),
-    (dict(dp_replicate_size=2, dp_shard_size=2), 4, NotBuiltError, "HSDP is not built in hasten yet (issue 14)"),
-    (dict(dp_shard_size=2, tp_size=2), 4, NotBuiltError, "tp_size=2: tensor parallelism is not built"),
-    (dict(dp_shard_size=2, cp_size=2), 4, NotBuiltError, "cp_size=2: context parallelism is not built"),
     (dict(sp_size=2), 2, NotBuiltError, "sequence (DeepSpeed) parallelism is not built"),
 ])
 def test_layouts_hasten_refuses_in_one_line(kwargs, processes, error, expected):
     with pytest.raises(error) as raised:
         backend_for_layout(ParallelismConfig(**kwargs), processes)
     assert expected in _one_line(raised)
+
+
+def test_context_parallelism_on_cpu_is_refused_with_the_reason():
+    with pytest.raises(NotBuiltError) as raised:
+        backend_for_layout(ParallelismConfig(dp_shard_size=2, cp_size=2), 4, device_type="cpu")
+    text = _one_line(raised)
+    assert "cp_size=2 on cpu" in text and "needs CUDA" in text and "no sharding strategy" in text
 
 
 def test_an_fsdp1_plugin_cannot_shard_a_layout():
@@ -152,7 +160,10 @@ def test_an_fsdp1_plugin_cannot_shard_a_layout():
     assert "no dimension to shard over" in _one_line(error)
     with pytest.raises(ConfigError) as error:
         backend_for_layout(ParallelismConfig(dp_shard_size=2), 2, deepspeed=True)
-    assert "DeepSpeed shards by its ZeRO stage" in _one_line(error)
+    assert "DeepSpeed plugin is given, which shards by its ZeRO stage" in _one_line(error)
+    with pytest.raises(ConfigError) as error:  # FSDP1 (its HYBRID_SHARD diverges on CPU) never runs a layout
+        backend_for_layout(ParallelismConfig(tp_size=2), 2, FullyShardedDataParallelPlugin(fsdp_version=1))
+    assert "fsdp_version=2" in _one_line(error)
     assert backend_for_layout(ParallelismConfig(dp_replicate_size=2), 2, deepspeed=True) == "deepspeed"
 
 
@@ -197,25 +208,25 @@ def test_launch_flags_reach_the_processes_and_set_their_number():
     with pytest.raises(ConfigError) as error:
         _plan("--cpu", "--num_processes", "3", "--parallelism_config_dp_replicate_size", "2")
     assert "multiply to 2 but num_processes is 3" in _one_line(error)
-    for flag, kind in (("--parallelism_config_tp_size", "tensor"), ("--parallelism_config_cp_size", "context")):
-        with pytest.raises(NotBuiltError) as error:
-            _plan("--cpu", flag, "2")
-        assert f"{kind} parallelism is not built in hasten yet (issue 14)" in _one_line(error)
+    plan = _plan("--cpu", "--parallelism_config_tp_size", "2")
+    assert plan.num_processes == 2 and plan.env["PARALLELISM_CONFIG_TP_SIZE"] == "2"
+    with pytest.raises(NotBuiltError) as error:  # refused before any process starts, with the measured reason
+        _plan("--cpu", "--parallelism_config_cp_size", "2")
+    assert "cp_size=2 on CPU processes: context parallelism needs CUDA GPUs" in _one_line(error)
 
 
 def test_the_config_file_block_reaches_the_run(tmp_path):
     path = tmp_path / "config.yaml"
     path.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_CPU\nnum_processes: 2\n"
                     "parallelism_config:\n  parallelism_config_tp_size: 2\n")
-    with pytest.raises(NotBuiltError) as error:  # was accepted and silently ignored
-        _plan("--config_file", str(path))
-    assert "parallelism_config.parallelism_config_tp_size: tp_size=2" in _one_line(error)
+    # was accepted and silently ignored; now it reaches the processes (tests/distributed/tp_layouts.py trains with it)
+    assert _plan("--config_file", str(path)).env["PARALLELISM_CONFIG_TP_SIZE"] == "2"
     path.write_text(path.read_text().replace("tp_size", "dp_shard_size"))
     assert _plan("--config_file", str(path)).env["PARALLELISM_CONFIG_DP_SHARD_SIZE"] == "2"
 
 
 def test_layouts_on_two_processes():
     """dp_shard=2 (from the launch flag) trains with FSDP2, dp_replicate=2 with DDP, both equal to one process;
-    rank properties read the mesh; TP/CP refused in one line (tests/distributed/parallelism_layouts.py)."""
+    rank properties read the mesh; CP on CPU refused in one line (tests/distributed/parallelism_layouts.py)."""
     result = launch("parallelism_layouts.py", flags=("--parallelism_config_dp_shard_size", "2"), timeout=300)
     assert result.stdout.count("parallelism layout checks passed") == 2, result.stdout

@@ -18,14 +18,8 @@ import pytest
 NAMES_FILE = Path(__file__).parent / "data" / "accelerate_public_names.txt"
 
 NOT_BUILT = {
-    "issue 14 (N-D parallelism, ParallelismConfig, tensor/context parallel)": [
-        "model_has_dtensor", "get_model_tp_size",
-    ],
-    "issue 16 (fp8 and bitsandbytes)": [
-        "hasten.utils.ao", "hasten.utils.bnb", "hasten.utils.transformer_engine", "AORecipeKwargs", "TERecipeKwargs",
-        "MSAMPRecipeKwargs", "FP8RecipeKwargs", "BnbQuantizationConfig", "convert_model_to_fp8_ao",
-        "filter_first_and_last_linear_layers", "has_ao_layers", "has_4bit_bnb_layers", "load_and_quantize_model",
-        "apply_fp8_autowrap", "contextual_fp8_autocast", "convert_model", "has_transformer_engine_layers",
+    "issue 16 (bitsandbytes)": [
+        "hasten.utils.bnb", "BnbQuantizationConfig", "has_4bit_bnb_layers", "load_and_quantize_model",
     ],
     "no issue yet (Megatron-LM, SageMaker)": [
         "hasten.utils.megatron_lm", "MegatronLMPlugin", "add_model_config_to_megatron_parser", "AbstractTrainStep",

@@ -15,6 +15,7 @@ import torch
 from . import operations
 from .backends import backend_name_for, create_backend
 from .compilation import compile_model
+from .config.fp8 import RECIPE_HANDLERS, AORecipeKwargs, FP8RecipeKwargs, MSAMPRecipeKwargs, TERecipeKwargs
 from .config.dataclasses import (
     AutocastKwargs,
     DataLoaderConfiguration,
@@ -44,6 +45,10 @@ _HANDLER_SLOTS = {
     InitProcessGroupKwargs: "init_handler",
     AutocastKwargs: "autocast_handler",
     ProfileKwargs: "profile_handler",
+    AORecipeKwargs: "ao_recipe_handler",
+    TERecipeKwargs: "te_recipe_handler",
+    MSAMPRecipeKwargs: "msamp_recipe_handler",
+    FP8RecipeKwargs: "fp8_recipe_handler",
 }
 
 
@@ -85,9 +90,8 @@ class Accelerator:
         deepspeed_plugins=None,
         parallelism_config=None,
     ):
-        for name, value in (("torch_tp_plugin", torch_tp_plugin), ("megatron_lm_plugin", megatron_lm_plugin)):
-            if value is not None:
-                raise NotSupportedYetError(f"Accelerator({name}=...) is not supported by hasten yet")
+        if megatron_lm_plugin is not None:
+            raise NotSupportedYetError("Accelerator(megatron_lm_plugin=...) is not supported by hasten yet")
         refuse_unbuilt_environment(os.environ)  # e.g. ACCELERATE_USE_MEGATRON_LM=true: refused, not ignored
         if split_batches is not _NOT_PASSED:
             warnings.warn(
@@ -110,7 +114,7 @@ class Accelerator:
         deepspeed_plugins = self._deepspeed_plugins(deepspeed_plugin, deepspeed_plugins, fsdp_plugin)
 
         init_kwargs = self.init_handler.to_kwargs() if self.init_handler is not None else {}
-        parallelism_config = config_for_run(parallelism_config)
+        parallelism_config = config_for_run(parallelism_config, torch_tp_plugin)
         if parallelism_config is not None:  # the layout picks the backend: dp_shard -> FSDP2, dp_replicate -> DDP
             num_processes = PartialState(cpu, **init_kwargs).num_processes
             fsdp_plugin = fsdp_plugin_for_layout(parallelism_config, num_processes, fsdp_plugin, deepspeed_plugins)
@@ -122,8 +126,8 @@ class Accelerator:
         if parallelism_config is not None:
             self.state.device_mesh = parallelism_config.get_device_mesh(self.state.device.type)
         precision = PrecisionPolicy.from_setting(self.state.mixed_precision, self.device, self.autocast_handler,
-                                                 self.scaler_handler)
-        backend_name = backend_name_for(self.distributed_type, self.num_processes)
+                                                 self.scaler_handler, self._recipe_handler)
+        backend_name = backend_name_for(self.distributed_type, self.num_processes, parallelism_config)
         self._backend = create_backend(backend_name, self.state, precision=precision, ddp_kwargs=self.ddp_handler,
                                        plugin=fsdp_plugin)
         # The backend's view of precision: one whose engine applies it (DeepSpeed) keeps hasten's autocast off.
@@ -162,7 +166,7 @@ class Accelerator:
         # `loss.backward()` itself; in one process, `accumulate` has no gradient sync to hold back.
         self._plain_backward = self.scaler is None and self._backend.plain_backward
         self._holds_back_sync = self.use_distributed
-        self.fp8_enabled = False
+        self.fp8_enabled = self.precision.fp8 is not None
         self.has_lomo_optimizer = False
         self.flag_tensor = None
         self.step = 0
@@ -193,6 +197,10 @@ class Accelerator:
             if getattr(self, slot) is not None:
                 raise ConfigError(f"only one {type(handler).__name__} may be passed in kwargs_handlers")
             setattr(self, slot, handler)
+        recipes = [h for h in handlers if isinstance(h, RECIPE_HANDLERS)]
+        if len(recipes) > 1:
+            raise ConfigError(f"pass one fp8 recipe handler, not {' and '.join(type(h).__name__ for h in recipes)}")
+        self._recipe_handler = recipes[0] if recipes else None
 
     @staticmethod
     def _deepspeed_plugins(deepspeed_plugin, deepspeed_plugins, fsdp_plugin):
@@ -237,6 +245,7 @@ class Accelerator:
     is_fsdp2 = property(lambda self: self.state.is_fsdp2)
     deepspeed_plugin = property(lambda self: self.state.deepspeed_plugin)
     deepspeed_engine_wrapped = property(lambda self: self._backend.engine_wrapper)
+    fp8_backend = property(lambda self: self.precision.fp8_backend)
 
     @property
     def deepspeed_config(self):
@@ -252,6 +261,11 @@ class Accelerator:
     context_parallel_rank = property(lambda self: mesh_rank(self.state, "cp"))
     data_parallel_rank = property(lambda self: mesh_rank(self.state, "dp_replicate"))
     data_parallel_shard_rank = property(lambda self: mesh_rank(self.state, "dp_shard"))
+
+    def maybe_context_parallel(self, buffers=None, buffer_seq_dims=None, no_restore_buffers=None):
+        from .context_parallel import maybe_context_parallel
+
+        return maybe_context_parallel(self.state, buffers, buffer_seq_dims, no_restore_buffers)
 
     @property
     def multi_device(self) -> bool:
@@ -314,6 +328,7 @@ class Accelerator:
         result = list(args)
         models = [(i, o) for i, o in enumerate(args) if isinstance(o, torch.nn.Module)]
         optimizers = [(i, o) for i, o in enumerate(args) if isinstance(o, torch.optim.Optimizer)]
+        self.precision.convert_models([o for _, o in models], [o for _, o in optimizers], fsdp2=self.is_fsdp2)
         self._backend.prepare_together(
             [o for _, o in models], [o for _, o in optimizers], schedulers=[o for o in args if _is_scheduler(o)],
             data_loaders=[o for o in args if _is_dataloader(o)], split_batches=self.split_batches,
@@ -357,8 +372,10 @@ class Accelerator:
             device_placement = False
         if any(p.is_meta for p in model.parameters()) and device_placement:
             raise ConfigError("prepare() got a model with parameters on the meta device; load its weights first")
+        self.precision.convert_models([model], fsdp2=self.is_fsdp2)
         self.precision.wrap_forward(model)
         model = self._backend.prepare_model(model, device_placement=device_placement, evaluation_mode=evaluation_mode)
+        model = self.precision.wrap_prepared(model)
         plugin = self.state.dynamo_plugin
         if plugin is not None and plugin.backend != DynamoBackend.NO and not _is_compiled(model):
             model = compile_model(model, plugin)
@@ -373,6 +390,7 @@ class Accelerator:
             return optimizer
         if device_placement is None:
             device_placement = self.device_placement
+        self.precision.repoint_optimizer(optimizer)
         wrapped = self._backend.prepare_optimizer(optimizer, device_placement=device_placement, scaler=self.scaler)
         wrapped._is_accelerate_prepared = True
         self._optimizers.append(wrapped)
@@ -407,7 +425,7 @@ class Accelerator:
             dispatch_batches=config.dispatch_batches, even_batches=config.even_batches,
             slice_fn_for_dispatch=slice_fn_for_dispatch, use_seedable_sampler=config.use_seedable_sampler,
             data_seed=config.data_seed, non_blocking=config.non_blocking,
-            use_stateful_dataloader=config.use_stateful_dataloader,
+            use_stateful_dataloader=config.use_stateful_dataloader, torch_device_mesh=self.state.device_mesh,
         )
         prepared._is_accelerate_prepared = True
         self._dataloaders.append(prepared)
@@ -592,17 +610,22 @@ class Accelerator:
 
     clear = free_memory
 
-    @contextlib.contextmanager
     def profile(self, profile_handler: ProfileKwargs | None = None):
-        import os
+        from .profiling import profile
 
-        handler = profile_handler or self.profile_handler or ProfileKwargs()
-        with handler.build() as profiler:
-            yield profiler
-        if handler.output_trace_dir is not None:
-            os.makedirs(handler.output_trace_dir, exist_ok=True)
-            profiler.export_chrome_trace(os.path.join(handler.output_trace_dir, f"profile_{self.process_index}.json"))
-            self.wait_for_everyone()
+        return profile(self, profile_handler)
+
+    def track_memory(self, output_dir=None, interval: float = 0.5, plot: bool = True):
+        """A hasten extension: a `MemoryTracker` sampling this process's memory (see docs/observability.md)."""
+        from .memory_tracker import track_memory
+
+        return track_memory(self, output_dir, interval=interval, plot=plot)
+
+    def track_step_times(self, log_every: int = 10, straggler_factor: float = 1.5, synchronize: bool = False):
+        """A hasten extension: log where each step's time goes, and the straggler rank (see docs/observability.md)."""
+        from .step_timer import track_step_times
+
+        return track_step_times(self, log_every, straggler_factor=straggler_factor, synchronize=synchronize)
 
     # -- checkpoints (hasten/checkpointing.py) --------------------------------------------------------------
     def _checkpoint_contents(self):
@@ -617,11 +640,18 @@ class Accelerator:
             load_hooks=list(self._load_model_state_pre_hook.values()),
         )
 
-    def save_state(self, output_dir=None, safe_serialization: bool = True, **save_model_func_kwargs):
+    def save_state(self, output_dir=None, safe_serialization: bool = True, async_save: bool = False,
+                   **save_model_func_kwargs):
         from . import checkpointing
 
         return checkpointing.save_state(self._checkpoint_contents(), output_dir, safe_serialization=safe_serialization,
-                                        **save_model_func_kwargs)
+                                        async_save=async_save, **save_model_func_kwargs)
+
+    def wait_for_checkpoint(self):
+        """hasten only: block until an asynchronous `save_state` is committed; raise what went wrong in it."""
+        from .async_checkpoint import wait
+
+        wait()
 
     def load_state(self, input_dir=None, load_kwargs=None, **load_model_func_kwargs):
         from . import checkpointing
@@ -683,6 +713,9 @@ class Accelerator:
         return self._tracker_session().get(name, unwrap)
 
     def end_training(self):
+        from .async_checkpoint import close
+
+        close()  # an asynchronous save commits before the process group goes
         if self._tracking is not None:
             self._tracking.finish()
         self.state.destroy_process_group()

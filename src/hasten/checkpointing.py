@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from . import async_checkpoint as background
 from . import checkpoint_folder as folders
 from . import checkpoint_io as io
 from .backends.base import numbered
@@ -98,35 +99,44 @@ def _loader_state(loader):
     return state_dict() if callable(state_dict) else None
 
 
-def _plan_files(contents: CheckpointContents) -> list:
-    """(file name, write function) for everything this process writes besides the model and optimizer files."""
+def _as_is(obj, key: str = ""):
+    return obj
+
+
+def _plan_files(contents: CheckpointContents, stage=_as_is) -> list:
+    """(file name, write function) for everything this process writes besides the model and optimizer files.
+    `stage(obj, name)` copies what a write will read, for a save that writes in the background."""
     plan = []
+
+    def add(name, write, payload):
+        plan.append((name, lambda p, s=stage(payload, name): write(s, p)))
+
     if contents.writer:
         for i, scheduler in enumerate(contents.schedulers):
-            plan.append((numbered(SCHEDULER_NAME, i, ".bin"), lambda p, s=scheduler.state_dict(): io.save_object(s, p)))
+            add(numbered(SCHEDULER_NAME, i, ".bin"), io.save_object, scheduler.state_dict())
         if contents.scaler is not None:
-            plan.append((SCALER_NAME, lambda p, s=contents.scaler.state_dict(): io.save_object(s, p)))
+            add(SCALER_NAME, io.save_object, contents.scaler.state_dict())
         for i, obj in enumerate(contents.custom_objects):
-            plan.append((f"custom_checkpoint_{i}.pkl", lambda p, s=obj.state_dict(): io.save_object(s, p)))
+            add(f"custom_checkpoint_{i}.pkl", io.save_object, obj.state_dict())
     grads = {}
     for i, model in enumerate(contents.models):
         grads.update({f"{i}.{name}": g for name, g in _gradients(model).items()})
     if grads:
-        plan.append((f"{GRADIENTS_NAME}_{contents.rank}.safetensors", lambda p, t=grads: io.save_tensors(t, p)))
-    rng = {"step": int(contents.step), **capture_rng_states()}
-    plan.append((f"{RNG_STATE_NAME}_{contents.rank}.pkl", lambda p, s=rng: io.save_object(s, p)))
+        add(f"{GRADIENTS_NAME}_{contents.rank}.safetensors", io.save_tensors, grads)
+    add(f"{RNG_STATE_NAME}_{contents.rank}.pkl", io.save_object, {"step": int(contents.step), **capture_rng_states()})
     return plan
 
 
-def _loader_files(contents: CheckpointContents) -> list:
+def _loader_files(contents: CheckpointContents, stage=_as_is) -> list:
     """Loader positions: gathered from every process, written once (as one state when all agree)."""
     plan = []
     for i, loader in enumerate(contents.dataloaders):
         states = _all_gather(_loader_state(loader))
         if not contents.writer or states[0] is None:
             continue
-        payload = states[0] if all(s == states[0] for s in states) else {"hasten_per_process": states}
-        plan.append((numbered(SAMPLER_NAME, i, ".bin"), lambda p, s=payload: io.save_object(s, p)))
+        name = numbered(SAMPLER_NAME, i, ".bin")
+        payload = stage(states[0] if all(s == states[0] for s in states) else {"hasten_per_process": states}, name)
+        plan.append((name, lambda p, s=payload: io.save_object(s, p)))
     return plan
 
 
@@ -166,14 +176,7 @@ def _write_files(contents: CheckpointContents, temp: str, loader_plan: list, saf
                  save_model_func_kwargs) -> dict:
     """Step 3: the backend writes model and optimizer state (collectively where sharded), then every process
     writes its other files; {name: size} of what this process wrote. Raises what went wrong here."""
-    models = list(contents.models)
-
-    def run_hooks(weights):
-        # Hooks get the temporary folder: whatever they write there (e.g. a model saved in its own format) is
-        # committed with the rest, atomically.
-        for hook in contents.save_hooks:
-            hook(models, weights, temp)
-
+    models, run_hooks = _hooks_runner(contents, temp)
     os.makedirs(temp, exist_ok=True)
     names = contents.backend.save_model_and_optimizer(
         temp, models, list(contents.optimizers), writer=contents.writer, rank=contents.rank,
@@ -191,12 +194,53 @@ def _write_files(contents: CheckpointContents, temp: str, loader_plan: list, saf
     return written
 
 
+@dataclass(frozen=True)
+class _Commit:
+    """What step 4 needs, fixed at the call (an asynchronous save commits after `save_state` returned)."""
+
+    temp: str
+    target: str
+    writer: bool
+    rank: int
+    iteration: int
+    num_processes: int
+    total_limit: object  # None, or how many automatically named checkpoints to keep
+
+
+def _commit_for(contents: CheckpointContents, temp: str, target: str) -> _Commit:
+    project = contents.project
+    limit = project.total_limit if project.automatic_checkpoint_naming else None
+    return _Commit(temp, target, contents.writer, contents.rank, project.iteration, contents.state.num_processes, limit)
+
+
+def _hooks_runner(contents: CheckpointContents, temp: str):
+    models = list(contents.models)
+
+    def run_hooks(weights):
+        # Hooks get the temporary folder: whatever they write there (e.g. a model saved in its own format) is
+        # committed with the rest, atomically.
+        for hook in contents.save_hooks:
+            hook(models, weights, temp)
+
+    return models, run_hooks
+
+
 def save_state(contents: CheckpointContents, output_dir=None, safe_serialization: bool = True,
-               **save_model_func_kwargs) -> str:
-    """Write every object of `contents` to a checkpoint folder, atomically; return its path."""
+               async_save: bool = False, **save_model_func_kwargs) -> str:
+    """Write every object of `contents` to a checkpoint folder, atomically; return its path.
+
+    With `async_save`, return once everything is staged in CPU memory; the files are written and committed in
+    the background (see `async_checkpoint.py`)."""
+    background.wait()  # an earlier asynchronous save commits first, and raises here what went wrong in it
     project = contents.project
     target = _target_for(project, output_dir)
+    if async_save and not contents.backend.supports_async_save:
+        raise background.refuse(contents.backend)
     temp = _make_temp(contents, target)
+    if async_save:
+        _save_in_background(contents, _commit_for(contents, temp, target), safe_serialization, save_model_func_kwargs)
+        project.iteration += 1
+        return target
 
     # 2. Loader positions are gathered (a collective, so before anything that may fail on one process only),
     # then 3. every process writes its files. Failures are collected so that no process waits for another.
@@ -206,36 +250,70 @@ def save_state(contents: CheckpointContents, output_dir=None, safe_serialization
         written = _write_files(contents, temp, loader_plan, safe_serialization, save_model_func_kwargs)
     except Exception as error:  # noqa: BLE001 - reported to every rank below
         problem = error
-    reports = _all_gather((None if problem is None else _describe(problem), sorted(written)))
+    _finish(_commit_for(contents, temp, target), problem, written, _all_gather)
+    project.iteration += 1
+    return target
+
+
+def _finish(commit: _Commit, problem, written: dict, gather) -> None:
+    """Steps 3b and 4, on every process: agree (through `gather`) that every process wrote its files, then the
+    writer commits and rotates, and nobody returns before the checkpoint exists. Raises what failed anywhere."""
+    target, temp = commit.target, commit.temp
+    reports = gather((None if problem is None else _describe(problem), sorted(written)))
     if any(error for error, _ in reports):
-        if contents.writer:
+        if commit.writer:
             io.remove_tree(temp)
         if problem is not None:
-            raise CheckpointError(f"save_state({target}) failed on rank {contents.rank}: {_describe(problem)}") from problem
+            raise CheckpointError(f"save_state({target}) failed on rank {commit.rank}: {_describe(problem)}") from problem
         _raise_failures([error for error, _ in reports], f"save_state({target})")
 
-    # 4. Commit, rotate, and let nobody return before the checkpoint exists. The marker lists every file in
-    # the folder (on this machine's disk, with save_on_each_node), including any a hook wrote.
+    # 4. Commit, rotate. The marker lists every file in the folder (on this machine's disk, with
+    # save_on_each_node), including any a hook wrote.
     problem = None
-    if contents.writer:
+    if commit.writer:
         try:
             reported = {name for _, names in reports for name in names}
             files = folders.sizes_under(temp, "")
             if set(files) - reported:
                 io.fsync_tree(temp)
             io.fsync_dir(temp)
-            io.crash_point(contents.rank)
-            folders.commit(temp, target, files, project.iteration, contents.state.num_processes, contents.rank)
-            if project.automatic_checkpoint_naming and project.total_limit is not None:
-                folders.rotate(os.path.dirname(target), target, project.total_limit, contents.rank)
+            io.crash_point(commit.rank)
+            folders.commit(temp, target, files, commit.iteration, commit.num_processes, commit.rank)
+            if commit.total_limit is not None:
+                folders.rotate(os.path.dirname(target), target, commit.total_limit, commit.rank)
         except Exception as error:  # noqa: BLE001
             problem = error
-    outcomes = _all_gather(None if problem is None else _describe(problem))
+    outcomes = gather(None if problem is None else _describe(problem))
     if problem is not None:
         raise CheckpointError(f"could not commit checkpoint {target}: {_describe(problem)}") from problem
     _raise_failures(outcomes, f"committing {target}")
-    project.iteration += 1
-    return target
+
+
+def _save_in_background(contents: CheckpointContents, commit: _Commit, safe_serialization: bool,
+                        save_model_func_kwargs: dict) -> None:
+    """Stage everything to CPU memory now; write, agree and commit in the background thread."""
+    stager = background.stager
+    loader_plan = _loader_files(contents, stager)  # a collective: outside what may fail on one process only
+    models, run_hooks = _hooks_runner(contents, commit.temp)
+    jobs, problem = [], None
+    stager.begin()
+    try:
+        os.makedirs(commit.temp, exist_ok=True)
+        jobs = contents.backend.stage_model_and_optimizer(
+            commit.temp, models, list(contents.optimizers), writer=contents.writer, rank=contents.rank,
+            safe_serialization=safe_serialization, before_write=run_hooks, stage=stager,
+            dcp_group=background.dcp_groups(), **save_model_func_kwargs,
+        )
+        jobs = jobs + _plan_files(contents, stager) + loader_plan
+    except Exception as error:  # noqa: BLE001 - reported to every rank by the background agreement
+        problem = error
+    finally:
+        stager.end()
+
+    def finish(write_problem, written, gather):
+        _finish(commit, problem or write_problem, written, gather)
+
+    background.start(commit.temp, jobs, contents.rank, finish)
 
 
 # -- load_state -------------------------------------------------------------------------------------------------
@@ -332,6 +410,7 @@ def load_state(contents: CheckpointContents, input_dir=None, load_kwargs=None, *
 
     Returns the step counter saved with this process's random states (None if the file is missing), which
     the facade takes over."""
+    background.wait()  # a save still being written commits first (it may be the checkpoint to load)
     folder = _resolve_input(contents, input_dir)
     marker = io.read_marker(folder)
     if marker is not None:

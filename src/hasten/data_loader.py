@@ -32,7 +32,8 @@ from .nested import (
     send_to_device,
     slice_tensors,
 )
-from .operations import broadcast, broadcast_object_list, gather, gather_object
+from .operations import broadcast, broadcast_object_list
+from .parallelism_config import gather_data_parallel, mesh_data_sharding, run_shares_batches
 from .rng import synchronize_rng_states
 from .samplers import (
     BatchSamplerShard,
@@ -527,7 +528,7 @@ def _loader_batch_size(dataloader):
 def _new_generator(num_processes: int, state: PartialState) -> torch.Generator:
     """A generator seeded from one draw of torch's global RNG, the same seed on every rank of the job."""
     seed = [int(torch.empty((), dtype=torch.int64).random_().item())]
-    if state.use_distributed and num_processes == state.num_processes:
+    if state.use_distributed and (num_processes == state.num_processes or run_shares_batches()):
         broadcast_object_list(seed)
     generator = torch.Generator()
     generator.manual_seed(seed[0])
@@ -542,8 +543,11 @@ def prepare_data_loader(dataloader, device=None, num_processes=None, process_ind
                         put_on_device=False, rng_types=None, dispatch_batches=None, even_batches=True,
                         slice_fn_for_dispatch=None, use_seedable_sampler=False, data_seed=None, non_blocking=False,
                         use_stateful_dataloader=False, torch_device_mesh=None):
-    """Wrap `dataloader` so this process reads only its share of every batch (see docs/data.md)."""
-    _reject_unsupported(use_stateful_dataloader, torch_device_mesh)
+    """Wrap `dataloader` so this process reads only its share of every batch (see docs/data.md). With a
+    `torch_device_mesh`, the share is this process's data-parallel one: tensor/context ranks read the same batches."""
+    _reject_unsupported(use_stateful_dataloader, None)
+    if torch_device_mesh is not None:
+        num_processes, process_index, dispatch_batches = mesh_data_sharding(torch_device_mesh, dispatch_batches)
     if not isinstance(dataloader, DataLoader):
         raise ConfigError(f"prepare_data_loader needs a torch.utils.data.DataLoader, got {type(dataloader).__name__}.")
     dataset = dataloader.dataset
@@ -719,7 +723,7 @@ def gather_for_metrics(input_data, use_gather_object: bool = False):
     except TypeError:
         all_tensors = False
     as_objects = use_gather_object or not all_tensors
-    data = gather_object(input_data) if as_objects else gather(input_data)
+    data = gather_data_parallel(input_data, as_objects)
     try:
         gradient_state = GradientState()
         if not gradient_state.end_of_dataloader:

@@ -141,6 +141,9 @@ TORCH_DISTRIBUTED_TYPES = frozenset(
 TORCH_DYNAMO_MODES = ("default", "reduce-overhead", "max-autotune")
 CP_BACKENDS = ("torch",)  # ParallelismConfig.cp_backend
 CP_COMM_STRATEGIES = ("allgather", "alltoall")  # TorchContextParallelConfig.cp_comm_strategy
+# Why context parallelism is refused on CPU processes (measured with torch 2.13.0, gloo): it fails inside SDPA.
+CP_ON_CPU = ("context parallelism needs CUDA GPUs: torch's context_parallel has no sharding rule for the CPU attention "
+             "kernel (aten._scaled_dot_product_flash_attention_for_cpu has no sharding strategy)")
 FSDP_SHARDING_STRATEGY = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")
 FSDP_AUTO_WRAP_POLICY = ("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP")
 FSDP_BACKWARD_PREFETCH = ("BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH")
@@ -150,6 +153,8 @@ RDZV_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
 DEEPSPEED_MULTINODE_LAUNCHERS = ("pdsh", "standard", "openmpi", "mvapich", "mpich", "nossh", "slurm")
 DEEPSPEED_ZERO_STAGES = (0, 1, 2, 3)
 DEEPSPEED_OFFLOAD_DEVICES = ("none", "cpu", "nvme")
+PRECISION_CHOICES = ("no", "fp16", "bf16", "fp8")  # PrecisionType's values in the order Accelerate's CLI lists them
+FP8_BACKENDS = ("ao", "te", "msamp")  # the --fp8_backend spellings (FP8BackendType upper-cases them)
 FP8_FORMATS = ("HYBRID", "E4M3", "E5M2")
 FP8_AMAX_COMPUTE_ALGORITHMS = ("max", "most_recent")
 FP8_OPTIMIZATION_LEVELS = ("O1", "O2")

@@ -1,9 +1,11 @@
 """`ParallelismConfig`: the sizes of data, sharded-data, tensor and context parallelism, and the mesh they make.
 
-Accelerate 1.15's surface (transformers imports it at start-up). What hasten runs today (issue 14 builds the rest):
-all sizes 1, or `dp_replicate_size` alone (DDP), or `dp_shard_size` alone (FSDP2). Tensor, context and sequence
-parallelism and HSDP (replicate and shard both above 1) are refused in one line by `backend_for_layout`, never
-ignored. Unset sizes are read from `PARALLELISM_CONFIG_*` through the settings table, as Accelerate reads them.
+Accelerate 1.15's surface (transformers imports it at start-up). What each layout runs (docs/parallelism.md):
+`dp_replicate_size` alone: DDP; `dp_shard_size` alone: FSDP2; both: HSDP (FSDP2 over a ("dp_replicate", "dp_shard")
+mesh); `tp_size`: tensor parallelism for any nn.Module (`hasten.tensor_parallel`), composed with FSDP2 over the data
+dimensions (`backends/tensor_parallel.py`). Context parallelism needs CUDA (refused on CPU in one line, with the
+reason); DeepSpeed sequence parallelism is refused. Unset sizes are read from `PARALLELISM_CONFIG_*` through the
+settings table, as Accelerate reads them.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from .enums import CP_COMM_STRATEGIES
+from .enums import CP_COMM_STRATEGIES, CP_ON_CPU
 from .errors import ConfigError, NotBuiltError
 
 # The order of the mesh dimensions, outermost first (Accelerate's: replicas outside, tensor parallel innermost).
@@ -44,8 +46,14 @@ class TorchTensorParallelConfig:
     """Options of tensor parallelism (`ParallelismConfig(tp_handler=...)`)."""
 
     enable_async_tp: bool = False
+    # hasten's own: which modules to split. None: the model's `tp_plan`, else the automatic plan; "auto": the
+    # automatic plan even when the model has one; a dict {module path pattern: style} (see hasten.tensor_parallel).
+    tp_plan: Any = None
 
     def __post_init__(self):
+        if self.tp_plan is not None and self.tp_plan != "auto" and not isinstance(self.tp_plan, dict):
+            raise ConfigError(f"TorchTensorParallelConfig(tp_plan={self.tp_plan!r}) must be None, 'auto' or a dict of "
+                              "module path -> style")
         if self.enable_async_tp:
             # Accelerate warns and runs without it; hasten refuses instead of ignoring an option.
             raise NotBuiltError(f"TorchTensorParallelConfig(enable_async_tp=True): async tensor parallelism is {_ISSUE}; "
@@ -106,10 +114,6 @@ class ParallelismConfig:
         if self.cp_size > 1 and self.sp_size > 1:
             raise ConfigError(f"ParallelismConfig cp_size={self.cp_size} and sp_size={self.sp_size} cannot both be "
                               "above 1 (context and sequence parallelism exclude each other); set one of them to 1")
-        if (self.tp_size > 1 or self.cp_size > 1) and self.dp_replicate_size > 1 and self.dp_shard_size == 1:
-            raise ConfigError("ParallelismConfig: tensor/context parallelism does not compose with pure replication "
-                              f"(dp_replicate_size={self.dp_replicate_size}, dp_shard_size=1); fix: use "
-                              "dp_shard_size instead of dp_replicate_size")
         if self.tp_size > 1 and self.tp_handler is None:
             self.tp_handler = TorchTensorParallelConfig()
         if self.cp_size > 1 and self.cp_handler is None:
@@ -182,6 +186,8 @@ class ParallelismConfig:
         if self.sp_enabled:
             return None
         dims = [dim for dim in MESH_ORDER if dim in self.active_mesh_dims]
+        if self.dp_replicate_enabled and not self.dp_shard_enabled and (self.tp_enabled or self.cp_enabled):
+            dims.insert(1, "dp_shard")  # of size 1: FSDP2 replicates over ("dp_replicate", "dp_shard") (HSDP, 1 shard)
         if not dims:
             return None
         from torch.distributed.device_mesh import init_device_mesh
@@ -239,29 +245,33 @@ class ParallelismConfig:
                               "nothing to configure", UserWarning, stacklevel=3)
 
 
-def backend_for_layout(config: ParallelismConfig, num_processes: int, fsdp_plugin=None, deepspeed: bool = False) -> str:
-    """The backend that runs `config` on `num_processes` processes ("single", "ddp", "fsdp" or "deepspeed"), or a
-    one-line refusal for a layout hasten has not built. Fits the config to the run first (`_validate_accelerator`)."""
+def backend_for_layout(config: ParallelismConfig, num_processes: int, fsdp_plugin=None, deepspeed: bool = False,
+                       device_type: str | None = None) -> str:
+    """The backend that runs `config` on `num_processes` processes ("single", "ddp", "fsdp", "tensor_parallel" or
+    "deepspeed"), or a one-line refusal for a layout hasten cannot run. Fits the config to the run first
+    (`_validate_accelerator`)."""
     if not isinstance(config, ParallelismConfig):
         raise TypeError(f"parallelism_config must be a ParallelismConfig, got {type(config).__name__}")
-    for dim in ("tp", "cp", "sp"):
-        if config._sizes[dim] > 1:
-            raise NotBuiltError(f"ParallelismConfig {dim}_size={config._sizes[dim]}: "
-                                f"{_KIND[dim]} parallelism is "
-                                f"{_ISSUE}; fix: use dp_shard_size (FSDP) or dp_replicate_size (DDP) only")
+    if config._sizes["sp"] > 1:
+        raise NotBuiltError(f"ParallelismConfig sp_size={config._sizes['sp']}: {_KIND['sp']} parallelism is {_ISSUE}; "
+                            "fix: use cp_size (context parallelism) or leave sp_size at 1")
+    if config.cp_enabled and device_type not in (None, "cuda"):
+        raise NotBuiltError(f"ParallelismConfig cp_size={config.cp_size} on {device_type}: {CP_ON_CPU}; fix: run on "
+                            "CUDA GPUs or leave cp_size at 1")
     config._validate_accelerator(num_processes)
-    if config.dp_replicate_enabled and config.dp_shard_enabled:
-        raise NotBuiltError(f"ParallelismConfig dp_replicate_size={config.dp_replicate_size} with dp_shard_size="
-                            f"{config.dp_shard_size}: HSDP is {_ISSUE}; fix: use one of the two")
+    splits = config.tp_enabled or config.cp_enabled
     if deepspeed:
-        if config.dp_shard_enabled:
-            raise ConfigError(f"ParallelismConfig dp_shard_size={config.dp_shard_size} shards with FSDP2, but a DeepSpeed "
-                              "plugin is given (DeepSpeed shards by its ZeRO stage); fix: leave dp_shard_size at 1")
+        if config.dp_shard_enabled or splits:
+            raise ConfigError("ParallelismConfig: a DeepSpeed plugin is given, which shards by its ZeRO stage and does "
+                              "not compose with dp_shard_size, tp_size or cp_size; fix: leave them at 1")
         return "deepspeed"
+    if fsdp_plugin is not None and fsdp_plugin.fsdp_version != 2 and (config.dp_shard_enabled or splits):
+        # FSDP1 HYBRID_SHARD silently diverges on CPU processes; FSDP2 composes with DTensor meshes.
+        raise ConfigError(f"ParallelismConfig ({', '.join(config.active_mesh_dims)}) shards with FSDP2, but the FSDP "
+                          "plugin asks for fsdp_version 1; fix: fsdp_version=2")
+    if splits:
+        return "tensor_parallel"
     if config.dp_shard_enabled:
-        if fsdp_plugin is not None and fsdp_plugin.fsdp_version != 2:
-            raise ConfigError(f"ParallelismConfig dp_shard_size={config.dp_shard_size} shards with FSDP2, but the "
-                              "FSDP plugin asks for fsdp_version 1; fix: fsdp_version=2")
         return "fsdp"
     if fsdp_plugin is not None and num_processes > 1:
         raise ConfigError(f"ParallelismConfig has no dimension to shard over (dp_shard_size=1) but an FSDP plugin is "
@@ -271,14 +281,129 @@ def backend_for_layout(config: ParallelismConfig, num_processes: int, fsdp_plugi
     return "ddp" if config.dp_replicate_enabled else "single"
 
 
+def backend_name(config: ParallelismConfig | None) -> str | None:
+    """The backend a layout needs whatever the distributed type says ("tensor_parallel"), else None."""
+    if config is not None and (config.tp_enabled or config.cp_enabled):
+        return "tensor_parallel"
+    return None
+
+
+def fsdp_mesh(config: ParallelismConfig):
+    """The (sub)mesh FSDP2 shards over: ("dp_replicate", "dp_shard_cp") for HSDP (a shard size of 1 replicates),
+    `dp_shard_cp` for FSDP; None when no data-parallel or context dimension is in use."""
+    mesh = config.device_mesh
+    if mesh is None:
+        return None
+    names = mesh.mesh_dim_names
+    if "dp_replicate" in names:
+        inner = "dp_shard" if not config.cp_enabled else "dp_shard_cp"
+        if inner == "dp_shard" and "dp_shard" not in names:
+            return None  # dp_replicate alone: DDP
+        return mesh[("dp_replicate", inner)]
+    if config.dp_shard_enabled or config.cp_enabled:
+        return config.submesh("dp_shard_cp")
+    return None
+
+
+def data_ranks(mesh) -> tuple[int, int]:
+    """(number of different batches, which one this process reads) on `mesh`: ranks that differ only along
+    tensor/context dimensions read the same batch."""
+    size, index = 1, 0
+    for position, name in enumerate(mesh.mesh_dim_names or ()):
+        if name in ("dp_replicate", "dp_shard"):
+            width = mesh.size(position)
+            index = index * width + mesh.get_local_rank(name)
+            size *= width
+    return size, index
+
+
+def mesh_data_sharding(mesh, dispatch_batches):
+    """(num_processes, process_index, dispatch_batches) for `prepare_data_loader(torch_device_mesh=mesh)`."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    if not isinstance(mesh, DeviceMesh):
+        raise ConfigError(f"torch_device_mesh must be a torch DeviceMesh (e.g. accelerator.torch_device_mesh), got "
+                          f"{type(mesh).__name__}")
+    size, index = data_ranks(mesh)
+    if splits_data_ranks(mesh):
+        if dispatch_batches:
+            raise ConfigError("dispatch_batches=True sends each process its own slice of a batch, but with tensor/context "
+                              "parallelism the ranks of one group must read the same batch; fix: "
+                              "DataLoaderConfiguration(dispatch_batches=False)")
+        dispatch_batches = False  # an iterable dataset is sharded by data-parallel rank instead of dispatched
+    return size, index, dispatch_batches
+
+
+def data_parallel_size(state) -> int:
+    """How many different batches the processes of a run read in one step (the number of processes, unless tensor or
+    context parallel ranks share theirs)."""
+    mesh = getattr(state, "device_mesh", None)
+    return data_ranks(mesh)[0] if splits_data_ranks(mesh) else state.num_processes
+
+
+def run_shares_batches() -> bool:
+    """Whether this run's ranks of one tensor/context group read the same batches (they must then shuffle alike)."""
+    from .state import AcceleratorState
+
+    return splits_data_ranks(AcceleratorState._shared_state.get("device_mesh"))
+
+
+def splits_data_ranks(mesh) -> bool:
+    """Whether some ranks of `mesh` share a batch (a tensor or context dimension above 1)."""
+    return mesh is not None and any(name in ("tp", "cp", "sp") and mesh.size(i) > 1
+                                    for i, name in enumerate(mesh.mesh_dim_names or ()))
+
+
+def gather_data_parallel(data, as_objects: bool):
+    """`gather_for_metrics`'s gather: across the data-parallel ranks only when ranks of one tensor/context group hold
+    the same samples (their copies would otherwise be counted tp_size times); across all processes otherwise."""
+    from .operations import gather, gather_object
+    from .state import AcceleratorState
+
+    state = AcceleratorState._shared_state
+    mesh = state.get("device_mesh")
+    if not splits_data_ranks(mesh):
+        return gather_object(data) if as_objects else gather(data)
+    import torch
+    import torch.distributed as dist
+
+    config = state["parallelism_config"]
+    group = config.submesh("dp").get_group() if config.dp_dim_names else None
+    if group is None:
+        return data if not as_objects else (list(data) if isinstance(data, (list, tuple)) else [data])
+    if as_objects:
+        parts = [None] * dist.get_world_size(group)
+        dist.all_gather_object(parts, data, group=group)
+        return [item for part in parts for item in (part if isinstance(part, (list, tuple)) else [part])]
+    from .nested import recursively_apply
+
+    def gather_one(tensor):
+        tensor = tensor.contiguous() if tensor.ndim else tensor.reshape(1)
+        parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(parts, tensor, group=group)
+        return torch.cat(parts)
+
+    return recursively_apply(gather_one, data)
+
+
 _SIZE_SETTINGS = ("parallelism_config_dp_replicate_size", "parallelism_config_dp_shard_size",
                   "parallelism_config_tp_size", "parallelism_config_cp_size")
 
 
-def config_for_run(config: ParallelismConfig | None) -> ParallelismConfig | None:
+def config_for_run(config: ParallelismConfig | None, tp_plugin=None) -> ParallelismConfig | None:
     """The config an Accelerator runs with: the one passed, else one built from the environment when the launcher
     (or the user) asked for it: `--use_parallelism_config`, or any `--parallelism_config_*` size (a size given
-    alone is honoured, not ignored as Accelerate ignores it without the switch)."""
+    alone is honoured, not ignored as Accelerate ignores it without the switch). The deprecated
+    `TorchTensorParallelPlugin(tp_size=n)` becomes `ParallelismConfig(tp_size=n)`, as in Accelerate."""
+    if tp_plugin is not None:
+        if not isinstance(tp_plugin, TorchTensorParallelPlugin):
+            raise TypeError(f"torch_tp_plugin must be a TorchTensorParallelPlugin, got {type(tp_plugin).__name__}")
+        if config is not None:
+            raise ConfigError("pass either torch_tp_plugin or parallelism_config to Accelerator, not both (fix: "
+                              "ParallelismConfig(tp_size=...) alone)")
+        warnings.warn("TorchTensorParallelPlugin is deprecated (as in Accelerate); use "
+                      "ParallelismConfig(tp_size=...)", FutureWarning, stacklevel=3)
+        return ParallelismConfig(tp_size=tp_plugin.tp_size)
     if config is not None:
         return config
     from .config.resolve import runtime_value
@@ -292,8 +417,13 @@ def config_for_run(config: ParallelismConfig | None) -> ParallelismConfig | None
 def fsdp_plugin_for_layout(config: ParallelismConfig, num_processes: int, fsdp_plugin, deepspeed_plugins=None):
     """The FSDP plugin the run needs for `config`: a new FSDP2 plugin when sharding and none was given, the given
     one (or None) otherwise. Refuses in one line what hasten cannot run (`backend_for_layout`)."""
-    backend = backend_for_layout(config, num_processes, fsdp_plugin, deepspeed=deepspeed_plugins is not None)
-    if backend == "fsdp" and fsdp_plugin is None:
+    from .state import PartialState
+
+    device_type = PartialState().device.type
+    backend = backend_for_layout(config, num_processes, fsdp_plugin, deepspeed=deepspeed_plugins is not None,
+                                 device_type=device_type)
+    wants_fsdp = backend == "fsdp" or (backend == "tensor_parallel" and config.data_parallel_size > 1)
+    if wants_fsdp and fsdp_plugin is None:
         from .config.fsdp import FullyShardedDataParallelPlugin
 
         return FullyShardedDataParallelPlugin(fsdp_version=2)

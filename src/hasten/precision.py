@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 from dataclasses import dataclass, field
 
 import torch
 
-from .errors import ConfigError, NotSupportedYetError
+from .errors import ConfigError
 from .nested import convert_outputs_to_fp32
 
 #: The one table from a precision name to the dtype it computes in (None: full precision, nothing to cast).
 #: fp8 keeps everything but its matmuls (and FSDP's parameters) in bf16. Used by the policy below, by
 #: `config/fsdp.py` for FSDP's mixed-precision policy, and by anything else that turns a name into a dtype.
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.bfloat16, "fp32": torch.float32, "no": None}
-_AUTOCAST_MODES = ("fp16", "bf16")
+_AUTOCAST_MODES = ("fp16", "bf16", "fp8")  # fp8 runs autocast to bf16 around its fp8 matmuls, as Accelerate
 
 
 def dtype_for(name: str):
@@ -34,20 +35,29 @@ class PrecisionPolicy:
     scaled (fp16), and the backend makes the scaler (`Backend.make_grad_scaler`), since sharded backends need
     their own kind. Unlike Accelerate 1.15 (where fp16 on CPU silently trains in fp32), fp16 on CPU autocasts
     and scales for real, since torch supports both there; a device that cannot autocast to the dtype is an error.
+
+    `fp8` (an `hasten.fp8.Fp8Recipe`, fp8 runs only) converts the models' layers at `prepare`.
     """
 
     mode: str = "no"
     device_type: str = "cpu"
     autocast_kwargs: dict = field(default_factory=dict)
     scaler_kwargs: dict = field(default_factory=dict)
+    fp8: object = field(default=None, compare=False)
 
     @classmethod
-    def from_setting(cls, mode: str, device: torch.device, autocast_handler=None, scaler_handler=None):
-        """Validate `mode` for `device` once; the kwargs handlers' values are read here and frozen."""
-        if mode == "fp8":
-            raise NotSupportedYetError(
-                "mixed_precision='fp8' is not supported by hasten yet; use 'bf16' (or 'fp16' with a scaler)"
-            )
+    def from_setting(cls, mode: str, device: torch.device, autocast_handler=None, scaler_handler=None,
+                     fp8_handler=None):
+        """Validate `mode` for `device` once; the kwargs handlers' values are read here and frozen.
+
+        fp8 is checked here, when the Accelerator is built: a machine that cannot run it is told in one line
+        before any work is done."""
+        fp8 = None
+        if mode == "fp8" or fp8_handler is not None or any(k.startswith(("HASTEN_FP8_", "ACCELERATE_FP8_"))
+                                                           for k in os.environ):
+            from .fp8 import recipe_for
+
+            fp8 = recipe_for(mode, device, fp8_handler)
         device_type = torch.device(device).type
         if mode in _AUTOCAST_MODES and not torch.amp.is_autocast_available(device_type):
             raise ConfigError(
@@ -60,6 +70,7 @@ class PrecisionPolicy:
             mode=mode, device_type=device_type,
             autocast_kwargs=autocast_handler.to_kwargs() if autocast_handler is not None else {},
             scaler_kwargs=scaler_handler.to_kwargs() if scaler_handler is not None else {},
+            fp8=fp8,
         )
 
     @property
@@ -76,6 +87,27 @@ class PrecisionPolicy:
     @property
     def uses_grad_scaler(self) -> bool:
         return self.mode == "fp16"
+
+    @property
+    def fp8_backend(self):
+        """Accelerate's `FP8BackendType` of the run (NO unless fp8)."""
+        from .enums import FP8BackendType
+
+        return FP8BackendType(self.fp8.backend) if self.fp8 is not None else FP8BackendType.NO
+
+    def convert_models(self, models, optimizers=(), fsdp2: bool = False) -> None:
+        """fp8: swap the models' layers for fp8 ones (before any sharding) and re-point the optimizers."""
+        if self.fp8 is not None:
+            self.fp8.convert(models, optimizers, fsdp2=fsdp2)
+
+    def repoint_optimizer(self, optimizer) -> None:
+        """fp8: an optimizer built on a model before its conversion updates the converted parameters."""
+        if self.fp8 is not None:
+            self.fp8.repoint(optimizer)
+
+    def wrap_prepared(self, model):
+        """fp8 with TransformerEngine: the prepared model's forward runs under `fp8_autocast`."""
+        return self.fp8.wrap_prepared(model) if self.fp8 is not None else model
 
     def autocast(self, autocast_handler=None):
         """A context manager running the block in the policy's precision (a no-op for 'no')."""

@@ -41,7 +41,10 @@ class AcceleratedScheduler:
             self.scheduler.step(*args, **kwargs)
             return
         if self._num_processes is None:
-            self._num_processes = AcceleratorState().num_processes
+            from .parallelism_config import data_parallel_size
+
+            # Processes of one tensor/context-parallel group read the same batch: count the different ones.
+            self._num_processes = data_parallel_size(AcceleratorState())
         total_steps = getattr(self.scheduler, "total_steps", None)
         if self._num_processes == 1 and total_steps is None:
             self.scheduler.step(*args, **kwargs)

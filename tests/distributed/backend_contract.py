@@ -57,6 +57,9 @@ def reference(steps: int, world: int):
 def prepared(seed: int = 0):
     accelerator = fresh_accelerator(gradient_accumulation_steps=ACCUMULATION)
     model = make_model(seed)
+    if accelerator.parallelism_config is not None and accelerator.parallelism_config.tp_enabled:
+        # The model's own plan (transformers' attribute): this small net has no block the automatic plan can split.
+        model._tp_plan = {"inp": "colwise_rep", "blocks.*.linear": "colwise_rep"}
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=GAMMA)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
@@ -67,7 +70,7 @@ def train(accelerator, model, optimizer, scheduler, steps) -> list:
     """The loop of an Accelerate script; returns the total norm `clip_grad_norm_` reported at each sync step."""
     norms = []
     for step in steps:
-        for x, y in window(step, accelerator.process_index, accelerator.num_processes):
+        for x, y in window(step, *data_share(accelerator)):
             with accelerator.accumulate(model):
                 loss = torch.nn.functional.mse_loss(model(x), y)
                 accelerator.backward(loss)
@@ -77,6 +80,17 @@ def train(accelerator, model, optimizer, scheduler, steps) -> list:
                 scheduler.step()
                 optimizer.zero_grad()
     return norms
+
+
+def data_share(accelerator) -> tuple:
+    """(rank, world) of this process's data: processes of one tensor-parallel group read the same batch."""
+    from hasten.parallelism_config import data_ranks, splits_data_ranks
+
+    mesh = accelerator.torch_device_mesh
+    if splits_data_ranks(mesh):
+        size, index = data_ranks(mesh)
+        return index, size
+    return accelerator.process_index, accelerator.num_processes
 
 
 def full_params(accelerator, model) -> dict:
@@ -96,7 +110,8 @@ def main(expected_backend: str, workdir: str) -> None:
     accelerator, model, optimizer, scheduler = prepared()
     backend = accelerator._backend.name
     assert backend == expected_backend, f"the launch flags picked the {backend} backend, not {expected_backend}"
-    world, rank = accelerator.num_processes, accelerator.process_index
+    rank = accelerator.process_index
+    world = data_share(accelerator)[1]  # the scheduler steps once per different batch
 
     # 1-2. Training and clipping match plain PyTorch on the whole batch.
     norms = train(accelerator, model, optimizer, scheduler, range(2))

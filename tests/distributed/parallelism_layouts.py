@@ -1,5 +1,5 @@
 """ParallelismConfig layouts on 2 processes: dp_shard_size=2 trains with FSDP2, dp_replicate_size=2 (and all sizes 1)
-with DDP, rank properties read the mesh, and what is not built is refused in one line. Launched by
+with DDP, rank properties read the mesh, and what cannot run is refused in one line (tensor parallelism: tp_layouts.py). Launched by
 tests/test_parallelism_config.py with `--parallelism_config_dp_shard_size 2`, so the first layout comes from the flag."""
 
 import os
@@ -87,8 +87,8 @@ for config in (ParallelismConfig(dp_replicate_size=2), ParallelismConfig()):
     assert max_diff(full_params(acc, model), want) < TOL
 
 # -- not built: refused in one line, never run as something else ------------------------------------------------
-one_line_error(NotBuiltError, ("tp_size=2", "tensor parallelism", "issue 14"), tp_size=2)
-one_line_error(NotBuiltError, ("cp_size=2", "context parallelism", "issue 14"), cp_size=2)
+one_line_error(NotBuiltError, ("cp_size=2 on cpu", "context parallelism needs CUDA"), cp_size=2)
+one_line_error(NotBuiltError, ("sp_size=2", "sequence (DeepSpeed) parallelism"), sp_size=2)
 one_line_error(ConfigError, ("multiply to 3",), dp_shard_size=3)
 
 print(f"rank {torch.distributed.get_rank()}: parallelism layout checks passed")

@@ -18,13 +18,18 @@ REGISTRY = {
     "ddp": ("hasten.backends.ddp", "DDPBackend"),
     "fsdp": ("hasten.backends.fsdp", "FSDPBackend"),
     "deepspeed": ("hasten.backends.deepspeed", "DeepSpeedBackend"),
+    "tensor_parallel": ("hasten.backends.tensor_parallel", "TensorParallelBackend"),
 }
 
 # Which backend serves each distributed type (absent: not supported yet).
 _FOR_TYPE = {DistributedType.NO: "single", DistributedType.FSDP: "fsdp", DistributedType.DEEPSPEED: "deepspeed"}
 
 
-def backend_name_for(distributed_type: DistributedType, num_processes: int) -> str:
+def backend_name_for(distributed_type: DistributedType, num_processes: int, parallelism_config=None) -> str:
+    from ..parallelism_config import backend_name
+
+    if backend_name(parallelism_config) is not None:  # tensor/context parallel layouts, with or without FSDP
+        return backend_name(parallelism_config)
     if distributed_type in _FOR_TYPE:
         return _FOR_TYPE[distributed_type]
     return "ddp" if num_processes > 1 else "single"

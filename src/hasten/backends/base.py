@@ -148,27 +148,54 @@ class Backend:
         machine's with save_on_each_node). The caller makes the returned names durable before the commit.
         Here: `model[_i].safetensors` (or `pytorch_model[_i].bin`) and `optimizer[_i].bin`, Accelerate's layout.
         """
+        files = self._model_and_optimizer_files(models, optimizers, writer, safe_serialization, before_write)
+        for name, write in files:
+            io.write_file(os.path.join(folder, name), write, rank, sync=False)
+        return [name for name, _ in files]
+
+    def stage_model_and_optimizer(self, folder: str, models: list, optimizers: list, *, writer: bool = True,
+                                  rank: int = 0, safe_serialization: bool = True, before_write=None, stage=None,
+                                  dcp_group=None, **save_model_func_kwargs) -> list:
+        """The asynchronous twin of `save_model_and_optimizer`: copy the state into CPU memory now (through
+        `stage(obj, key)`) and return `[(name, write(path))]`, which a background thread runs in order into
+        `folder`. A write may also wait for data another writer puts there (a DCP upload; `dcp_group()` gives
+        each such upload its own gloo group). Every process calls it; a backend that writes its files another
+        way and does not override this refuses."""
+        if not self.supports_async_save:
+            from ..async_checkpoint import refuse
+
+            raise refuse(self)
+        return self._model_and_optimizer_files(models, optimizers, writer, safe_serialization, before_write, stage)
+
+    @property
+    def supports_async_save(self) -> bool:
+        """Whether `stage_model_and_optimizer` works here: this class's own files, or a backend's own staging."""
+        cls = type(self)
+        return (cls.stage_model_and_optimizer is not Backend.stage_model_and_optimizer
+                or cls.save_model_and_optimizer is Backend.save_model_and_optimizer)
+
+    def _model_and_optimizer_files(self, models, optimizers, writer, safe_serialization, before_write,
+                                   stage=None) -> list:
+        """[(name, write(path))] in Accelerate's layout; `stage` copies what the writes will read (async)."""
+        stage = stage or (lambda obj, key="": obj)
         weights = [model.state_dict() for model in models]  # wrapper prefixes kept, as Accelerate does
         if before_write is not None:
             before_write(weights)
         if not writer:
             return []
-        written = []
-
-        def write(name, function):
-            io.write_file(os.path.join(folder, name), function, rank, sync=False)
-            written.append(name)
-
+        files = []
         for i, state_dict in enumerate(weights):
             if safe_serialization:
-                tensors = io.drop_aliases(state_dict)
-                write(numbered(SAFE_MODEL_NAME, i, ".safetensors"), lambda p, t=tensors: io.save_tensors(t, p))
+                name = numbered(SAFE_MODEL_NAME, i, ".safetensors")
+                tensors = stage(io.drop_aliases(state_dict), name)
+                files.append((name, lambda p, t=tensors: io.save_tensors(t, p)))
             else:
-                write(numbered(MODEL_NAME, i, ".bin"), lambda p, s=state_dict: io.save_object(s, p))
+                name = numbered(MODEL_NAME, i, ".bin")
+                files.append((name, lambda p, s=stage(state_dict, name): io.save_object(s, p)))
         for i, optimizer in enumerate(optimizers):
-            state = optimizer.state_dict()
-            write(numbered(OPTIMIZER_NAME, i, ".bin"), lambda p, s=state: io.save_object(s, p))
-        return written
+            name = numbered(OPTIMIZER_NAME, i, ".bin")
+            files.append((name, lambda p, s=stage(optimizer.state_dict(), name): io.save_object(s, p)))
+        return files
 
     def load_model_and_optimizer(self, folder: str, models: list, optimizers: list, *, map_location="cpu",
                                  load_kwargs: dict | None = None, strict: bool = True,

@@ -52,6 +52,10 @@ class FSDPBackend(Backend):
         super().__init__(state, precision=precision, ddp_kwargs=ddp_kwargs, plugin=plugin)
         plugin.set_mixed_precision(self.precision.mode)
         self.version = plugin.fsdp_version
+        if self.precision.fp8 is not None and plugin.cpu_ram_efficient_loading:
+            # fp8 swaps layers before sharding, which needs every rank's real weights
+            raise ConfigError("mixed_precision='fp8' cannot be combined with fsdp cpu_ram_efficient_loading (the fp8 "
+                              "layers are made from each process's full model); fix: set it to false")
         # user's module -> what prepare_model returns (the same module for FSDP2, the FSDP1 container for 1)
         self._prepared = WeakIdKeyDictionary()
         # parameter the user's optimizer may still hold -> the sharded parameter that replaced it
@@ -84,6 +88,12 @@ class FSDPBackend(Backend):
 
     def _check_device(self):
         device = self.state.device
+        strategy = getattr(self.plugin.sharding_strategy, "name", "")
+        if self.version == 1 and device.type == "cpu" and strategy.lstrip("_").startswith("HYBRID_SHARD"):
+            raise ConfigError(
+                f"fsdp sharding_strategy {strategy} (FSDP1) silently diverges on CPU processes; for hybrid sharding "
+                "use ParallelismConfig(dp_replicate_size=..., dp_shard_size=...) (FSDP2 HSDP)"
+            )
         if self.plugin.offloads_params and device.type == "cpu":
             raise ConfigError(
                 "fsdp cpu_offload (--fsdp_offload_params) keeps parameters in CPU memory between uses, but this run's "
@@ -98,8 +108,10 @@ class FSDPBackend(Backend):
                 _init_single_process_group()
 
             layout = getattr(self.state, "parallelism_config", None)
-            if layout is not None and layout.device_mesh is not None:  # shard over the layout's FSDP view
-                self._mesh = layout.submesh("dp_shard_cp")
+            if layout is not None and layout.device_mesh is not None:  # the layout's FSDP view (2-D for HSDP)
+                from ..parallelism_config import fsdp_mesh
+
+                self._mesh = fsdp_mesh(layout)
             else:
                 self._mesh = init_device_mesh(self.state.device.type, (dist.get_world_size(),))
         return self._mesh
@@ -347,6 +359,31 @@ class FSDPBackend(Backend):
             for index, optimizer in enumerate(optimizers)
         ]
         return [name for name in written if name is not None]
+
+    def stage_model_and_optimizer(self, folder, models, optimizers, *, writer=True, rank=0, safe_serialization=True,
+                                  before_write=None, stage=None, dcp_group=None, **save_model_func_kwargs) -> list:
+        """The asynchronous save of the same files. SHARDED_STATE_DICT: `torch.distributed.checkpoint.async_save`
+        stages each process's shards to CPU memory now and uploads them in its own thread, on a gloo group of
+        its own (`dcp_group()`); the returned write waits for that upload. FULL_STATE_DICT: the whole state is
+        gathered now (a collective) and staged on the main process, which writes it in the background."""
+        if before_write is not None:
+            before_write([])
+        sharded = fsdp_checkpoint.is_sharded(self.plugin)
+        pairs = [(fsdp_checkpoint.MODEL_NAME, index, model, None) for index, model in enumerate(models)]
+        pairs += [(fsdp_checkpoint.OPTIMIZER_NAME, index, self.owner_of(optimizer), _plain(optimizer))
+                  for index, optimizer in enumerate(optimizers)]
+        files = []
+        for stem, index, model, optimizer in pairs:
+            if sharded:
+                future = fsdp_checkpoint.async_save_sharded(model, optimizer, folder, index, dcp_group())
+                files.append((fsdp_checkpoint.sharded_name(stem, index), lambda p, f=future: f.result()))
+                continue
+            state = (fsdp_checkpoint.full_model_state_dict(model) if optimizer is None
+                     else fsdp_checkpoint.full_optimizer_state_dict(model, optimizer))
+            if rank == 0:
+                name = fsdp_checkpoint.full_name(stem, index)
+                files.append((name, lambda p, s=stage(state, name): torch.save(s, p)))
+        return files
 
     def load_model_and_optimizer(self, folder, models, optimizers, *, map_location="cpu", load_kwargs=None,
                                  strict=True, **load_model_func_kwargs) -> None:

@@ -145,6 +145,19 @@ def save_optimizer(model, optimizer, output_dir: str, index: int, sharded: bool)
     return name
 
 
+def async_save_sharded(model, optimizer, output_dir: str, index: int, process_group):
+    """Start DCP's asynchronous save of one model's (optimizer is None) or one optimizer's shards: staged to
+    CPU memory before this returns, uploaded in DCP's own thread on `process_group`; returns its future."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    if optimizer is None:
+        name, state = sharded_name(MODEL_NAME, index), {"model": get_model_state_dict(model)}
+    else:
+        name, state = sharded_name(OPTIMIZER_NAME, index), {"optimizer": get_optimizer_state_dict(model, optimizer)}
+    return dcp.async_save(state, checkpoint_id=os.path.join(output_dir, name), process_group=process_group)
+
+
 def _find(input_dir: str, stem: str, index: int) -> tuple[str, bool]:
     """(path, is_sharded) of what was saved for model/optimizer `index`, whichever state dict type wrote it."""
     directory = os.path.join(input_dir, sharded_name(stem, index))

@@ -124,12 +124,35 @@ class ProfileKwargs(KwargsHandler):
     with_modules: bool = False
     output_trace_dir: Optional[str] = None
 
+    _SCHEDULE_KEYS = ("wait", "warmup", "active", "repeat", "skip_first", "skip_first_wait")
+
+    def __post_init__(self):
+        if self.schedule_option is None:
+            return
+        if not isinstance(self.schedule_option, dict):
+            raise ConfigError(f"ProfileKwargs.schedule_option must be a dict such as dict(wait=1, warmup=1, "
+                              f"active=3), got {self.schedule_option!r}")
+        unknown = sorted(set(self.schedule_option) - set(self._SCHEDULE_KEYS))
+        missing = [key for key in ("wait", "warmup", "active") if key not in self.schedule_option]
+        if unknown or missing:
+            raise ConfigError(f"ProfileKwargs.schedule_option {self.schedule_option!r}: "
+                              + (f"unknown keys {unknown}; " if unknown else "")
+                              + (f"missing {missing}; " if missing else "")
+                              + f"it takes {list(self._SCHEDULE_KEYS)} (wait, warmup and active are required)")
+        for key, value in self.schedule_option.items():
+            if not isinstance(value, int) or isinstance(value, bool) or value < (1 if key == "active" else 0):
+                bound = "a positive integer" if key == "active" else "an integer >= 0"
+                raise ConfigError(f"ProfileKwargs.schedule_option[{key!r}] must be {bound}, got {value!r}")
+
     def _activities(self):
         import torch
 
         names = {"cpu": torch.profiler.ProfilerActivity.CPU, "cuda": torch.profiler.ProfilerActivity.CUDA}
-        if hasattr(torch.profiler.ProfilerActivity, "XPU"):
-            names["xpu"] = torch.profiler.ProfilerActivity.XPU
+        for name in ("xpu", "mtia", "hpu"):  # offered where this torch has the device and it is present
+            module = getattr(torch, name, None)
+            available = getattr(module, "is_available", None)
+            if hasattr(torch.profiler.ProfilerActivity, name.upper()) and available is not None and available():
+                names[name] = getattr(torch.profiler.ProfilerActivity, name.upper())
         result = []
         for name in self.activities or []:
             if name not in names:
@@ -140,7 +163,7 @@ class ProfileKwargs(KwargsHandler):
     def build(self):
         import torch
 
-        schedule = torch.profiler.schedule(**self.schedule_option) if self.schedule_option else None
+        schedule = torch.profiler.schedule(**self.schedule_option) if self.schedule_option is not None else None
         return torch.profiler.profile(
             activities=self._activities(),
             schedule=schedule,

@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from ..enums import CP_ON_CPU
 from ..errors import ConfigError, NotBuiltError
 from . import file as config_file
 from . import settings as table
@@ -83,6 +84,24 @@ def _check_requirements(args, values: dict) -> None:
                 )
 
 
+def _fp8_settings_follow_precision(values: dict) -> None:
+    """fp8 settings only mean something with mixed_precision fp8: a typed one is then an error; the file's
+    fp8_config block goes with the file's own mixed_precision, so it is dropped when a flag changes the precision."""
+    precision = values["mixed_precision"]
+    if precision.value == "fp8":
+        return
+    for name, resolved in list(values.items()):
+        if not name.startswith("fp8_"):
+            continue
+        if resolved.source == "flag" and resolved.value != table.get(name).default:
+            raise ConfigError(
+                f"{resolved.origin} only applies to fp8 training, but mixed_precision is {precision.value!r} (from "
+                f"{_where(precision)}); fix: add --mixed_precision fp8, or drop {resolved.origin}"
+            )
+        if resolved.source == "file":
+            values[name] = Resolved(name, table.get(name).default, "default", "built-in default")
+
+
 def resolve_launch(args, env: Mapping[str, str] | None = None) -> LaunchSettings:
     """Resolve a parsed `hasten launch` command line against the environment and the config file."""
     env = os.environ if env is None else env
@@ -107,6 +126,7 @@ def resolve_launch(args, env: Mapping[str, str] | None = None) -> LaunchSettings
                     values[name] = Resolved(name, None, "default", "built-in default")
 
     _check_requirements(args, values)
+    _fp8_settings_follow_precision(values)
 
     slurm = slurm_values(env)
     per_task = bool(slurm.get("slurm_per_task"))
@@ -167,13 +187,10 @@ def _fill_num_processes(values: dict, per_task: bool, env: Mapping[str, str]) ->
 def _check_values(values: dict) -> None:
     """Combinations that cannot work, whatever source each value came from."""
     v = {name: r.value for name, r in values.items()}
-    for dim, kind in (("tp", "tensor"), ("cp", "context")):
-        size = values[f"parallelism_config_{dim}_size"]
-        if (size.value or 1) > 1:  # read, so that it is refused here rather than ignored (issue 14 builds it)
-            raise NotBuiltError(
-                f"{_where(size)}: {dim}_size={size.value}: {kind} parallelism is not built in hasten yet (issue 14); "
-                "fix: use --parallelism_config_dp_shard_size (FSDP) or --parallelism_config_dp_replicate_size (DDP)"
-            )
+    size = values["parallelism_config_cp_size"]
+    if (size.value or 1) > 1 and (v["use_cpu"] or _gpu_count() == 0):
+        raise NotBuiltError(f"{_where(size)}: cp_size={size.value} on CPU processes: {CP_ON_CPU}; fix: launch on "
+                            "CUDA GPUs or leave cp_size at 1")
     if v["use_cpu"] and v["use_fsdp"]:
         raise ConfigError(
             f"use_cpu (from {_where(values['use_cpu'])}) and use_fsdp (from {_where(values['use_fsdp'])}) cannot "

@@ -10,7 +10,7 @@ its help text, and whether hasten has built it. From this table come:
 - the precedence code > flag > environment > file > default (`hasten.config.resolve`), which both
   `hasten config explain` and the runtime (`Accelerator`, `PartialState`, the plugins) call.
 
-A row with `built=False` (DeepSpeed, Megatron-LM, TPU, fp8, N-D parallelism, ...) is accepted by the parser and the
+A row with `built=False` (Megatron-LM, TPU, MS-AMP, mpirun, ...) is accepted by the parser and the
 file schema so that an Accelerate command line or config file reads, and is then refused with one line naming the
 feature: nothing is accepted and silently ignored. docs/configuration.md explains how to add or build a row.
 """
@@ -31,7 +31,7 @@ class Setting:
     """One setting and every name it goes by."""
 
     name: str
-    kind: str = "str"  # bool, int, float, str, gpu_ids, bool_or_str, str_or_list, list, dict, any
+    kind: str = "str"  # bool, int, float, str, gpu_ids, bool_or_str, str_or_list, list, dict, bools3, any
     default: Any = None
     flags: tuple = ()  # launch options; the first is the main spelling. `--a_b` also answers to `--a-b`.
     env: tuple = ()  # variables read inside the training processes; the first one set wins
@@ -99,6 +99,7 @@ class Setting:
             "int": "a whole number", "float": "a number", "bool": "true or false", "str": "a string",
             "dict": "a mapping of keys to values", "gpu_ids": "'all' or comma-separated GPU ids such as '0,1'",
             "str_or_list": "a string or a list of strings", "list": "a list",
+            "bools3": "three comma-separated booleans such as false,false,true",
         }.get(self.kind, "a value")
         if self.minimum is not None and self.maximum is not None:
             text += f" from {self.minimum:g} to {self.maximum:g}"
@@ -113,7 +114,7 @@ class Setting:
             return str(self.allowed()[0])
         return {"int": "1" if self.minimum in (None, 0, 1) else str(int(self.minimum)), "float": "0.1",
                 "bool": "true", "str": "<text>", "gpu_ids": "all", "bool_or_str": "true",
-                "str_or_list": "<text>"}.get(self.kind, "...")
+                "str_or_list": "<text>", "bools3": "false,false,true"}.get(self.kind, "...")
 
     def convert(self, value):
         """`value` (text from a flag or variable, or a YAML value) in this setting's type; ValueError if it fits not.
@@ -132,6 +133,13 @@ class Setting:
                 return parse_bool(value)
             if kind == "bool":
                 return parse_bool(value)
+            if kind == "bools3":  # fp8's override_linear_precision: kept as text "a,b,c" (one variable carries it)
+                parts = value.split(",") if isinstance(value, str) else value
+                if value is False:
+                    parts = [False] * 3
+                if not isinstance(parts, (list, tuple)) or len(parts) != 3:
+                    raise ValueError
+                return ",".join(str(parse_bool(p) if isinstance(p, str) else _strict_bool(p)).lower() for p in parts)
             if kind == "int":
                 number = parse_int(value, self.minimum, self.maximum)
                 if self.choices and number not in self.choices:
@@ -202,6 +210,12 @@ class Setting:
             raise NotBuiltError(f"{origin}: {reason}")
 
 
+def _strict_bool(value) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError
+    return value
+
+
 def _hashable(value) -> bool:
     try:
         hash(value)
@@ -244,7 +258,7 @@ def _not_built(feature: str, fix: str, group: str, *, built: bool = False, requi
     return row
 
 
-_FP8_FIX = "use --mixed_precision bf16 (or fp16)"
+_MSAMP_FIX = "use --fp8_backend ao (torchao) or te (TransformerEngine); MS-AMP is no longer maintained"
 _DS_LAUNCHER_FIX = ("start the machines through torchrun as every hasten run: --num_machines, --machine_rank and "
                     "--main_process_ip on each machine (or srun)")
 _DS_LAUNCHER = "DeepSpeed's own multi-node launchers (hostfile, pdsh, mpirun, ...)"
@@ -259,7 +273,9 @@ _ds_launcher = _not_built(_DS_LAUNCHER, _DS_LAUNCHER_FIX, "DeepSpeed (with --use
 _DS = "DeepSpeedPlugin"
 _megatron = _not_built("Megatron-LM", _MEGATRON_FIX, "Megatron-LM", requires="use_megatron_lm")
 _tpu = _not_built("TPU (XLA)", _TPU_FIX, "TPU")
-_fp8 = _not_built("fp8 training", _FP8_FIX, "FP8")
+_msamp = _not_built("MS-AMP fp8", _MSAMP_FIX, "FP8 (with --mixed_precision fp8)")
+_FP8_BACKEND_UNBUILT = {"msamp": ("MS-AMP fp8 (fp8_backend msamp)", _MSAMP_FIX)}
+_TE, _AO = "TERecipeKwargs", "AORecipeKwargs"
 _nd = _not_built("N-D parallelism (ParallelismConfig)", _ND_FIX, "ParallelismConfig", requires="use_parallelism_config")
 _mpi = _not_built("mpirun launching", _MPI_FIX, "MPI")
 _sagemaker = _not_built("Amazon SageMaker", _SM_FIX, "AWS")
@@ -283,7 +299,6 @@ def _dynamo(name, kind, code, **kwargs) -> Setting:
                    group="Resource selection", **_exported(full.upper()), **kwargs)
 
 
-_PRECISION_UNBUILT = {"fp8": ("fp8 mixed precision", _FP8_FIX)}
 _TYPE_UNBUILT = {
     "XLA": ("TPU (distributed_type XLA)", "set `distributed_type: MULTI_GPU` or `FSDP` in the file, or pass "
             "--multi_gpu/--use_fsdp/--cpu"),
@@ -329,8 +344,8 @@ SETTINGS: tuple[Setting, ...] = (
     _tpu("tpu", "bool", switch=True, distributed_type="XLA", help="Run on TPUs."),
     # -- resources ----------------------------------------------------------------------------------------------
     Setting("mixed_precision", "str", "no", flags=("--mixed_precision",), file_key=("mixed_precision",),
-            owner="Accelerator", code="mixed_precision", choices=tuple(e.value for e in enums.PrecisionType),
-            unbuilt_values=_PRECISION_UNBUILT, case="lower", group="Resource selection",
+            owner="Accelerator", code="mixed_precision", choices=enums.PRECISION_CHOICES,
+            case="lower", group="Resource selection",
             question="Which mixed precision?", help="Mixed precision mode.", **_exported("MIXED_PRECISION")),
     Setting("num_processes", "int", None, flags=("--num_processes",), file_key=("num_processes",), minimum=1,
             file_override={"minimum": -1, "default": -1},
@@ -501,33 +516,53 @@ SETTINGS: tuple[Setting, ...] = (
     _ds_launcher("config_ds_fields", flag=False, env=_pair("CONFIG_DS_FIELDS"),
                  help="Set by Accelerate's DeepSpeed launcher; hasten checks each value against the DeepSpeed config "
                       "instead."),
-    # -- fp8 (not built) --------------------------------------------------------------------------------------------
-    Setting("fp8_config", "dict", {}, file_key=("fp8_config",), role="file", built=False,
-            feature="fp8 training (the fp8_config block)", fix=_FP8_FIX, help="FP8 recipe settings."),
+    # -- fp8 (hasten.fp8; the recipe handlers in hasten.config.fp8 read these rows) -------------------------------------
+    Setting("fp8_config", "dict", {}, file_key=("fp8_config",), role="file",
+            help="fp8 recipe settings (the keys below), used with mixed_precision fp8."),
     *(
-        _fp8(f"fp8_{name}", kind, flag=key is not None,
-             env=_pair(f"FP8_{name.upper()}"), file_key=("fp8_config", key) if key else None, file_aliases=aliases,
-             help=text)
-        for name, kind, key, aliases, text in (
-            ("backend", "str", "backend", (), "fp8 library: ao, te or msamp."),
-            ("use_autocast_during_eval", "bool", "use_autocast_during_eval", (), "fp8 autocast in evaluation."),
-            ("margin", "int", "margin", (), "Scaling margin."),
-            ("interval", "int", "interval", (), "Scaling update interval."),
-            ("format", "str", "fp8_format", (), "HYBRID, E4M3 or E5M2."),
-            ("amax_history_len", "int", "amax_history_length", ("amax_history_len",), "amax history length."),
-            ("amax_compute_algo", "str", "amax_compute_algorithm", ("amax_compute_algo",), "max or most_recent."),
-            ("override_linear_precision", "str", "override_linear_precision", (), "Three booleans: fprop,dgrad,wgrad."),
-            ("override_fprop", "bool", None, (), "Keep the forward matmul in higher precision."),
-            ("override_dgrad", "bool", None, (), "Keep the data-gradient matmul in higher precision."),
-            ("override_wgrad", "bool", None, (), "Keep the weight-gradient matmul in higher precision."),
-            ("opt_level", "str", "optimization_level", ("opt_level",), "MS-AMP level O1 or O2."),
-            ("enable_fsdp_float8_all_gather", "bool", "enable_fsdp_float8_all_gather", (), "fp8 all-gather in FSDP."),
-            ("pad_inner_dim", "bool", "pad_inner_dim", (), "Pad inner dimensions for fp8 matmuls."),
-            ("use_mxfp8_block_scaling", "bool", "use_mxfp8_block_scaling", (), "MXFP8 block scaling."),
+        Setting(f"fp8_{name}", kind, default, flags=(f"--fp8_{name}",) if key else (),
+                file_key=("fp8_config", key) if key else None, file_aliases=aliases, owner=owner,
+                code=code or (name if owner in (_TE, _AO) and name not in ("override_fprop", "override_dgrad",
+                                                                          "override_wgrad") else None),
+                group="FP8 (with --mixed_precision fp8)", switch=switch, help=text,
+                **{**_exported(f"FP8_{name.upper()}"), **extra})
+        for name, kind, default, key, aliases, owner, code, switch, text, extra in (
+            ("backend", "str", None, "backend", (), "hasten.fp8", None, False,
+             "fp8 library: ao (torchao) or te (TransformerEngine); default: torchao if installed, else te.",
+             {"choices": enums.FP8_BACKENDS, "case": "lower", "unbuilt_values": _FP8_BACKEND_UNBUILT}),
+            ("use_autocast_during_eval", "bool", False, "use_autocast_during_eval", (), _TE, None, True,
+             "te: keep fp8 on in eval mode.", {}),
+            ("margin", "int", 0, "margin", (), _TE, None, False, "te: scaling-factor margin.", {"minimum": 0}),
+            ("interval", "int", 1, "interval", (), _TE, None, False, "te: steps between scale updates.",
+             {"minimum": 1}),
+            ("format", "str", "HYBRID", "fp8_format", (), _TE, "fp8_format", False,
+             "te: HYBRID (E4M3 forward, E5M2 backward), E4M3 or E5M2.", {"choices": enums.FP8_FORMATS, "case": "upper"}),
+            ("amax_history_len", "int", 1024, "amax_history_length", ("amax_history_len",), _TE, None, False,
+             "te: amax history length.", {"minimum": 1}),
+            ("amax_compute_algo", "str", "most_recent", "amax_compute_algorithm", ("amax_compute_algo",), _TE, None,
+             False, "te: max or most_recent.", {"choices": enums.FP8_AMAX_COMPUTE_ALGORITHMS, "case": "lower"}),
+            ("override_linear_precision", "bools3", "false,false,false", "override_linear_precision", (), _TE, None,
+             False, "te: run the fprop,dgrad,wgrad matmuls in higher precision (three booleans; Accelerate passes "
+             "them as FP8_OVERRIDE_FPROP/DGRAD/WGRAD).", {"env": ("HASTEN_FP8_OVERRIDE_LINEAR_PRECISION",)}),
+            ("override_fprop", "bool", False, None, (), _TE, None, False,
+             "te: forward matmul in higher precision.", {}),
+            ("override_dgrad", "bool", False, None, (), _TE, None, False,
+             "te: data-gradient matmul in higher precision.", {}),
+            ("override_wgrad", "bool", False, None, (), _TE, None, False,
+             "te: weight-gradient matmul in higher precision.", {}),
+            ("use_mxfp8_block_scaling", "bool", False, None, (), _TE, None, False,
+             "te: MXFP8 block scaling (Blackwell GPUs).", {}),
+            ("enable_fsdp_float8_all_gather", "bool", True, "enable_fsdp_float8_all_gather", (), _AO, None, False,
+             "ao: all-gather FSDP2 weights in float8 (used under FSDP2 only).", {}),
+            ("pad_inner_dim", "bool", True, "pad_inner_dim", (), _AO, None, False,
+             "ao: pad inner dimensions to multiples of 16 for the fp8 matmul.", {}),
         )
     ),
-    # -- N-D parallelism: the sizes hasten runs are built (dp_replicate alone: DDP, dp_shard alone: FSDP2); tensor and
-    # context sizes above 1 are read and then refused by hasten.parallelism_config.backend_for_layout (issue 14);
+    _msamp("fp8_opt_level", choices=enums.FP8_OPTIMIZATION_LEVELS, case="upper",
+           file_key=("fp8_config", "optimization_level"), file_aliases=("opt_level",),
+           help="MS-AMP optimization level (MS-AMP is not supported: refused)."),
+    # -- N-D parallelism (docs/parallelism.md): dp_replicate alone: DDP, dp_shard alone: FSDP2, both: HSDP, tp: tensor
+    # parallelism composed with them; cp above 1 is refused on CPU (torch has no CPU rule for it) and runs on CUDA;
     # DeepSpeed sequence parallelism is not built. A size given alone turns the config on (no --use_parallelism_config).
     Setting("parallelism_config", "dict", {}, file_key=("parallelism_config",), role="file",
             prefix="parallelism_config_", feature="N-D parallelism (the parallelism_config block)", fix=_ND_FIX,
@@ -540,8 +575,8 @@ SETTINGS: tuple[Setting, ...] = (
         for name, kind, default, text, extra in (
             ("dp_replicate_size", "int", 1, "Replicated data-parallel size (alone: DDP).", {"minimum": 1}),
             ("dp_shard_size", "int", 1, "Sharded data-parallel size (alone: FSDP2).", {"minimum": 1}),
-            ("tp_size", "int", 1, "Tensor-parallel size (above 1: not built yet, refused).", {"minimum": 1}),
-            ("cp_size", "int", 1, "Context-parallel size (above 1: not built yet, refused).", {"minimum": 1}),
+            ("tp_size", "int", 1, "Tensor-parallel size (any nn.Module: its plan or the automatic one).", {"minimum": 1}),
+            ("cp_size", "int", 1, "Context-parallel size (CUDA only; refused on CPU processes).", {"minimum": 1}),
             ("cp_backend", "str", "torch", "Context-parallel backend.", {"choices": enums.CP_BACKENDS}),
             ("cp_comm_strategy", "str", "allgather", "Context-parallel communication strategy.",
              {"choices": enums.CP_COMM_STRATEGIES}),

@@ -24,9 +24,14 @@ _SOURCES = {
         "DataLoaderConfiguration", "TorchDynamoPlugin",
     ],
     "hasten.config.fsdp": ["FullyShardedDataParallelPlugin"],
+    # fp8 training (issue 16)
+    "hasten.config.fp8": ["AORecipeKwargs", "TERecipeKwargs", "MSAMPRecipeKwargs", "FP8RecipeKwargs"],
+    "hasten.fp8.ao": ["convert_model_to_fp8_ao", "filter_first_and_last_linear_layers", "has_ao_layers"],
+    "hasten.fp8.te": ["apply_fp8_autowrap", "contextual_fp8_autocast", "convert_model", "has_transformer_engine_layers"],
     "hasten.parallelism_config": [
         "ParallelismConfig", "TorchContextParallelConfig", "TorchTensorParallelConfig", "TorchTensorParallelPlugin",
     ],
+    "hasten.tensor_parallel": ["get_model_tp_size", "model_has_dtensor"],
     "hasten.config.deepspeed": [
         "DeepSpeedPlugin", "DummyOptim", "DummyScheduler", "HfDeepSpeedConfig", "get_active_deepspeed_plugin",
         "DeepSpeedSequenceParallelConfig",

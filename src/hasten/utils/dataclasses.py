@@ -2,6 +2,7 @@
 
 from ..config.dataclasses import *  # noqa: F401,F403
 from ..config.dataclasses import KwargsHandler  # noqa: F401
+from ..config.fp8 import AORecipeKwargs, FP8RecipeKwargs, MSAMPRecipeKwargs, TERecipeKwargs  # noqa: F401
 from ..enums import *  # noqa: F401,F403
 from ..operations import TensorInformation  # noqa: F401
 from ..config.fsdp import FullyShardedDataParallelPlugin  # noqa: F401,E402

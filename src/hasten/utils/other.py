@@ -16,6 +16,7 @@ from ..config.file import write_basic_config  # noqa: F401
 from ..env_tools import are_libraries_initialized, clear_environment, patch_environment  # noqa: F401
 from ..operations import wait_for_everyone  # noqa: F401
 from ..state import PartialState
+from ..tensor_parallel import get_model_tp_size, model_has_dtensor  # noqa: F401
 
 
 def is_port_in_use(port: int | None = None) -> bool:

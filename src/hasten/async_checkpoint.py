@@ -1,0 +1,237 @@
+"""Asynchronous `save_state` (`save_state(..., async_save=True)`, a hasten extension): stage now, write later.
+
+The call copies every tensor it will save into CPU memory (so training may go on changing parameters and
+optimizer state at once) and returns; a background thread writes the files, then the ranks agree that all of
+them finished and the main process commits the folder (marker last) and rotates old ones, exactly as a
+synchronous save does. Sharded state (FSDP) goes through torch.distributed.checkpoint's `async_save`.
+
+Collectives. The training loop owns the default process group, so nothing in the background may use it:
+the writer thread and each DCP upload get a gloo group of their own, created (collectively, from the main
+thread) at the first asynchronous save and kept for the run. Because every rank's writer thread reaches the
+agreement whatever happened on it, a failure on one rank never leaves another waiting.
+
+One save is in flight per process. `wait()` joins it and raises what went wrong in it; it runs at the start of
+every `save_state` and `load_state`, in `wait_for_checkpoint()` and `end_training()` (points every rank
+reaches together, so all ranks raise the same error at the same call). At interpreter exit Python joins the
+writer thread (it is not a daemon), and an error nobody collected is printed.
+
+Test-only hooks. With `HASTEN_TEST_ASYNC_WRITE_GATE=<path>` the writer thread waits until a file exists at
+`<path>` before it writes anything (DCP uploads are not held), so a test can change the parameters while the
+write is pending and see that the staged copy is what lands on disk. The crash points of `checkpoint_io`
+(`HASTEN_TEST_CRASH_AT`) fire in the writer thread too, killing the process in the middle of a background
+write. Never set either in production.
+"""
+
+from __future__ import annotations
+
+import atexit
+import copy
+import os
+import sys
+import threading
+import time
+
+import torch
+
+from . import checkpoint_folder as folders
+from . import checkpoint_io as io
+from .errors import ConfigError
+
+GATE_ENV = "HASTEN_TEST_ASYNC_WRITE_GATE"  # test-only, see the module docstring
+
+_lock = threading.Lock()
+_pending: threading.Thread | None = None
+_failure: BaseException | None = None
+_groups: list = []  # gloo groups for the background: [0] the writer thread's agreement, [1:] DCP uploads
+_groups_world: list = [None]  # the default group they were made under (a new process group needs new ones)
+
+
+# -- staging: a private CPU copy of everything a save writes ---------------------------------------------------
+_IMMUTABLE = (str, bytes, int, float, complex, bool, type(None), torch.dtype, torch.device, torch.Size)
+
+
+class Stager:
+    """Deep-copies nested state (dicts, lists, tuples, tensors, other objects) into CPU memory.
+
+    Tensors land in buffers kept from the previous save when shape and dtype match (keyed by their place in
+    the state), so a run's later saves copy into memory already touched instead of faulting in fresh pages:
+    that is most of the staging time. Tensors that share storage in the source (tied weights) share it in
+    the copy, so the writer still sees them as aliases."""
+
+    def __init__(self):
+        self._buffers: dict = {}
+        self._fresh: dict = {}
+        self._aliases: dict = {}
+        self._cuda = False
+
+    def begin(self) -> None:
+        self._fresh, self._aliases, self._cuda = {}, {}, False
+
+    def end(self) -> None:
+        """Keep this save's buffers for the next one (and drop the ones it no longer uses)."""
+        if self._cuda:
+            torch.cuda.synchronize()  # non-blocking device-to-host copies must land before the writer reads
+        self._buffers, self._fresh, self._aliases = self._fresh, {}, {}
+
+    def release(self) -> None:
+        self._buffers, self._fresh, self._aliases = {}, {}, {}
+
+    def __call__(self, obj, key: str = ""):
+        if isinstance(obj, _IMMUTABLE):
+            return obj
+        if type(obj) is torch.Tensor:
+            return self._tensor(obj, key)
+        if type(obj) is dict:
+            return {k: self(v, f"{key}/{k}") for k, v in obj.items()}
+        if type(obj) in (list, tuple):
+            return type(obj)(self(v, f"{key}/{i}") for i, v in enumerate(obj))
+        return copy.deepcopy(obj)  # Parameters, DTensors, numpy arrays, user objects: a copy all the same
+
+    def _tensor(self, tensor: torch.Tensor, key: str) -> torch.Tensor:
+        tensor = tensor.detach()
+        if tensor.layout != torch.strided or tensor.is_meta:
+            return copy.deepcopy(tensor)
+        alias = (tensor.untyped_storage().data_ptr(), tensor.device, tensor.storage_offset(), tuple(tensor.shape),
+                 tuple(tensor.stride()), tensor.dtype) if tensor.numel() else None
+        if alias is not None and alias in self._aliases:
+            return self._aliases[alias]
+        buffer = self._buffers.get(key)
+        if buffer is None or buffer.shape != tensor.shape or buffer.dtype != tensor.dtype or key in self._fresh:
+            pinned = tensor.device.type == "cuda"
+            buffer = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=pinned)
+        on_device = tensor.device.type == "cuda"
+        buffer.copy_(tensor, non_blocking=on_device)
+        self._cuda = self._cuda or on_device
+        self._fresh[key] = buffer
+        if alias is not None:
+            self._aliases[alias] = buffer
+        return buffer
+
+
+stager = Stager()
+
+
+# -- the background process groups -----------------------------------------------------------------------------
+def _distributed() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
+def background_group(index: int):
+    """The index-th gloo group reserved for background work (None without a process group). Creating one is
+    a collective: call it from the main thread, in the same order on every rank."""
+    if not _distributed():
+        return None
+    import torch.distributed as dist
+
+    if _groups_world[0] is not dist.group.WORLD:
+        _groups.clear()
+        _groups_world[0] = dist.group.WORLD
+    while len(_groups) <= index:
+        _groups.append(dist.new_group(backend="gloo"))
+    return _groups[index]
+
+
+def dcp_groups():
+    """Hands out one background group per DCP upload of a save (uploads of one save run at the same time, and
+    concurrent collectives must not share a group)."""
+    counter = iter(range(1, 1 << 30))
+    return lambda: background_group(next(counter))
+
+
+def _agreement_gather(group):
+    if group is None:
+        return lambda value: [value]
+
+    def gather(value):
+        import torch.distributed as dist
+
+        values = [None] * dist.get_world_size(group)
+        dist.all_gather_object(values, value, group=group)
+        return values
+
+    return gather
+
+
+# -- one save in flight -----------------------------------------------------------------------------------------
+def _test_gate() -> None:
+    gate = os.environ.get(GATE_ENV)
+    while gate and not os.path.exists(gate):
+        time.sleep(0.01)
+
+
+def start(temp: str, jobs: list, rank: int, finish) -> None:
+    """Write `jobs` ([(name, write(path))], run in order) into `temp` in the background, then call
+    `finish(problem, written, gather)`: the agreement and commit, with `gather` a collective on the writer's
+    own group. The caller has staged every job's data already and waited for the previous save."""
+    global _pending
+    group = background_group(0)
+    gather = _agreement_gather(group)
+
+    def run():
+        global _failure
+        written, problem = {}, None
+        try:
+            _test_gate()
+            for name, write in jobs:
+                io.write_file(os.path.join(temp, name), write, rank, sync=False)
+            for name, _ in jobs:
+                folders.make_durable(temp, name)
+                written.update(folders.sizes_under(temp, name))
+        except BaseException as error:  # noqa: BLE001 - reported to every rank by `finish`
+            problem = error
+        try:
+            finish(problem, written, gather)
+        except BaseException as error:  # noqa: BLE001 - raised on the main thread at the next call
+            with _lock:
+                _failure = error
+
+    thread = threading.Thread(target=run, name="hasten-checkpoint-writer", daemon=False)
+    with _lock:
+        _pending = thread
+    thread.start()
+
+
+def in_flight() -> bool:
+    with _lock:
+        return _pending is not None and _pending.is_alive()
+
+
+def wait() -> None:
+    """Block until the save in flight (if any) is committed; raise the error it ended with, once."""
+    global _pending, _failure
+    with _lock:
+        thread = _pending
+    if thread is not None:
+        thread.join()
+    with _lock:
+        _pending = None
+        failure, _failure = _failure, None
+    if failure is not None:
+        raise failure
+
+
+def close() -> None:
+    """Wait, then forget the background groups (the process group is about to be destroyed) and the buffers."""
+    try:
+        wait()
+    finally:
+        _groups.clear()
+        stager.release()
+
+
+@atexit.register
+def _report_at_exit() -> None:
+    # Python joined the writer thread before atexit handlers run; only an uncollected error remains.
+    with _lock:
+        failure = _failure
+    if failure is not None:
+        print(f"hasten: the last asynchronous save_state failed and nobody waited for it: {failure}", file=sys.stderr)
+
+
+def refuse(backend) -> ConfigError:
+    return ConfigError(
+        f"save_state(async_save=True) is not available with the {backend.name} backend (its engine writes its "
+        "own checkpoint files); save synchronously: save_state() without async_save"
+    )

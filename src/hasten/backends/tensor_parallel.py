@@ -1,0 +1,91 @@
+"""Tensor (and context) parallelism on the layout's mesh, composed with FSDP2 over its data dimensions.
+
+Order, as torch's composable APIs want it: split each planned layer over the `tp` dimension
+(`hasten.tensor_parallel.apply_tensor_parallel`: parameters become DTensors), then, when the layout has
+data-parallel dimensions, `fully_shard` over them (the FSDP backend's own code, on `parallelism_config.fsdp_mesh`):
+`dp_shard` gives FSDP×TP, `dp_replicate` gives replicas of the TP model (HSDP with one shard), both give HSDP×TP.
+
+Everything after preparing is the FSDP backend's: the user's optimizer is re-pointed at the new parameters,
+checkpoints go through torch.distributed.checkpoint (the same `pytorch_model_fsdp_<i>/` folders, so a TP checkpoint
+loads under FSDP or in one process, resharded), and `save_model` gathers whole weights.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..errors import ConfigError
+from .fsdp import FSDPBackend
+
+
+class TensorParallelBackend(FSDPBackend):
+    name = "tensor_parallel"
+    supports_clip_grad_value = False
+
+    def __init__(self, state, precision=None, ddp_kwargs=None, plugin=None):
+        if plugin is None:
+            from ..config.fsdp import FullyShardedDataParallelPlugin
+
+            plugin = FullyShardedDataParallelPlugin(fsdp_version=2)
+        super().__init__(state, precision=precision, ddp_kwargs=ddp_kwargs, plugin=plugin)
+        self.layout = state.parallelism_config
+
+    def _device_mesh(self):
+        """The mesh FSDP2 shards over (None without data-parallel dimensions)."""
+        from ..parallelism_config import fsdp_mesh
+
+        return fsdp_mesh(self.layout)
+
+    def _shard(self, model: torch.nn.Module) -> torch.nn.Module:
+        from ..tensor_parallel import apply_tensor_parallel, model_has_dtensor
+
+        originals = dict(model.named_parameters())
+        model.to(self.state.device)
+        if any(p.is_meta for p in originals.values()):
+            raise ConfigError("prepare() got a model with parameters on the meta device; tensor parallelism needs its "
+                              "weights: load them first")
+        if self.layout.tp_enabled and not model_has_dtensor(model):  # a model split already (transformers) stays
+            handler = self.layout.tp_handler
+            apply_tensor_parallel(model, self.layout.submesh("tp"), getattr(handler, "tp_plan", None))
+        if self._device_mesh() is not None:
+            super()._shard(model)  # FSDP2 over the data dimensions (and its activation checkpointing); appends to _roots
+        else:
+            if self.plugin.activation_checkpointing:
+                from .fsdp import _apply_activation_checkpointing
+
+                _apply_activation_checkpointing(model, self.plugin.wrap_predicate(model), composable=True)
+            self._roots.append(model)
+        current = dict(model.named_parameters())
+        for name, old in originals.items():
+            new = current.get(name)
+            if new is not None and new is not old:
+                self._replacement[old] = new
+                old.data = torch.empty(0, dtype=old.dtype, device=old.device)  # the user's optimizer still holds it
+        return model
+
+    def clip_grad_norm_(self, parameters, max_norm, norm_type=2.0):
+        """Clip by the norm over every rank's pieces; DTensor gradients on different meshes (split layers, FSDP's
+        shards, whole layers) are normed per mesh, then combined."""
+        from torch.distributed.tensor import DTensor
+
+        params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+        groups: dict = {}
+        for param in params:
+            if param.grad is not None:
+                key = param.grad.device_mesh if isinstance(param.grad, DTensor) else None
+                groups.setdefault(key, []).append(param.grad)
+        if not groups:
+            return torch.tensor(0.0)
+        norm_type = float(norm_type)
+        norms = []
+        for grads in groups.values():
+            norm = torch.nn.utils.get_total_norm(grads, norm_type)
+            norms.append((norm.full_tensor() if isinstance(norm, DTensor) else norm).float())
+        norms = torch.stack(norms)
+        total = norms.max() if norm_type == float("inf") else norms.norm(norm_type)
+        coefficient = min(1.0, float(max_norm) / (total.item() + 1e-6))
+        if coefficient < 1.0:
+            for grads in groups.values():
+                for grad in grads:
+                    grad.mul_(coefficient)
+        return total
