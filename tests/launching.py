@@ -21,16 +21,8 @@ def launch(script, *script_args, num_processes: int = 2, flags=(), env=None, tim
     full_env.update(env or {})
     full_env.setdefault("PYTHONUNBUFFERED", "1")
     result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=full_env)
-    if result.returncode != 0 and _gloo_startup_abort(result):
-        # Known intermittent abort (a C++ thread torn down while joinable) seconds into a launch on a loaded
-        # machine, before the script has printed anything; under investigation (see docs/launch.md). Once more.
-        result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=full_env)
     if check and result.returncode != 0:
         raise AssertionError(
             f"{' '.join(command)} exited {result.returncode}\n--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}"
         )
     return result
-
-
-def _gloo_startup_abort(result) -> bool:
-    return "terminate called without an active exception" in result.stderr and not result.stdout.strip()

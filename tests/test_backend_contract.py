@@ -34,11 +34,7 @@ RUNS = {
 }
 NEEDS = {run: "deepspeed" for run in RUNS if run.startswith("deepspeed")}  # run -> module it needs
 # Known failures, with the reason; strict, so a fix shows up as an unexpected pass.
-KNOWN_BROKEN = {
-    "fsdp1": "FSDP1 + SHARDED_STATE_DICT: loading optimizer_0/ into a fresh optimizer fails in "
-             "torch.distributed.checkpoint ('Missing key in checkpoint state_dict: optimizer.param_groups'); "
-             "found by this test, present before the checkpoint protocol change",
-}
+KNOWN_BROKEN: dict = {}
 CHECKS = ("training", "clip_grad_norm_", "save_state load_state", "unwrap_model get_state_dict")
 
 

@@ -172,6 +172,30 @@ def _find(input_dir: str, stem: str, index: int) -> tuple[str, bool]:
     )
 
 
+def _load_planner(state: dict):
+    """DCP's load planner, told not to split ShardedTensors unless one holds another sharded tensor (2-D layouts).
+
+    torch 2.13's planner drops a ShardedTensor with no rows on this process (FSDP1 SHARDED_STATE_DICT chunks every
+    parameter by its first dimension, so a (1, n) weight has rows on rank 0 only) and then takes the missing key
+    for a pre-2.4 checkpoint, re-reads the state under the old key layout, and fails on
+    `Missing key in checkpoint state_dict: optimizer.param_groups` (docs/fsdp.md). Kept whole, every key is found.
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+    from torch.distributed.tensor import DTensor
+
+    def nested(value) -> bool:
+        if isinstance(value, dict):
+            return any(nested(v) for v in value.values())
+        if isinstance(value, (list, tuple)):
+            return any(nested(v) for v in value)
+        return isinstance(value, ShardedTensor) and any(
+            isinstance(shard.tensor, (ShardedTensor, DTensor)) for shard in value.local_shards()
+        )
+
+    return dcp.DefaultLoadPlanner(flatten_sharded_tensors=nested(state))
+
+
 def load_model(model, input_dir: str, index: int) -> None:
     path, sharded = _find(input_dir, MODEL_NAME, index)
     if sharded:
@@ -180,7 +204,7 @@ def load_model(model, input_dir: str, index: int) -> None:
 
         # DCP reads into the tensors it is given: this process's shards, however many processes saved them.
         state = {"model": get_model_state_dict(model)}
-        dcp.load(state, checkpoint_id=path)
+        dcp.load(state, checkpoint_id=path, planner=_load_planner(state))
         set_model_state_dict(model, state["model"])
         return
     load_full_model_state_dict(model, torch.load(path, map_location="cpu", weights_only=True))
@@ -194,7 +218,7 @@ def load_optimizer(model, optimizer, input_dir: str, index: int) -> None:
 
         # get_optimizer_state_dict creates the (zero) state tensors of a fresh optimizer for DCP to fill.
         state = {"optimizer": get_optimizer_state_dict(model, optimizer)}
-        dcp.load(state, checkpoint_id=path)
+        dcp.load(state, checkpoint_id=path, planner=_load_planner(state))
         set_optimizer_state_dict(model, optimizer, state["optimizer"])
         return
     load_full_optimizer_state_dict(model, optimizer, torch.load(path, map_location="cpu", weights_only=True))
