@@ -96,7 +96,11 @@ def marker(path):
 
 
 def say(*words):
-    print(f"[rank {int(os.environ.get('RANK', 0))}]", *words, flush=True)
+    # One write per line: under PYTHONUNBUFFERED print() writes each piece on its own, and the two ranks' pieces
+    # then interleave in the shared pipe (seen in CI: "[rank 0] [rank 1]ASYNC-... ASYNC-...: 3").
+    line = " ".join([f"[rank {int(os.environ.get('RANK', 0))}]", *map(str, words)]) + "\n"
+    sys.stdout.write(line)
+    sys.stdout.flush()
 
 
 def main_phase():
