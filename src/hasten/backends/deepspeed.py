@@ -61,8 +61,10 @@ def _ensure_process_group(state) -> None:
         return
     import atexit
 
+    from ..state import _destroy_default_group
+
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
+    atexit.register(_destroy_default_group)  # as FSDP's: also lets gloo's worker threads finish before exit
     for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
         os.environ.setdefault(name, value)
 
