@@ -248,6 +248,9 @@ def _failure_facts(failure) -> tuple[int, float, str]:
         lost_peer = extra.get("hasten_peer_loss") or any(m in message.lower() for m in PEER_LOSS_MARKERS)
         rank_kind = 3 if lost_peer else 0
         if rank_kind == 3 and extra.get("hasten_report"):
+            # The doctor's diagnosis outranks a survivor the agent sent SIGTERM to (a rank that was still
+            # leaving, e.g. after returning early, when the doctor stopped this one).
+            rank_kind = 1
             what = "was stopped by debug mode's hang doctor (report below)"
         elif rank_kind == 3:
             what = "lost contact with a failed process"
