@@ -246,16 +246,14 @@ def _failure_facts(failure) -> tuple[int, float, str]:
 
         # Files written by torch's own `@record` (function launchers) carry no flag: read the message.
         lost_peer = extra.get("hasten_peer_loss") or any(m in message.lower() for m in PEER_LOSS_MARKERS)
-        rank_kind = 3 if lost_peer else 0
-        if rank_kind == 3 and extra.get("hasten_report"):
+        if lost_peer and extra.get("hasten_report"):
             # The doctor's diagnosis outranks a survivor the agent sent SIGTERM to (a rank that was still
             # leaving, e.g. after returning early, when the doctor stopped this one).
-            rank_kind = 1
-            what = "was stopped by debug mode's hang doctor (report below)"
-        elif rank_kind == 3:
-            what = "lost contact with a failed process"
+            rank_kind, what = 1, "was stopped by debug mode's hang doctor (report below)"
+        elif lost_peer:
+            rank_kind, what = 3, "lost contact with a failed process"
         else:
-            what = "failed: " + (message.strip().splitlines() or [""])[0][:300]
+            rank_kind, what = 0, "failed: " + (message.strip().splitlines() or [""])[0][:300]
     elif code is not None and code < 0:
         what = f"was killed by signal {-code}"
         # SIGTERM is what the agent sends to the survivors; other signals (KILL by the OOM killer, SEGV,
