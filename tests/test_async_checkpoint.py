@@ -31,6 +31,23 @@ def accelerator(tmp_path):
     background.close()
 
 
+@pytest.fixture
+def gate(accelerator, tmp_path, monkeypatch):
+    """gate(variable): hold the writer thread at that test hook until `.touch()`; opened at teardown whatever
+    happened (before the `accelerator` fixture waits for the save)."""
+    made = []
+
+    def hold(variable):
+        path = tmp_path / f"gate-{len(made)}"
+        monkeypatch.setenv(variable, str(path))
+        made.append(path)
+        return path
+
+    yield hold
+    for path in made:
+        path.touch()
+
+
 def _train(acc, model, optimizer, steps=1):
     for _ in range(steps):
         acc.backward(model(torch.randn(4, 8)).pow(2).mean())
@@ -76,6 +93,98 @@ def test_async_save_loads_and_waits(accelerator, tmp_path):
     accelerator.save_state(async_save=True)
     second = accelerator.save_state()
     assert newest_checkpoint(os.path.dirname(path)) == second and len(os.listdir(os.path.dirname(path))) == 3
+
+
+def _bn_model(acc):
+    """Linear + BatchNorm (whose running statistics a forward changes) with AdamW state, prepared and trained once."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 8))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model, optimizer = acc.prepare(model, optimizer)
+    _train(acc, model, optimizer)
+    return model, optimizer
+
+
+def _on_disk(path):
+    from safetensors.torch import load_file
+
+    return load_file(os.path.join(path, "model.safetensors")), torch.load(os.path.join(path, "optimizer.bin"), weights_only=True)
+
+
+def _same(a: dict, b: dict) -> bool:
+    return set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _optimizer_tensors(state_dict: dict) -> dict:
+    return {f"{i}.{k}": v.clone() for i, s in state_dict["state"].items() for k, v in s.items()}
+
+
+def test_step_right_after_the_call_does_not_change_what_is_saved(accelerator, gate):
+    """Parameters and optimizer state are copied by the writer thread; the next optimizer step waits for that copy
+    (not for the write, which the gate holds) and the files hold the values of the call, BatchNorm's running
+    statistics (copied in the call, a forward changes them) included."""
+    model, optimizer = _bn_model(accelerator)
+    at_call = {k: v.clone() for k, v in model.state_dict().items()}
+    optimizer_at_call = _optimizer_tensors(optimizer.state_dict())
+    write_gate = gate(background.GATE_ENV)
+    path = accelerator.save_state(async_save=True)
+    _train(accelerator, model, optimizer)  # forward (running stats), backward, step: all while the write is held
+    assert background.in_flight() and not os.path.exists(os.path.join(path, MARKER_NAME)), "the step waited for the write"
+    changed = [k for k, v in model.state_dict().items() if not torch.equal(v, at_call[k])]
+    assert "1.running_mean" in changed and "0.weight" in changed, changed
+    write_gate.touch()
+    accelerator.wait_for_checkpoint()
+    weights, optimizer_state = _on_disk(path)
+    assert _same(weights, at_call), "the checkpoint holds values changed after the call"
+    assert _same(_optimizer_tensors(optimizer_state), optimizer_at_call)
+
+
+def test_optimizer_step_waits_for_staging(accelerator, gate):
+    """With the writer held before it copies, a step (in another thread) must wait: had it changed the weights,
+    the save would fail as a torn copy. Once the writer copies, the step goes on and the save commits."""
+    import threading
+
+    model, optimizer = _bn_model(accelerator)
+    accelerator.backward(model(torch.randn(4, 8)).pow(2).mean())
+    at_call = {k: v.clone() for k, v in model.state_dict().items()}
+    stage_gate = gate(background.STAGE_GATE_ENV)
+    waited = background.waited_for_staging[0]
+    path = accelerator.save_state(async_save=True)
+    assert background.staging is not None, "parameters were copied in the call, not by the writer thread"
+    stepper = threading.Thread(target=optimizer.step)
+    stepper.start()
+    stepper.join(0.3)  # time to reach the guard (or, without it, to change the weights)
+    assert stepper.is_alive(), "optimizer.step() did not wait for the staging copy"
+    stage_gate.touch()
+    stepper.join()
+    accelerator.wait_for_checkpoint()
+    assert background.waited_for_staging[0] > waited and background.staging is None
+    assert _same(_on_disk(path)[0], at_call)
+    assert not torch.equal(model.state_dict()["0.weight"], at_call["0.weight"]), "the step did not run"
+
+
+def test_weight_changed_in_place_before_staging_fails_the_save(accelerator, gate, monkeypatch):
+    """A weight changed in place between the call and the writer's copy: the save fails with a one-line error
+    naming the tensor and the fix, the previous checkpoint stays the newest, and the next save works."""
+    model, optimizer = _bn_model(accelerator)
+    previous = accelerator.save_state()
+    stage_gate = gate(background.STAGE_GATE_ENV)
+    failed = accelerator.save_state(async_save=True)
+    with torch.no_grad():
+        model[0].weight.mul_(2)
+    stage_gate.touch()
+    with pytest.raises(CheckpointError) as caught:
+        accelerator.wait_for_checkpoint()
+    message = str(caught.value)
+    assert "\n" not in message and "'0.weight' of model.safetensors was changed in place" in message, message
+    assert "accelerator.wait_for_checkpoint()" in message and "save synchronously" in message, message
+    root = os.path.dirname(previous)
+    assert newest_checkpoint(root) == previous and not os.path.exists(failed)
+    assert not glob.glob(os.path.join(root, ".*")), os.listdir(root)
+    monkeypatch.delenv(background.STAGE_GATE_ENV)
+    later = accelerator.save_state(async_save=True)
+    accelerator.wait_for_checkpoint()
+    assert newest_checkpoint(root) == later and _same(_on_disk(later)[0], model.state_dict())
 
 
 def test_background_error_is_raised_once_at_the_next_call(accelerator, tmp_path):

@@ -1,9 +1,19 @@
-"""Asynchronous `save_state` (`save_state(..., async_save=True)`, a hasten extension): stage now, write later.
+"""Asynchronous `save_state` (`save_state(..., async_save=True)`, a hasten extension): stage, then write, behind training.
 
-The call copies every tensor it will save into CPU memory (so training may go on changing parameters and
-optimizer state at once) and returns; a background thread writes the files, then the ranks agree that all of
-them finished and the main process commits the folder (marker last) and rotates old ones, exactly as a
-synchronous save does. Sharded state (FSDP) goes through torch.distributed.checkpoint's `async_save`.
+What the call copies, and what it leaves to the writer thread. Parameters of the prepared models and the
+state tensors of the prepared optimizers (CPU tensors; found by their storage) change only in the optimizer
+step, so the call only notes them (an alias and its `_version`) and the background writer thread copies them
+into the reused CPU buffers first, then sets the *staged* event; hasten's optimizer `step()` waits for that
+event before it changes anything. Everything else (buffers such as BatchNorm running statistics, which a
+forward changes; gradients; schedulers, RNG states, loader positions, registered objects) is small and is
+copied in the call. Device (CUDA) tensors are copied in the call too, without blocking, into pinned buffers;
+the writer waits on a CUDA event recorded after those copies (the stream's order keeps the next step's
+kernels behind them). After copying a noted tensor the writer compares its `_version` with the one at the
+call: a change in place in between (a weight changed outside `optimizer.step()`) fails the save with a
+one-line error instead of writing a torn copy. A change through `.data` bypasses the version counter and
+cannot be seen. Once staged, the thread writes the files, the ranks agree that all of them finished and the
+main process commits the folder (marker last) and rotates old ones, exactly as a synchronous save does.
+Sharded state (FSDP) goes through torch.distributed.checkpoint's `async_save`.
 
 Collectives. The training loop owns the default process group, so nothing in the background may use it:
 the writer thread and each DCP upload get a gloo group of their own, created (collectively, from the main
@@ -15,11 +25,13 @@ every `save_state` and `load_state`, in `wait_for_checkpoint()` and `end_trainin
 reaches together, so all ranks raise the same error at the same call). At interpreter exit Python joins the
 writer thread (it is not a daemon), and an error nobody collected is printed.
 
-Test-only hooks. With `HASTEN_TEST_ASYNC_WRITE_GATE=<path>` the writer thread waits until a file exists at
-`<path>` before it writes anything (DCP uploads are not held), so a test can change the parameters while the
-write is pending and see that the staged copy is what lands on disk. The crash points of `checkpoint_io`
-(`HASTEN_TEST_CRASH_AT`) fire in the writer thread too, killing the process in the middle of a background
-write. Never set either in production.
+Test-only hooks. With `HASTEN_TEST_ASYNC_WRITE_GATE=<path>` the writer thread, once it has staged, waits until
+a file exists at `<path>` before it writes anything (DCP uploads are not held), so a test can change the
+parameters while the write is pending and see that the staged copy is what lands on disk;
+`HASTEN_TEST_ASYNC_STAGE_GATE=<path>` holds it the same way before it copies the parameters and optimizer
+state (an optimizer step then waits), so a test can change a weight in place in between. The crash points
+of `checkpoint_io` (`HASTEN_TEST_CRASH_AT`) fire in the writer thread too, killing the process in the middle
+of a background write. Never set any of them in production.
 """
 
 from __future__ import annotations
@@ -35,15 +47,21 @@ import torch
 
 from . import checkpoint_folder as folders
 from . import checkpoint_io as io
-from .errors import ConfigError
+from .errors import CheckpointError, ConfigError
 
 GATE_ENV = "HASTEN_TEST_ASYNC_WRITE_GATE"  # test-only, see the module docstring
+STAGE_GATE_ENV = "HASTEN_TEST_ASYNC_STAGE_GATE"  # test-only, see the module docstring
 
 _lock = threading.Lock()
 _pending: threading.Thread | None = None
 _failure: BaseException | None = None
 _groups: list = []  # gloo groups for the background: [0] the writer thread's agreement, [1:] DCP uploads
 _groups_world: list = [None]  # the default group they were made under (a new process group needs new ones)
+
+# Set while the writer thread still copies parameters / optimizer state (the optimizer step waits on it):
+# read on the hot path, so a plain module attribute that is None when nothing is staging.
+staging: threading.Event | None = None
+waited_for_staging = [0.0]  # seconds optimizer steps spent waiting for staging, in total (benchmarks read it)
 
 
 # -- staging: a private CPU copy of everything a save writes ---------------------------------------------------
@@ -54,27 +72,36 @@ class Stager:
     """Deep-copies nested state (dicts, lists, tuples, tensors, other objects) into CPU memory.
 
     Tensors land in buffers kept from the previous save when shape and dtype match (keyed by their place in
-    the state), so a run's later saves copy into memory already touched instead of faulting in fresh pages:
-    that is most of the staging time. Tensors that share storage in the source (tied weights) share it in
-    the copy, so the writer still sees them as aliases."""
+    the state), so a run's later saves copy into memory already touched instead of faulting in fresh pages.
+    Tensors that share storage in the source (tied weights) share it in the copy, so the writer still sees
+    them as aliases. CPU tensors whose storage is among `live` (given to `begin`) get their buffer now but
+    are copied later, by `Staged.finish()` in the writer thread; `end()` hands that remaining work over."""
 
     def __init__(self):
         self._buffers: dict = {}
         self._fresh: dict = {}
         self._aliases: dict = {}
+        self._live: frozenset = frozenset()
+        self._deferred: list = []
         self._cuda = False
 
-    def begin(self) -> None:
-        self._fresh, self._aliases, self._cuda = {}, {}, False
+    def begin(self, live: frozenset = frozenset()) -> None:
+        """Start a save; `live`: storage addresses of CPU tensors that only the optimizer step changes."""
+        self._fresh, self._aliases, self._live, self._deferred, self._cuda = {}, {}, live, [], False
 
-    def end(self) -> None:
-        """Keep this save's buffers for the next one (and drop the ones it no longer uses)."""
-        if self._cuda:
-            torch.cuda.synchronize()  # non-blocking device-to-host copies must land before the writer reads
-        self._buffers, self._fresh, self._aliases = self._fresh, {}, {}
+    def end(self) -> Staged:
+        """Keep this save's buffers for the next one (and drop the ones it no longer uses); return what the
+        writer thread must still do before it reads them."""
+        event = None
+        if self._cuda:  # non-blocking device-to-host copies: the writer waits for this event, not the call
+            event = torch.cuda.Event()
+            event.record()
+        staged = Staged(self._deferred, event)
+        self._buffers, self._fresh, self._aliases, self._live, self._deferred = self._fresh, {}, {}, frozenset(), []
+        return staged
 
     def release(self) -> None:
-        self._buffers, self._fresh, self._aliases = {}, {}, {}
+        self._buffers, self._fresh, self._aliases, self._deferred = {}, {}, {}, []
 
     def __call__(self, obj, key: str = ""):
         if isinstance(obj, _IMMUTABLE):
@@ -88,24 +115,56 @@ class Stager:
         return copy.deepcopy(obj)  # Parameters, DTensors, numpy arrays, user objects: a copy all the same
 
     def _tensor(self, tensor: torch.Tensor, key: str) -> torch.Tensor:
-        tensor = tensor.detach()
+        tensor = tensor.detach()  # shares the source's version counter
         if tensor.layout != torch.strided or tensor.is_meta:
             return copy.deepcopy(tensor)
-        alias = (tensor.untyped_storage().data_ptr(), tensor.device, tensor.storage_offset(), tuple(tensor.shape),
-                 tuple(tensor.stride()), tensor.dtype) if tensor.numel() else None
+        storage = tensor.untyped_storage().data_ptr()
+        alias = (storage, tensor.device, tensor.storage_offset(), tuple(tensor.shape), tuple(tensor.stride()),
+                 tensor.dtype) if tensor.numel() else None
         if alias is not None and alias in self._aliases:
             return self._aliases[alias]
         buffer = self._buffers.get(key)
-        if buffer is None or buffer.shape != tensor.shape or buffer.dtype != tensor.dtype or key in self._fresh:
-            pinned = tensor.device.type == "cuda"
-            buffer = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=pinned)
         on_device = tensor.device.type == "cuda"
-        buffer.copy_(tensor, non_blocking=on_device)
-        self._cuda = self._cuda or on_device
+        if buffer is None or buffer.shape != tensor.shape or buffer.dtype != tensor.dtype or key in self._fresh:
+            buffer = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=on_device)
+        if alias is not None and tensor.device.type == "cpu" and storage in self._live:
+            self._deferred.append((key, tensor, tensor._version, buffer))
+        else:
+            buffer.copy_(tensor, non_blocking=on_device)
+            self._cuda = self._cuda or on_device
         self._fresh[key] = buffer
         if alias is not None:
             self._aliases[alias] = buffer
         return buffer
+
+
+class Staged:
+    """What is left of staging after the call: the deferred copies of live tensors, and the CUDA event after
+    the call's device-to-host copies. `finish()` runs in the writer thread before anything is written."""
+
+    def __init__(self, deferred: list, event=None):
+        self.deferred, self.event = deferred, event
+
+    def finish(self) -> None:
+        if self.event is not None:
+            self.event.synchronize()
+        for key, source, version, buffer in self.deferred:
+            buffer.copy_(source)
+            _check_unchanged(key, source, version)
+        for key, source, version, _ in self.deferred:  # again: a change that overlapped a copy bumps it late
+            _check_unchanged(key, source, version)
+        self.deferred = []
+
+
+def _check_unchanged(key: str, source: torch.Tensor, version: int) -> None:
+    if source._version != version:
+        file, _, name = key.partition("/")
+        raise CheckpointError(
+            f"{name!r} of {file} was changed in place after save_state(async_save=True) returned and before the "
+            "background copy took it (the checkpoint would mix old and new values); call "
+            "accelerator.wait_for_checkpoint() before changing weights or optimizer state outside "
+            "optimizer.step(), or save synchronously"
+        )
 
 
 stager = Stager()
@@ -155,24 +214,32 @@ def _agreement_gather(group):
 
 
 # -- one save in flight -----------------------------------------------------------------------------------------
-def _test_gate() -> None:
-    gate = os.environ.get(GATE_ENV)
+def _test_gate(variable: str = GATE_ENV) -> None:
+    gate = os.environ.get(variable)
     while gate and not os.path.exists(gate):
         time.sleep(0.01)
 
 
-def start(temp: str, jobs: list, rank: int, finish) -> None:
-    """Write `jobs` ([(name, write(path))], run in order) into `temp` in the background, then call
-    `finish(problem, written, gather)`: the agreement and commit, with `gather` a collective on the writer's
-    own group. The caller has staged every job's data already and waited for the previous save."""
-    global _pending
+def start(temp: str, jobs: list, rank: int, finish, staged: Staged | None = None) -> None:
+    """In the background: finish `staged` (copy the live tensors, then let optimizer steps go on), then write
+    `jobs` ([(name, write(path))], run in order) into `temp`, then call `finish(problem, written, gather)`:
+    the agreement and commit, with `gather` a collective on the writer's own group. The caller has staged
+    everything else already and waited for the previous save."""
+    global _pending, staging
     group = background_group(0)
     gather = _agreement_gather(group)
+    staged = staged or Staged([])
+    event = threading.Event() if staged.deferred else None
 
     def run():
         global _failure
         written, problem = {}, None
         try:
+            try:
+                _test_gate(STAGE_GATE_ENV)
+                staged.finish()
+            finally:
+                _staged(event)
             _test_gate()
             for name, write in jobs:
                 io.write_file(os.path.join(temp, name), write, rank, sync=False)
@@ -190,7 +257,30 @@ def start(temp: str, jobs: list, rank: int, finish) -> None:
     thread = threading.Thread(target=run, name="hasten-checkpoint-writer", daemon=False)
     with _lock:
         _pending = thread
-    thread.start()
+    staging = event
+    try:
+        thread.start()
+    except BaseException:
+        _staged(event)
+        raise
+
+
+def _staged(event: threading.Event | None) -> None:
+    global staging
+    if event is not None:
+        if staging is event:
+            staging = None
+        event.set()
+
+
+def wait_for_staging() -> None:
+    """Block until the save in flight has copied the parameters and optimizer state (not until it is written):
+    hasten's optimizer step calls this before it changes them."""
+    event = staging
+    if event is not None and not event.is_set():
+        started = time.perf_counter()
+        event.wait()
+        waited_for_staging[0] += time.perf_counter() - started
 
 
 def in_flight() -> bool:

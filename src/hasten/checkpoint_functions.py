@@ -14,6 +14,7 @@ import warnings
 
 import torch
 
+from . import async_checkpoint as background
 from . import checkpoint_io as io
 from .backends.base import numbered
 from .constants import MODEL_NAME, OPTIMIZER_NAME, RNG_STATE_NAME, SAFE_MODEL_NAME, SAMPLER_NAME, SCALER_NAME, SCHEDULER_NAME
@@ -109,6 +110,7 @@ def load_accelerator_state(input_dir: str, models: list, optimizers: list, sched
     Extra keyword arguments go to each model's `load_state_dict` (e.g. `strict=False`).
     """
     input_dir = os.fspath(input_dir)
+    background.wait_for_staging()  # an async save_state may still be copying these parameters
     location = _map_location(map_location)
     load_kwargs = dict(load_kwargs or {})
     path = lambda name: os.path.join(input_dir, name)  # noqa: E731

@@ -289,14 +289,28 @@ def _finish(commit: _Commit, problem, written: dict, gather) -> None:
     _raise_failures(outcomes, f"committing {target}")
 
 
+def _live_storages(contents: CheckpointContents) -> frozenset:
+    """Storage addresses of the CPU tensors only an optimizer step changes: the prepared models' parameters and
+    the prepared optimizers' state. The writer thread copies those (hasten's optimizer step waits for it)."""
+    tensors = [p for model in contents.models for p in model.parameters()]
+    for optimizer in contents.optimizers:
+        for state in getattr(optimizer, "state", {}).values():
+            if isinstance(state, dict):
+                tensors += [t for t in state.values() if isinstance(t, torch.Tensor)]
+    # Plain tensors only: a DTensor's or a quantized subclass's storage is not what its state dict holds.
+    return frozenset(t.untyped_storage().data_ptr() for t in tensors
+                     if type(t) in (torch.Tensor, torch.nn.Parameter) and t.device.type == "cpu" and t.numel())
+
+
 def _save_in_background(contents: CheckpointContents, commit: _Commit, safe_serialization: bool,
                         save_model_func_kwargs: dict) -> None:
-    """Stage everything to CPU memory now; write, agree and commit in the background thread."""
+    """Stage everything that changes outside the optimizer step now, note the rest; the background thread
+    copies the rest, then writes, agrees and commits."""
     stager = background.stager
+    stager.begin(_live_storages(contents))
     loader_plan = _loader_files(contents, stager)  # a collective: outside what may fail on one process only
     models, run_hooks = _hooks_runner(contents, commit.temp)
     jobs, problem = [], None
-    stager.begin()
     try:
         os.makedirs(commit.temp, exist_ok=True)
         jobs = contents.backend.stage_model_and_optimizer(
@@ -308,12 +322,12 @@ def _save_in_background(contents: CheckpointContents, commit: _Commit, safe_seri
     except Exception as error:  # noqa: BLE001 - reported to every rank by the background agreement
         problem = error
     finally:
-        stager.end()
+        staged = stager.end()
 
     def finish(write_problem, written, gather):
         _finish(commit, problem or write_problem, written, gather)
 
-    background.start(commit.temp, jobs, contents.rank, finish)
+    background.start(commit.temp, jobs, contents.rank, finish, staged)
 
 
 # -- load_state -------------------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import contextlib
 
 import torch
 
+from . import async_checkpoint as background
 from .enums import DistributedType
 from .errors import ConfigError, NotSupportedYetError
 
@@ -67,6 +68,7 @@ class LocalSGD:
         """Replace each parameter by its mean over the processes: one all-reduce per dtype and device."""
         import torch.distributed as dist
 
+        background.wait_for_staging()  # an async save_state may still be copying these parameters
         world = self.accelerator.num_processes
         buckets: dict = {}
         for param in self.accelerator.unwrap_model(self.model).parameters():

@@ -6,6 +6,7 @@ import inspect
 
 import torch
 
+from . import async_checkpoint as background
 from . import preemption
 from .nested import send_to_device
 from .state import AcceleratorState, GradientState
@@ -94,6 +95,8 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
     def step(self, closure=None):
         if not self.gradient_state.sync_gradients:
             return None
+        if background.staging is not None:  # an async save_state still copies the parameters: let it finish
+            background.wait_for_staging()
         if preemption._active is not None:
             preemption._active.count_optimizer_step()
         if self.scaler is None:
