@@ -222,26 +222,26 @@ def test_backend_with_its_own_files_refuses_async(accelerator, tmp_path):
 # -- real processes ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("mode,processes", [("plain", 1), ("plain", 2), ("fsdp", 2)])
 def test_async_checkpoints_in_real_processes(tmp_path, mode, processes):
-    """Training goes on during the write; async == sync, bit-identical resume; rotation; errors at the next
-    call; a kill in the middle of the background write keeps the previous checkpoint; exit commits."""
+    """Training goes on during the write (its optimizer steps right after the call); async == sync, bit-identical
+    resume; rotation; errors at the next call; a weight changed in place before the writer's copy; a kill in the middle of the background write keeps the previous checkpoint; exit commits."""
     killed = launch("async_ckpt.py", mode, tmp_path, "main", num_processes=processes, timeout=300, check=False)
     out = killed.stdout
     for word in ("ASYNC-WHILE-TRAINING steps done before commit: 3", "ASYNC-EQUALS-SYNC", "ASYNC-ROTATION",
-                 "ASYNC-ERROR"):
+                 "ASYNC-ERROR", "ASYNC-INPLACE"):
         assert out.count(word) == processes, f"{word} missing\n{out}\n{killed.stderr[-3000:]}"
     # Killed by its own writer thread (-9; with several processes, a rank may instead see its peer vanish).
     assert killed.returncode != 0, killed.stderr[-3000:]
     assert out.count("KILL expected during the write of") == processes, out
     ckpts = os.path.join(tmp_path, "checkpoints")
-    assert glob.glob(os.path.join(ckpts, ".checkpoint_7.hasten-tmp-*")) and newest_checkpoint(ckpts).endswith("checkpoint_6")
+    assert glob.glob(os.path.join(ckpts, ".checkpoint_8.hasten-tmp-*")) and newest_checkpoint(ckpts).endswith("checkpoint_7")
 
     resumed = launch("async_ckpt.py", mode, tmp_path, "resume", num_processes=processes, timeout=300)
     assert resumed.stdout.count("RESUMED") == processes, resumed.stdout
     with open(os.path.join(tmp_path, "unwaited.json")) as handle:
         unwaited = json.load(handle)
     # The save nobody waited for was committed before the processes ended; the killed one's debris is gone.
-    assert newest_checkpoint(ckpts) == unwaited["path"] and unwaited["path"].endswith("checkpoint_7")
-    assert sorted(os.listdir(ckpts)) == ["checkpoint_6", "checkpoint_7"], os.listdir(ckpts)
+    assert newest_checkpoint(ckpts) == unwaited["path"] and unwaited["path"].endswith("checkpoint_8")
+    assert sorted(os.listdir(ckpts)) == ["checkpoint_7", "checkpoint_8"], os.listdir(ckpts)
     if mode == "plain":
         from safetensors.torch import load_file
 

@@ -6,7 +6,8 @@ main:   an async and a sync save of the same state; training goes on while the a
         test-only gate (HASTEN_TEST_ASYNC_WRITE_GATE) and its marker appears only after the gate opens; both
         checkpoints load bit-identically and resume to the same weights; rotation with total_limit under async
         saves (in FSDP mode one of them FULL_STATE_DICT); a background write error raised at the next
-        save_state on every rank; then the writer thread of every process SIGKILLs it in the middle of a file (checkpoint_io's crash
+        save_state on every rank; weights changed in place before the writer copied them (refused, or, in FSDP
+        mode, staged at the call); then the writer thread of every process SIGKILLs it in the middle of a file (checkpoint_io's crash
         points) while training goes on.
 resume: load_state() picks the newest complete checkpoint (the killed one is not); then one async save that
         nobody waits for: interpreter exit must finish and commit it.
@@ -180,6 +181,42 @@ def main_phase():
     assert not glob.glob(os.path.join(ckpts, ".*")), os.listdir(ckpts)
     acc.wait_for_checkpoint()  # raised once, not again
 
+    # 4b. Every weight changed in place (outside optimizer.step()) between the call and the writer's copy, held
+    # back by the stage gate. Plain/DDP: the writer copies the parameters, sees the change and fails the save on
+    # rank 0 (raised on every rank); the newest checkpoint stays the one before. FSDP (DCP copies the shards in
+    # the call): the save holds the weights of the call.
+    before = newest_checkpoint(ckpts)
+    at_call = weights(acc, model)
+    stage_gate = os.path.join(root, "stage-gate")
+    os.environ[background.STAGE_GATE_ENV] = stage_gate
+    changed = acc.save_state(async_save=True)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(2)
+    acc.wait_for_everyone()
+    if acc.is_main_process:
+        open(stage_gate, "w").close()
+    outcome = None
+    try:
+        acc.wait_for_checkpoint()
+    except CheckpointError as error:
+        outcome = str(error)
+    del os.environ[background.STAGE_GATE_ENV]
+    if mode == "plain":
+        assert outcome and "rank 0" in outcome and "was changed in place" in outcome and "\n" not in outcome, outcome
+        assert newest_checkpoint(ckpts) == before and not os.path.exists(changed), os.listdir(ckpts)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.div_(2)
+        say("ASYNC-INPLACE refused:", outcome[outcome.index("rank 0"):][:120])
+    else:
+        assert outcome is None and newest_checkpoint(ckpts) == changed, outcome
+        acc.load_state(changed)
+        say("ASYNC-INPLACE staged at the call")
+    assert same(weights(acc, model), at_call)
+    acc.wait_for_everyone()
+    assert not glob.glob(os.path.join(ckpts, ".*")), os.listdir(ckpts)
+
     # 5. The checkpoint the kill below must leave as the newest complete one.
     keep = acc.save_state(async_save=True)
     expected = weights(acc, model)
@@ -201,11 +238,11 @@ def main_phase():
 def resume_phase():
     acc, model, optimizer, scheduler, progress = setup()
     expected = torch.load(os.path.join(root, "expected.pt"), weights_only=True)
-    assert glob.glob(os.path.join(ckpts, ".checkpoint_7.hasten-tmp-*")) and not os.path.exists(
-        os.path.join(ckpts, "checkpoint_7")), os.listdir(ckpts)
+    assert glob.glob(os.path.join(ckpts, ".checkpoint_8.hasten-tmp-*")) and not os.path.exists(
+        os.path.join(ckpts, "checkpoint_8")), os.listdir(ckpts)
     acc.load_state()  # the newest complete checkpoint
     assert same(weights(acc, model), expected["weights"]) and progress.value == expected["progress"]
-    assert acc.project_configuration.iteration == 7
+    assert acc.project_configuration.iteration == 8
     say("RESUMED", expected["path"])
     train(acc, model, optimizer, scheduler, progress, range(9, 10))
     last = acc.save_state(async_save=True)  # nobody waits: interpreter exit must commit it
