@@ -229,8 +229,8 @@ def save_state(contents: CheckpointContents, output_dir=None, safe_serialization
                async_save: bool = False, **save_model_func_kwargs) -> str:
     """Write every object of `contents` to a checkpoint folder, atomically; return its path.
 
-    With `async_save`, return once everything is staged in CPU memory; the files are written and committed in
-    the background (see `async_checkpoint.py`)."""
+    With `async_save`, return once what changes outside the optimizer step is staged in CPU memory; the rest is
+    copied, and the files written and committed, in the background (see `async_checkpoint.py`)."""
     background.wait()  # an earlier asynchronous save commits first, and raises here what went wrong in it
     project = contents.project
     target = _target_for(project, output_dir)
