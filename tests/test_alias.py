@@ -60,7 +60,17 @@ assert "hasten" not in sys.modules and "torch" not in sys.modules, "the hook imp
 import accelerate, hasten
 import accelerate.utils, accelerate.state, accelerate.commands.launch
 import hasten.utils, hasten.state, hasten.commands.launch
-assert accelerate is hasten and accelerate.utils is hasten.utils and accelerate.state is hasten.state
+assert accelerate.utils is hasten.utils and accelerate.state is hasten.state
+assert accelerate.__version__ == "1.15.0+hasten" != hasten.__version__, accelerate.__version__
+from packaging import version
+assert version.parse(accelerate.__version__) > version.parse("1.3.0")  # as transformers' Trainer compares it
+assert accelerate.PartialState is hasten.PartialState and "Accelerator" in dir(accelerate)
+accelerate.hasten_alias_probe = 1  # set through the view: lands on hasten (mock.patch relies on it)
+assert hasten.hasten_alias_probe == 1
+del accelerate.hasten_alias_probe
+assert not hasattr(hasten, "hasten_alias_probe")
+from accelerate import *  # noqa: F403 - the star import follows hasten's __all__
+assert Accelerator is hasten.Accelerator
 assert accelerate.commands.launch is hasten.commands.launch
 from accelerate import Accelerator, PartialState
 from accelerate.utils import gather, set_seed

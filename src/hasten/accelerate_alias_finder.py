@@ -1,5 +1,11 @@
 """The import hook behind `hasten alias install`: `import accelerate.X` returns the module object `hasten.X`.
 
+The top-level `accelerate` is the one exception: a view of `hasten` whose every attribute is hasten's (read, set
+and deleted there, so one `Accelerator`, one `PartialState`, and `mock.patch("accelerate.x")` reaches hasten)
+except `__version__`, which is the Accelerate release whose API hasten keeps. Libraries compare it
+(transformers' Trainer: `accelerate.__version__ > "1.3.0"`), and hasten's own number would send them down
+code paths for an Accelerate years old.
+
 `hasten alias install` copies this file into site-packages (as `_hasten_accelerate_alias.py`) next to a
 `.pth` line that imports it and calls `install()` at interpreter start. It must stay standard-library only and cheap: it runs in
 every Python process of the environment and imports nothing until `accelerate` itself is imported.
@@ -8,6 +14,10 @@ every Python process of the environment and imports nothing until `accelerate` i
 import sys
 
 ALIAS, TARGET = "accelerate", "hasten"
+ALIAS_VERSION = "1.15.0+hasten"  # as the alias's dist-info says
+# The view's own attributes (the import system sets the dunders); every other name is hasten's.
+_OWN = frozenset({"__name__", "__loader__", "__package__", "__spec__", "__path__", "__file__", "__cached__",
+                  "__version__", "__doc__", "__builtins__"})
 
 
 # Plain classes (not importlib.abc subclasses) and imports inside the methods: at interpreter start this
@@ -25,6 +35,40 @@ class _SameModuleLoader:
 
     def exec_module(self, module):
         pass  # executed when it was imported as hasten.X
+
+
+class _PackageViewLoader(_SameModuleLoader):
+    def create_module(self, spec):
+        import importlib
+        import types
+
+        target = importlib.import_module(self.target_name)
+
+        class AcceleratePackage(types.ModuleType):
+            """`accelerate`: hasten under Accelerate's name and version (see the module docstring)."""
+
+            def __getattr__(self, name):
+                return getattr(target, name)
+
+            def __setattr__(self, name, value):
+                if name in _OWN:
+                    types.ModuleType.__setattr__(self, name, value)
+                else:
+                    setattr(target, name, value)
+
+            def __delattr__(self, name):
+                if name in _OWN:
+                    types.ModuleType.__delattr__(self, name)
+                else:
+                    delattr(target, name)
+
+            def __dir__(self):
+                return sorted(set(dir(target)) | {"__version__"})
+
+        view = AcceleratePackage(ALIAS, target.__doc__)
+        view.__version__ = ALIAS_VERSION
+        view.__file__ = getattr(target, "__file__", None)
+        return view
 
 
 class AccelerateAliasFinder:
@@ -48,7 +92,8 @@ class AccelerateAliasFinder:
             if found is None:
                 return None  # a module hasten does not have: the usual "No module named 'accelerate.X'"
             is_package = found.submodule_search_locations is not None
-        return importlib.util.spec_from_loader(fullname, _SameModuleLoader(target_name), is_package=is_package)
+        loader = _PackageViewLoader(target_name) if fullname == ALIAS else _SameModuleLoader(target_name)
+        return importlib.util.spec_from_loader(fullname, loader, is_package=is_package)
 
 
 def install():

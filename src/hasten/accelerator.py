@@ -12,18 +12,13 @@ from collections import OrderedDict
 
 import torch
 
-from . import auto_resume, operations, preemption
+from . import accelerator_args, auto_resume, operations, preemption
 from .backends import backend_name_for, create_backend
 from .compilation import compile_model
-from .config.fp8 import RECIPE_HANDLERS, AORecipeKwargs, FP8RecipeKwargs, MSAMPRecipeKwargs, TERecipeKwargs
 from .config.dataclasses import (
     AutocastKwargs,
     DataLoaderConfiguration,
-    DistributedDataParallelKwargs,
     GradientAccumulationPlugin,
-    GradScalerKwargs,
-    InitProcessGroupKwargs,
-    KwargsHandler,
     ProfileKwargs,
     ProjectConfiguration,
     TorchDynamoPlugin,
@@ -38,19 +33,6 @@ from .quantized_params import quantized_model_placement
 from .state import AcceleratorState, GradientState, PartialState
 
 _NOT_PASSED = object()
-
-# kwargs handler class -> attribute of the Accelerator that holds it
-_HANDLER_SLOTS = {
-    DistributedDataParallelKwargs: "ddp_handler",
-    GradScalerKwargs: "scaler_handler",
-    InitProcessGroupKwargs: "init_handler",
-    AutocastKwargs: "autocast_handler",
-    ProfileKwargs: "profile_handler",
-    AORecipeKwargs: "ao_recipe_handler",
-    TERecipeKwargs: "te_recipe_handler",
-    MSAMPRecipeKwargs: "msamp_recipe_handler",
-    FP8RecipeKwargs: "fp8_recipe_handler",
-}
 
 
 def _is_dataloader(obj) -> bool:
@@ -106,13 +88,13 @@ class Accelerator:
             self.project_configuration.set_directories(project_dir)
         self.dataloader_config = dataloader_config if dataloader_config is not None else DataLoaderConfiguration()
 
-        self._set_handlers(kwargs_handlers or [])
+        handlers, self._recipe_handler = accelerator_args.sort_handlers(kwargs_handlers or [])
+        self.__dict__.update(handlers)  # ddp_handler, scaler_handler, init_handler, ...
         if dynamo_backend is not None and dynamo_plugin is not None:
             raise ConfigError("pass either dynamo_backend or dynamo_plugin to Accelerator, not both")
         dynamo_plugin = dynamo_plugin or TorchDynamoPlugin(backend=dynamo_backend)
-        if fsdp_plugin is not None or runtime_value("use_fsdp").value:
-            fsdp_plugin = self._fsdp_plugin(fsdp_plugin)
-        deepspeed_plugins = self._deepspeed_plugins(deepspeed_plugin, deepspeed_plugins, fsdp_plugin)
+        fsdp_plugin = accelerator_args.fsdp_plugin(fsdp_plugin)
+        deepspeed_plugins = accelerator_args.deepspeed_plugins(deepspeed_plugin, deepspeed_plugins, fsdp_plugin)
 
         init_kwargs = self.init_handler.to_kwargs() if self.init_handler is not None else {}
         parallelism_config = config_for_run(parallelism_config, torch_tp_plugin)
@@ -135,28 +117,8 @@ class Accelerator:
         self.precision = self._backend.precision
         self.scaler = self._backend.make_grad_scaler()
 
-        # The launcher's value replaces the argument, as in Accelerate (the table's precedence says so).
-        steps = runtime_value("gradient_accumulation_steps", gradient_accumulation_steps)
-        if steps.source == "environment":
-            steps_source = f"environment variable {steps.origin}"
-        else:
-            steps_source = "Accelerator(gradient_accumulation_steps=...)" if steps.value != 1 else "default"
-        gradient_accumulation_steps = steps.value
-        if gradient_accumulation_plugin is not None:
-            if gradient_accumulation_steps != 1:
-                raise ConfigError(
-                    "pass either gradient_accumulation_steps or gradient_accumulation_plugin, not both "
-                    "(set GradientAccumulationPlugin(num_steps=...) instead)"
-                )
-        else:
-            if not isinstance(gradient_accumulation_steps, int) or gradient_accumulation_steps < 1:
-                raise ConfigError(f"gradient_accumulation_steps must be a positive integer, got {gradient_accumulation_steps!r}")
-            gradient_accumulation_plugin = GradientAccumulationPlugin(num_steps=gradient_accumulation_steps)
-        if gradient_accumulation_plugin.num_steps is not None:
-            if gradient_accumulation_plugin.num_steps != 1 and steps_source == "default":
-                steps_source = "GradientAccumulationPlugin(num_steps=...)"
-            gradient_accumulation_plugin.num_steps = self._backend.accumulation_steps(
-                gradient_accumulation_plugin.num_steps, steps_source)
+        gradient_accumulation_plugin = accelerator_args.accumulation_plugin(
+            gradient_accumulation_steps, gradient_accumulation_plugin, self._backend)
         self.gradient_state = GradientState(gradient_accumulation_plugin=gradient_accumulation_plugin)
 
         self.device_placement = device_placement
@@ -185,55 +147,6 @@ class Accelerator:
         # Fault tolerance (docs/fault_tolerance.md): a resume waiting for its objects; the preemption handler.
         self._auto_resume = auto_resume.PendingResume.for_project(self.project_configuration)
         self._preemption = preemption.handler_for(self)
-
-    def _set_handlers(self, handlers) -> None:
-        for slot in _HANDLER_SLOTS.values():
-            setattr(self, slot, None)
-        for handler in handlers:
-            if not isinstance(handler, KwargsHandler):
-                raise ConfigError(f"kwargs_handlers takes KwargsHandler objects; got {type(handler).__name__}")
-            slot = _HANDLER_SLOTS.get(type(handler))
-            if slot is None:
-                raise ConfigError(
-                    f"{type(handler).__name__} is not a kwargs handler Accelerator(kwargs_handlers=...) accepts; "
-                    f"accepted: {', '.join(c.__name__ for c in _HANDLER_SLOTS)}"
-                )
-            if getattr(self, slot) is not None:
-                raise ConfigError(f"only one {type(handler).__name__} may be passed in kwargs_handlers")
-            setattr(self, slot, handler)
-        recipes = [h for h in handlers if isinstance(h, RECIPE_HANDLERS)]
-        if len(recipes) > 1:
-            raise ConfigError(f"pass one fp8 recipe handler, not {' and '.join(type(h).__name__ for h in recipes)}")
-        self._recipe_handler = recipes[0] if recipes else None
-
-    @staticmethod
-    def _deepspeed_plugins(deepspeed_plugin, deepspeed_plugins, fsdp_plugin):
-        if deepspeed_plugin is None and deepspeed_plugins is None and not runtime_value("use_deepspeed").value:
-            return None
-        from .config.deepspeed import DeepSpeedPlugin, plugins_from
-
-        if deepspeed_plugin is None and deepspeed_plugins is None:
-            deepspeed_plugin = DeepSpeedPlugin()
-        if fsdp_plugin is not None:
-            raise ConfigError("DeepSpeed and FSDP cannot be combined: pass one of deepspeed_plugin and fsdp_plugin")
-        plugins = plugins_from(deepspeed_plugin, deepspeed_plugins)
-        from .utils.imports import is_deepspeed_available
-
-        if not is_deepspeed_available():
-            raise ImportError('DeepSpeed is not installed: pip install "hasten[deepspeed]"')
-        return plugins
-
-    @staticmethod
-    def _fsdp_plugin(plugin):
-        try:
-            from .config.fsdp import FullyShardedDataParallelPlugin
-        except ImportError:
-            raise NotSupportedYetError("FSDP is not supported by this version of hasten yet") from None
-        if plugin is None:
-            return FullyShardedDataParallelPlugin()
-        if not isinstance(plugin, FullyShardedDataParallelPlugin):
-            raise TypeError(f"fsdp_plugin must be a FullyShardedDataParallelPlugin, got {type(plugin).__name__}")
-        return plugin
 
     # -- who am I -------------------------------------------------------------------------------------------
     device = property(lambda self: self.state.device)

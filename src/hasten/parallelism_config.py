@@ -69,8 +69,8 @@ class TorchContextParallelConfig:
     def __post_init__(self):
         self.cp_comm_strategy = _setting("parallelism_config_cp_comm_strategy", self.cp_comm_strategy)
         if self.cp_comm_strategy not in CP_COMM_STRATEGIES:
-            raise ConfigError(f"cp_comm_strategy={self.cp_comm_strategy!r} must be one of "
-                              f"{', '.join(CP_COMM_STRATEGIES)}")
+            raise ConfigError(f"Invalid cp_comm_strategy: {self.cp_comm_strategy} (cp_comm_strategy must be one of "
+                              f"{', '.join(CP_COMM_STRATEGIES)})")
 
 
 @dataclass
@@ -185,14 +185,12 @@ class ParallelismConfig:
         and `dp_cp`; None when every size is 1 or with DeepSpeed sequence parallelism (DeepSpeed keeps its own)."""
         if self.sp_enabled:
             return None
-        dims = [dim for dim in MESH_ORDER if dim in self.active_mesh_dims]
-        if self.dp_replicate_enabled and not self.dp_shard_enabled and (self.tp_enabled or self.cp_enabled):
-            dims.insert(1, "dp_shard")  # of size 1: FSDP2 replicates over ("dp_replicate", "dp_shard") (HSDP, 1 shard)
+        dims, shape = self._get_mesh()
         if not dims:
             return None
         from torch.distributed.device_mesh import init_device_mesh
 
-        mesh = init_device_mesh(device_type, tuple(self._sizes[dim] for dim in dims), mesh_dim_names=tuple(dims))
+        mesh = init_device_mesh(device_type, shape, mesh_dim_names=dims)
         # Kept here because torch deprecates slicing a flattened view back out of the root mesh (mesh["dp"]).
         self._views = {}
         for name, names in (("dp", self.dp_dim_names), ("dp_shard_cp", self.dp_shard_cp_dim_names),
@@ -200,6 +198,14 @@ class ParallelismConfig:
             if names:
                 self._views[name] = mesh[tuple(names)]._flatten(name)
         return mesh
+
+    def _get_mesh(self) -> tuple[tuple, tuple]:
+        """(dimension names, sizes) of the mesh `build_device_mesh` makes (Accelerate's private helper, kept
+        because its tests and some scripts call it)."""
+        dims = [dim for dim in MESH_ORDER if dim in self.active_mesh_dims]
+        if self.dp_replicate_enabled and not self.dp_shard_enabled and (self.tp_enabled or self.cp_enabled):
+            dims.insert(1, "dp_shard")  # of size 1: FSDP2 replicates over ("dp_replicate", "dp_shard") (HSDP, 1 shard)
+        return tuple(dims), tuple(self._sizes[dim] for dim in dims)
 
     def submesh(self, name: str):
         """One dimension of the built mesh, or one of its flattened views (`dp`, `dp_shard_cp`, `dp_cp`)."""

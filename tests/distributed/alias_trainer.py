@@ -46,7 +46,8 @@ def check(condition, what):
     checks += 1
 
 
-check(accelerate is hasten, "`import accelerate` is hasten")
+check(accelerate.Accelerator is hasten.Accelerator, "`import accelerate` gives hasten's names")
+check(accelerate.__version__ == "1.15.0+hasten", f"accelerate.__version__ is {accelerate.__version__}")
 check(isinstance(trainer.accelerator, hasten.Accelerator), f"Trainer built {type(trainer.accelerator)}")
 check(world == int(os.environ["WORLD_SIZE"]) and trainer.accelerator.num_processes == world, "world size")
 result = trainer.train()

@@ -3,6 +3,7 @@
 
 install writes these into site-packages, and remove deletes exactly those:
   _hasten_accelerate_alias.py     an import hook: `accelerate.X` is the module object `hasten.X`
+                                  (`accelerate` itself: a view of hasten with Accelerate's version)
   hasten-accelerate-alias.pth     starts the hook in every interpreter of the environment
   accelerate-<version>.dist-info  package metadata, so `importlib.metadata.version("accelerate")` answers
                                   (transformers checks it) and pip sees the requirement as met; its RECORD
