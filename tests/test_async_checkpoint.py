@@ -108,7 +108,8 @@ def _bn_model(acc):
 def _on_disk(path):
     from safetensors.torch import load_file
 
-    return load_file(os.path.join(path, "model.safetensors")), torch.load(os.path.join(path, "optimizer.bin"), weights_only=True)
+    optimizer = torch.load(os.path.join(path, "optimizer.bin"), weights_only=True)
+    return load_file(os.path.join(path, "model.safetensors")), optimizer
 
 
 def _same(a: dict, b: dict) -> bool:
@@ -129,7 +130,8 @@ def test_step_right_after_the_call_does_not_change_what_is_saved(accelerator, ga
     write_gate = gate(background.GATE_ENV)
     path = accelerator.save_state(async_save=True)
     _train(accelerator, model, optimizer)  # forward (running stats), backward, step: all while the write is held
-    assert background.in_flight() and not os.path.exists(os.path.join(path, MARKER_NAME)), "the step waited for the write"
+    held = background.in_flight() and not os.path.isfile(os.path.join(path, MARKER_NAME))
+    assert held, "the step waited for the write"
     changed = [k for k, v in model.state_dict().items() if not torch.equal(v, at_call[k])]
     assert "1.running_mean" in changed and "0.weight" in changed, changed
     write_gate.touch()

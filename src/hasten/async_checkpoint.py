@@ -1,4 +1,4 @@
-"""Asynchronous `save_state` (`save_state(..., async_save=True)`, a hasten extension): stage, then write, behind training.
+"""Asynchronous `save_state(..., async_save=True)` (a hasten extension): stage, then write, behind training.
 
 What the call copies, and what it leaves to the writer thread. Parameters of the prepared models and the
 state tensors of the prepared optimizers (CPU tensors; found by their storage) change only in the optimizer
