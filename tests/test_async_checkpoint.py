@@ -189,6 +189,33 @@ def test_weight_changed_in_place_before_staging_fails_the_save(accelerator, gate
     assert newest_checkpoint(root) == later and _same(_on_disk(later)[0], model.state_dict())
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_state_is_copied_at_the_call(accelerator, gate):
+    """Device tensors are copied in the call (non-blocking, into pinned buffers; the writer waits on a CUDA event):
+    nothing is left for the step to wait for, and the steps right after the call do not reach the file."""
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.BatchNorm1d(64), torch.nn.Linear(64, 64))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    device = next(model.parameters()).device
+    assert device.type == "cuda"
+
+    def step():
+        accelerator.backward(model(torch.randn(32, 64, device=device)).pow(2).mean())
+        optimizer.step()
+        optimizer.zero_grad()
+
+    step()
+    at_call = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    write_gate = gate(background.GATE_ENV)
+    path = accelerator.save_state(async_save=True)
+    assert background.staging is None, "device tensors were left for the writer thread to copy"
+    for _ in range(3):
+        step()
+    write_gate.touch()
+    accelerator.wait_for_checkpoint()
+    assert _same(_on_disk(path)[0], at_call)
+
+
 def test_background_error_is_raised_once_at_the_next_call(accelerator, tmp_path):
     model = torch.nn.Linear(8, 8)
     model = accelerator.prepare(model)

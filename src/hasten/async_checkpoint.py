@@ -7,7 +7,7 @@ into the reused CPU buffers first, then sets the *staged* event; hasten's optimi
 event before it changes anything. Everything else (buffers such as BatchNorm running statistics, which a
 forward changes; gradients; schedulers, RNG states, loader positions, registered objects) is small and is
 copied in the call. Device (CUDA) tensors are copied in the call too, without blocking, into pinned buffers;
-the writer waits on a CUDA event recorded after those copies (the stream's order keeps the next step's
+the writer waits on CUDA events recorded after those copies (the stream's order keeps the next step's
 kernels behind them). After copying a noted tensor the writer compares its `_version` with the one at the
 call: a change in place in between (a weight changed outside `optimizer.step()`) fails the save with a
 one-line error instead of writing a torn copy. A change through `.data` bypasses the version counter and
@@ -83,20 +83,21 @@ class Stager:
         self._aliases: dict = {}
         self._live: frozenset = frozenset()
         self._deferred: list = []
-        self._cuda = False
+        self._devices: set = set()  # CUDA devices copied from without blocking
 
     def begin(self, live: frozenset = frozenset()) -> None:
         """Start a save; `live`: storage addresses of CPU tensors that only the optimizer step changes."""
-        self._fresh, self._aliases, self._live, self._deferred, self._cuda = {}, {}, live, [], False
+        self._fresh, self._aliases, self._live, self._deferred, self._devices = {}, {}, live, [], set()
 
     def end(self) -> Staged:
         """Keep this save's buffers for the next one (and drop the ones it no longer uses); return what the
         writer thread must still do before it reads them."""
-        event = None
-        if self._cuda:  # non-blocking device-to-host copies: the writer waits for this event, not the call
-            event = torch.cuda.Event()
-            event.record()
-        staged = Staged(self._deferred, event)
+        events = []
+        for device in self._devices:  # non-blocking device-to-host copies: the writer waits, not the call
+            with torch.cuda.device(device):
+                events.append(torch.cuda.Event())
+                events[-1].record()  # on that device's current stream, behind the copies
+        staged = Staged(self._deferred, events)
         self._buffers, self._fresh, self._aliases, self._live, self._deferred = self._fresh, {}, {}, frozenset(), []
         return staged
 
@@ -131,7 +132,8 @@ class Stager:
             self._deferred.append((key, tensor, tensor._version, buffer))
         else:
             buffer.copy_(tensor, non_blocking=on_device)
-            self._cuda = self._cuda or on_device
+            if on_device:
+                self._devices.add(tensor.device)
         self._fresh[key] = buffer
         if alias is not None:
             self._aliases[alias] = buffer
@@ -139,15 +141,16 @@ class Stager:
 
 
 class Staged:
-    """What is left of staging after the call: the deferred copies of live tensors, and the CUDA event after
-    the call's device-to-host copies. `finish()` runs in the writer thread before anything is written."""
+    """What is left of staging after the call: the deferred copies of live tensors, and the CUDA events after
+    the call's device-to-host copies (one per device). `finish()` runs in the writer thread before anything
+    is written."""
 
-    def __init__(self, deferred: list, event=None):
-        self.deferred, self.event = deferred, event
+    def __init__(self, deferred: list, events: list = ()):
+        self.deferred, self.events = deferred, list(events)
 
     def finish(self) -> None:
-        if self.event is not None:
-            self.event.synchronize()
+        for event in self.events:
+            event.synchronize()
         for key, source, version, buffer in self.deferred:
             buffer.copy_(source)
             _check_unchanged(key, source, version)
