@@ -304,6 +304,63 @@ def test_skip_first_batches():
     assert rows(shard) == [[9]]
 
 
+class _EpochBatchSampler(BatchSampler):
+    """A user batch sampler that reshuffles per epoch itself, over a sampler that also keeps an epoch."""
+
+    def __init__(self, sampler, batch_size):
+        super().__init__(sampler, batch_size, drop_last=False)
+        self.epoch = 0
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+
+
+@pytest.mark.parametrize("dispatch", [False, True])
+def test_set_epoch_reaches_the_batch_sampler_and_the_sampler_under_it(dispatch):
+    sampler = SeedableRandomSampler(list(range(16)), data_seed=3)
+    batch_sampler = _EpochBatchSampler(sampler, 4)
+    loader = prepare_data_loader(DataLoader(list(range(16)), batch_sampler=batch_sampler), put_on_device=dispatch,
+                                 dispatch_batches=dispatch)
+    loader.set_epoch(1)
+    assert batch_sampler.epoch == 1 and sampler.epoch == 1
+    # Resuming in epoch 1 keeps epoch 1's shuffle: the skipped loader must not start the sampler at epoch 0.
+    expected = rows(loader)[2:]
+    loader.set_epoch(1)
+    skipped = skip_first_batches(loader, 2)
+    assert rows(skipped) == expected and sampler.epoch == 2
+
+
+def test_base_dataloader_and_gradient_state_of_the_loaders():
+    shard = prepare_data_loader(DataLoader(list(range(8)), batch_size=2))
+    skip = skip_first_batches(DataLoader(Stream(8), batch_size=2), 1)
+    for loader in (shard, skip, DataLoaderDispatcher(list(range(8)), batch_size=2)):
+        assert loader.base_dataloader is loader and isinstance(loader.base_dataloader, DataLoader)
+        assert isinstance(loader.gradient_state, GradientState)
+    with pytest.raises(AttributeError):
+        DataLoaderShard.base_dataloader  # noqa: B018 - an instance attribute, as in Accelerate
+
+
+def test_a_half_iterated_prepared_loader_is_freed_with_its_owner():
+    import gc
+    import weakref
+
+    from hasten import Accelerator
+
+    gc.collect()
+    gc.disable()  # freed by reference counting alone: no cycle may hold the loader or the accelerator
+    try:
+        accelerator = Accelerator(cpu=True)
+        loader = accelerator.prepare_data_loader(DataLoader(list(range(8)), batch_size=2))
+        iterator = iter(loader)
+        assert next(iterator).tolist() == [0, 1] and GradientState().active_dataloader is loader
+        refs = [weakref.ref(accelerator), weakref.ref(loader), weakref.ref(loader.gradient_state)]
+        del accelerator, loader, iterator
+        assert [ref() for ref in refs] == [None, None, None]
+        assert GradientState().active_dataloader is None
+    finally:
+        gc.enable()
+
+
 # -- exact resume ----------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kwargs", [

@@ -41,6 +41,7 @@ from .samplers import (
     ResumableIndexSampler,
     SeedableRandomSampler,
     SkipBatchSampler,
+    set_epoch_through,
 )
 from .state import GradientState, PartialState
 
@@ -129,10 +130,21 @@ class DataLoaderStateMixin:
         GradientState()._remove_dataloader(self)
 
 
+class _ItselfAsBase:
+    """`loader.base_dataloader`: Accelerate wraps a separate DataLoader; a hasten loader is itself that DataLoader.
+    Like Accelerate's instance attribute, it is not there on the class (and holding it makes no reference cycle)."""
+
+    def __get__(self, loader, owner=None):
+        if loader is None:
+            raise AttributeError(f"base_dataloader is set on {owner.__name__} instances, not on the class")
+        return loader
+
+
 class _ResumableLoader(DataLoaderStateMixin, DataLoader):
     """Shared by the prepared loaders: epoch counter, set_epoch, sampler access and exact-resume state."""
 
     def _init_resume(self, iteration: int, skip_batches: int) -> None:
+        self.gradient_state = GradientState()
         self.iteration = iteration
         self.skip_batches = skip_batches
         self._in_epoch = False
@@ -151,23 +163,17 @@ class _ResumableLoader(DataLoaderStateMixin, DataLoader):
             self.__dict__["_resumable_index_sampler"] = wrapper
         return wrapper
 
-    @property
-    def base_dataloader(self):
-        """Accelerate wraps a separate DataLoader; here the prepared loader is itself that DataLoader."""
-        return self
+    base_dataloader = _ItselfAsBase()
 
     @property
     def total_dataset_length(self) -> int:
         return getattr(self.dataset, "total_length", None) or len(self.dataset)
 
     def set_epoch(self, epoch: int) -> None:
-        """Set the epoch of this loader and of the first of (batch sampler, sampler, dataset) that has one."""
+        """Set the epoch of this loader and of every batch sampler, sampler and dataset under it that has one."""
         self.iteration = epoch
         holder = self.sampler if isinstance(self.sampler, BatchSampler) else self.batch_sampler
-        for target in (holder, get_sampler(self), self.dataset):
-            if hasattr(target, "set_epoch"):
-                target.set_epoch(epoch)
-                return
+        set_epoch_through(holder, self.dataset, epoch, sampler=self.sampler if holder is None else None)
 
     def get_sampler(self):
         return get_sampler(self)
@@ -501,6 +507,9 @@ class SkipDataLoader(DataLoaderStateMixin, DataLoader):
         super().__init__(dataset, **kwargs)
         self.skip_batches = skip_batches
         self._drop_last = self.drop_last
+        self.gradient_state = GradientState()
+
+    base_dataloader = _ItselfAsBase()
 
     def __iter__(self):
         self.begin()
