@@ -361,6 +361,30 @@ def test_a_half_iterated_prepared_loader_is_freed_with_its_owner():
         gc.enable()
 
 
+def test_dispatched_batches_carry_plain_values_beside_tensors():
+    def tagged(samples):
+        return {"source": "wiki", "x": torch.tensor(samples), "pair": (torch.tensor(samples) * 2, None)}
+
+    loader = prepare_data_loader(DataLoader(Stream(6), batch_size=4, collate_fn=tagged), put_on_device=True)
+    assert type(loader) is DataLoaderDispatcher
+    got = [(b["source"], b["x"].tolist(), b["pair"][0].tolist(), b["pair"][1]) for b in loader]
+    assert got == [("wiki", [0, 1, 2, 3], [0, 2, 4, 6], None), ("wiki", [4, 5], [8, 10], None)]
+
+
+@pytest.mark.parametrize("collate, message", [
+    (None, "holds no tensor"),  # strings collate into a list of strings
+    (lambda samples: {"names": [str(s) for s in samples], "x": torch.tensor(samples)}, "per-sample str"),
+    (lambda samples: {"name": "no tensors"}, "holds no tensor"),
+    (lambda samples: (torch.tensor(samples), list(samples)), "per-sample int"),
+])
+def test_dispatcher_refuses_values_it_cannot_slice(collate, message):
+    data = ["a", "b", "c"] if collate is None else list(range(3))
+    loader = prepare_data_loader(DataLoader(data, batch_size=2, collate_fn=collate), put_on_device=True,
+                                 dispatch_batches=True)
+    with pytest.raises(ValueError, match=message):
+        rows(loader)
+
+
 # -- exact resume ----------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kwargs", [
@@ -417,7 +441,8 @@ def test_state_between_epochs_and_mismatched_loaders():
 def test_two_processes_sharding_metrics_epochs_and_skipping():
     output = launch("data_sharding.py").stdout
     for check in ("reference layouts", "map-style exactly once", "iterable shard", "dispatcher exactly once",
-                  "dispatcher error reaches every rank", "end_of_dataloader", "set_epoch shuffles alike on every rank",
+                  "dispatcher error reaches every rank", "dispatched plain values", "end_of_dataloader",
+                  "set_epoch shuffles alike on every rank",
                   "shared shuffle without rng_types", "skip_first_batches"):
         assert f"OK {check}" in output, output
 

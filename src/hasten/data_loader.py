@@ -20,11 +20,11 @@ from contextlib import suppress
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
+from .dispatched_batches import check_dispatchable, pad_rows, rows_of
 from .enums import RNGType
 from .errors import ConfigError, DistributedOperationException, NotSupportedYetError
 from .nested import (
     concatenate,
-    find_batch_size,
     get_data_structure,
     initialize_tensors,
     is_torch_tensor,
@@ -322,7 +322,8 @@ class DataLoaderDispatcher(_ResumableLoader):
 
     A step is one batch (`split_batches`) or `num_processes` batches concatenated. A final step whose size does not
     divide by the number of processes is completed with rows of the epoch's first step, and `remainder` says how
-    many rows were real. Batches must be (nested) tensors.
+    many rows were real. Batches are (nested) tensors, optionally with plain values beside them (see
+    `dispatched_batches`), which every process receives whole.
     """
 
     def __init__(self, dataset, split_batches: bool = False, skip_batches: int = 0,
@@ -379,7 +380,7 @@ class DataLoaderDispatcher(_ResumableLoader):
         if not step or (len(step) < self._batches_per_step and self._drop_last):
             return None
         for batch in step:
-            _require_tensors(batch)
+            check_dispatchable(batch, self._batches_per_step, self.state.use_distributed)
         try:
             return step[0] if len(step) == 1 else concatenate(step, dim=0)
         except (RuntimeError, TypeError) as error:
@@ -438,7 +439,7 @@ class DataLoaderDispatcher(_ResumableLoader):
                 raise announced[1]
             structure, is_last = announced
             batch = pending if is_main else initialize_tensors(structure)
-            batch = broadcast(send_to_device(batch, device, non_blocking=self._non_blocking))
+            batch = recursively_apply(broadcast, send_to_device(batch, device, non_blocking=self._non_blocking))
             if first_step is None:
                 first_step = batch
                 if reference_first:
@@ -446,11 +447,11 @@ class DataLoaderDispatcher(_ResumableLoader):
                         return
                     pending = following
                     continue
-            observed = find_batch_size(batch)
+            observed = rows_of(batch)
             per_rank = observed // n
             if is_last and not self._drop_last and observed % n != 0:
                 per_rank = math.ceil(observed / n)
-                batch = concatenate([batch, _cycle_rows(first_step, per_rank * n - observed)], dim=0)
+                batch = pad_rows(batch, first_step, per_rank * n - observed)
                 self.remainder = observed
             mine = self.slice_fn(batch, slice(rank * per_rank, (rank + 1) * per_rank),
                                  process_index=rank, num_processes=n)
@@ -476,26 +477,6 @@ def _without_range(items, count: int, after: int = 0):
     for position, item in enumerate(items):
         if not after <= position < after + count:
             yield item
-
-
-def _require_tensors(batch) -> None:
-    try:
-        recursively_apply(lambda t: t, batch, error_on_other_type=True)
-    except TypeError:
-        raise ConfigError(
-            "DataLoaderDispatcher can only broadcast batches made of tensors (in lists, tuples or dicts), got a "
-            f"{type(batch).__name__} holding other objects. Pass dispatch_batches=False (every process then reads "
-            "its own share) or make the collate_fn return tensors."
-        ) from None
-
-
-def _cycle_rows(data, count: int):
-    """`count` rows taken by cycling through the rows of every tensor in `data`."""
-
-    def take(tensor):
-        return tensor[torch.arange(count, device=tensor.device) % tensor.shape[0]]
-
-    return recursively_apply(take, data)
 
 
 class SkipDataLoader(DataLoaderStateMixin, DataLoader):
