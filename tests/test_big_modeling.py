@@ -388,3 +388,42 @@ def test_state_dict_of_an_offloaded_model(reference, checkpoint, tmp_path):
     assert set(state) == set(expected)
     assert all(torch.equal(state[k], expected[k]) for k in expected)
     assert model.blocks[1].attn.weight.is_meta  # put back after reading
+
+
+class _Scaled(nn.Module):
+    """A root with a weight of its own beside offloadable children."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Parameter(torch.full((3,), 2.0))
+        self.first = nn.Linear(3, 3)
+        self.norm = nn.BatchNorm1d(3)
+
+    def forward(self, x):
+        return self.norm(self.first(x)) * self.scale
+
+
+@pytest.mark.parametrize("safe", [True, False])
+def test_save_model_writes_the_offloaded_weights_not_meta_placeholders(tmp_path, safe):
+    torch.manual_seed(0)
+    reference = _Scaled().eval()
+    with torch.no_grad():
+        reference.norm.running_mean.normal_()
+    inputs = torch.randn(4, 3)
+    expected = reference(inputs)
+    accelerator = Accelerator(cpu=True)
+    accelerator.save_model(reference, tmp_path / "full", safe_serialization=safe)
+    with init_empty_weights():
+        offloaded = _Scaled().eval()
+    load_checkpoint_and_dispatch(offloaded, str(tmp_path / "full"), device_map={"scale": "cpu", "first": "cpu", "norm": "disk"},
+                                 offload_folder=str(tmp_path / "offload"))
+    assert offloaded.norm.weight.is_meta
+    state = accelerator.get_state_dict(offloaded)
+    assert set(state) == set(reference.state_dict())
+    assert all(torch.equal(state[k], v) for k, v in reference.state_dict().items())
+    assert offloaded.norm.weight.is_meta  # read back from the offload, then put back
+    accelerator.save_model(offloaded, tmp_path / "again", safe_serialization=safe)
+    with init_empty_weights():
+        reloaded = _Scaled().eval()
+    load_checkpoint_and_dispatch(reloaded, str(tmp_path / "again"))
+    assert torch.allclose(reloaded(inputs), expected)

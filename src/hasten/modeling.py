@@ -474,22 +474,19 @@ def align_module_device(module, execution_device=None):
 
 
 def get_state_dict_offloaded_model(model):
-    """The full state dict of a model with offloaded modules, materialising one module at a time on the CPU."""
-    state_dict, placeholders = {}, set()
+    """The full state dict of a model with offloaded modules, materialising one offloaded module at a time on the
+    CPU. Everything else (the root's own weights included) comes from `model.state_dict()` as it is."""
+    state_dict = model.state_dict()
     for name, module in model.named_modules():
-        if not name:
+        if not has_offloaded_params(module):
             continue
+        prefix = f"{name}." if name else ""
         with align_module_device(module, "cpu"):
-            own = module.state_dict()
-        for key, value in own.items():
-            full = f"{name}.{key}"
-            if value.device.type == "meta":
-                placeholders.add(full)
-            else:
-                state_dict[full] = value.to("cpu")
-    left = placeholders - set(state_dict)
+            for key, value in module.state_dict().items():
+                state_dict[prefix + key] = value.to("cpu")
+    left = sorted(key for key, value in state_dict.items() if isinstance(value, torch.Tensor) and value.is_meta)
     if left:
-        logger.warning("These tensors were not saved because they are still on the meta device: %s", sorted(left))
+        logger.warning("These tensors were not saved because they are still on the meta device: %s", left)
     return state_dict
 
 
