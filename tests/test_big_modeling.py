@@ -427,3 +427,23 @@ def test_save_model_writes_the_offloaded_weights_not_meta_placeholders(tmp_path,
         reloaded = _Scaled().eval()
     load_checkpoint_and_dispatch(reloaded, str(tmp_path / "again"))
     assert torch.allclose(reloaded(inputs), expected)
+
+
+def test_load_checkpoint_in_model_reads_any_index_json_and_a_bare_weight_map(reference, tmp_path):
+    """Older sharded checkpoints name their index freely and store the bare {name: file} map."""
+    state = reference.state_dict()
+    names = sorted(state)
+    weight_map = {name: ("part-a.bin" if i % 2 else "part-b.bin") for i, name in enumerate(names)}
+    for file in ("part-a.bin", "part-b.bin"):
+        torch.save({k: state[k] for k in names if weight_map[k] == file}, tmp_path / file)
+    (tmp_path / "weights.index.json").write_text(json.dumps(weight_map))
+    for source in (tmp_path / "weights.index.json", tmp_path):
+        model = TinyLM().eval()
+        load_checkpoint_in_model(model, str(source), strict=True)
+        assert all(torch.equal(model.state_dict()[k], v) for k, v in state.items())
+    (tmp_path / "other.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    with pytest.raises(RuntimeError, match="several weights indexes"):
+        load_checkpoint_in_model(TinyLM(), str(tmp_path))
+    (tmp_path / "other.index.json").write_text(json.dumps({"weight_map": [1, 2]}))
+    with pytest.raises(RuntimeError, match="not a valid weights index"):
+        load_checkpoint_in_model(TinyLM(), str(tmp_path / "other.index.json"))
