@@ -388,3 +388,62 @@ def test_state_dict_of_an_offloaded_model(reference, checkpoint, tmp_path):
     assert set(state) == set(expected)
     assert all(torch.equal(state[k], expected[k]) for k in expected)
     assert model.blocks[1].attn.weight.is_meta  # put back after reading
+
+
+class _Scaled(nn.Module):
+    """A root with a weight of its own beside offloadable children."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Parameter(torch.full((3,), 2.0))
+        self.first = nn.Linear(3, 3)
+        self.norm = nn.BatchNorm1d(3)
+
+    def forward(self, x):
+        return self.norm(self.first(x)) * self.scale
+
+
+@pytest.mark.parametrize("safe", [True, False])
+def test_save_model_writes_the_offloaded_weights_not_meta_placeholders(tmp_path, safe):
+    torch.manual_seed(0)
+    reference = _Scaled().eval()
+    with torch.no_grad():
+        reference.norm.running_mean.normal_()
+    inputs = torch.randn(4, 3)
+    expected = reference(inputs)
+    accelerator = Accelerator(cpu=True)
+    accelerator.save_model(reference, tmp_path / "full", safe_serialization=safe)
+    with init_empty_weights():
+        offloaded = _Scaled().eval()
+    load_checkpoint_and_dispatch(offloaded, str(tmp_path / "full"), device_map={"scale": "cpu", "first": "cpu", "norm": "disk"},
+                                 offload_folder=str(tmp_path / "offload"))
+    assert offloaded.norm.weight.is_meta
+    state = accelerator.get_state_dict(offloaded)
+    assert set(state) == set(reference.state_dict())
+    assert all(torch.equal(state[k], v) for k, v in reference.state_dict().items())
+    assert offloaded.norm.weight.is_meta  # read back from the offload, then put back
+    accelerator.save_model(offloaded, tmp_path / "again", safe_serialization=safe)
+    with init_empty_weights():
+        reloaded = _Scaled().eval()
+    load_checkpoint_and_dispatch(reloaded, str(tmp_path / "again"))
+    assert torch.allclose(reloaded(inputs), expected)
+
+
+def test_load_checkpoint_in_model_reads_any_index_json_and_a_bare_weight_map(reference, tmp_path):
+    """Older sharded checkpoints name their index freely and store the bare {name: file} map."""
+    state = reference.state_dict()
+    names = sorted(state)
+    weight_map = {name: ("part-a.bin" if i % 2 else "part-b.bin") for i, name in enumerate(names)}
+    for file in ("part-a.bin", "part-b.bin"):
+        torch.save({k: state[k] for k in names if weight_map[k] == file}, tmp_path / file)
+    (tmp_path / "weights.index.json").write_text(json.dumps(weight_map))
+    for source in (tmp_path / "weights.index.json", tmp_path):
+        model = TinyLM().eval()
+        load_checkpoint_in_model(model, str(source), strict=True)
+        assert all(torch.equal(model.state_dict()[k], v) for k, v in state.items())
+    (tmp_path / "other.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    with pytest.raises(RuntimeError, match="several weights indexes"):
+        load_checkpoint_in_model(TinyLM(), str(tmp_path))
+    (tmp_path / "other.index.json").write_text(json.dumps({"weight_map": [1, 2]}))
+    with pytest.raises(RuntimeError, match="not a valid weights index"):
+        load_checkpoint_in_model(TinyLM(), str(tmp_path / "other.index.json"))

@@ -161,3 +161,19 @@ def test_clean_state_dict_for_safetensors():
     assert cleaned["view"].is_contiguous() and torch.equal(cleaned["view"], state["view"])
     assert cleaned["note"] == 3
     assert "head.weight" in state  # the input is left alone
+
+
+def test_accelerator_save_with_safetensors_keeps_one_name_of_tied_weights(tmp_path):
+    from safetensors.torch import load_file
+
+    from hasten import Accelerator
+
+    tied = Tied()
+    path = tmp_path / "model.safetensors"
+    with pytest.warns(UserWarning, match="head.weight"):
+        Accelerator(cpu=True).save(tied.state_dict(), path, safe_serialization=True)
+    saved = load_file(path)
+    assert set(saved) == {"embed.weight"} and torch.equal(saved["embed.weight"], tied.embed.weight)
+    fresh = Tied()
+    fresh.load_state_dict(saved, strict=False)  # the tie fills head.weight
+    assert torch.equal(fresh.head.weight, tied.embed.weight)

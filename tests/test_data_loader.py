@@ -304,6 +304,87 @@ def test_skip_first_batches():
     assert rows(shard) == [[9]]
 
 
+class _EpochBatchSampler(BatchSampler):
+    """A user batch sampler that reshuffles per epoch itself, over a sampler that also keeps an epoch."""
+
+    def __init__(self, sampler, batch_size):
+        super().__init__(sampler, batch_size, drop_last=False)
+        self.epoch = 0
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+
+
+@pytest.mark.parametrize("dispatch", [False, True])
+def test_set_epoch_reaches_the_batch_sampler_and_the_sampler_under_it(dispatch):
+    sampler = SeedableRandomSampler(list(range(16)), data_seed=3)
+    batch_sampler = _EpochBatchSampler(sampler, 4)
+    loader = prepare_data_loader(DataLoader(list(range(16)), batch_sampler=batch_sampler), put_on_device=dispatch,
+                                 dispatch_batches=dispatch)
+    loader.set_epoch(1)
+    assert batch_sampler.epoch == 1 and sampler.epoch == 1
+    # Resuming in epoch 1 keeps epoch 1's shuffle: the skipped loader must not start the sampler at epoch 0.
+    expected = rows(loader)[2:]
+    loader.set_epoch(1)
+    skipped = skip_first_batches(loader, 2)
+    assert rows(skipped) == expected and sampler.epoch == 2
+
+
+def test_base_dataloader_and_gradient_state_of_the_loaders():
+    shard = prepare_data_loader(DataLoader(list(range(8)), batch_size=2))
+    skip = skip_first_batches(DataLoader(Stream(8), batch_size=2), 1)
+    for loader in (shard, skip, DataLoaderDispatcher(list(range(8)), batch_size=2)):
+        assert loader.base_dataloader is loader and isinstance(loader.base_dataloader, DataLoader)
+        assert isinstance(loader.gradient_state, GradientState)
+    with pytest.raises(AttributeError):
+        DataLoaderShard.base_dataloader  # noqa: B018 - an instance attribute, as in Accelerate
+
+
+def test_a_half_iterated_prepared_loader_is_freed_with_its_owner():
+    import gc
+    import weakref
+
+    from hasten import Accelerator
+
+    gc.collect()
+    gc.disable()  # freed by reference counting alone: no cycle may hold the loader or the accelerator
+    try:
+        accelerator = Accelerator(cpu=True)
+        loader = accelerator.prepare_data_loader(DataLoader(list(range(8)), batch_size=2))
+        iterator = iter(loader)
+        assert next(iterator).tolist() == [0, 1] and GradientState().active_dataloader is loader
+        refs = [weakref.ref(accelerator), weakref.ref(loader), weakref.ref(loader.gradient_state)]
+        del accelerator, loader, iterator
+        assert [ref() for ref in refs] == [None, None, None]
+        assert GradientState().active_dataloader is None
+    finally:
+        gc.enable()
+
+
+def test_dispatched_batches_carry_plain_values_beside_tensors():
+    def tagged(samples):
+        return {"source": "wiki", "x": torch.tensor(samples), "pair": (torch.tensor(samples) * 2, None)}
+
+    loader = prepare_data_loader(DataLoader(Stream(6), batch_size=4, collate_fn=tagged), put_on_device=True)
+    assert type(loader) is DataLoaderDispatcher
+    got = [(b["source"], b["x"].tolist(), b["pair"][0].tolist(), b["pair"][1]) for b in loader]
+    assert got == [("wiki", [0, 1, 2, 3], [0, 2, 4, 6], None), ("wiki", [4, 5], [8, 10], None)]
+
+
+@pytest.mark.parametrize("collate, message", [
+    (None, "holds no tensor"),  # strings collate into a list of strings
+    (lambda samples: {"names": [str(s) for s in samples], "x": torch.tensor(samples)}, "per-sample str"),
+    (lambda samples: {"name": "no tensors"}, "holds no tensor"),
+    (lambda samples: (torch.tensor(samples), list(samples)), "per-sample int"),
+])
+def test_dispatcher_refuses_values_it_cannot_slice(collate, message):
+    data = ["a", "b", "c"] if collate is None else list(range(3))
+    loader = prepare_data_loader(DataLoader(data, batch_size=2, collate_fn=collate), put_on_device=True,
+                                 dispatch_batches=True)
+    with pytest.raises(ValueError, match=message):
+        rows(loader)
+
+
 # -- exact resume ----------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kwargs", [
@@ -360,7 +441,8 @@ def test_state_between_epochs_and_mismatched_loaders():
 def test_two_processes_sharding_metrics_epochs_and_skipping():
     output = launch("data_sharding.py").stdout
     for check in ("reference layouts", "map-style exactly once", "iterable shard", "dispatcher exactly once",
-                  "dispatcher error reaches every rank", "end_of_dataloader", "set_epoch shuffles alike on every rank",
+                  "dispatcher error reaches every rank", "dispatched plain values", "end_of_dataloader",
+                  "set_epoch shuffles alike on every rank",
                   "shared shuffle without rng_types", "skip_first_batches"):
         assert f"OK {check}" in output, output
 

@@ -182,3 +182,20 @@ def test_check_device_map_names_the_missing_pieces():
 def test_find_tied_parameters():
     assert find_tied_parameters(TinyLM()) == [["embed.weight", "head.weight"]]
     assert find_tied_parameters(TinyLM(tie=False)) == []
+
+
+def test_a_budget_that_fits_no_module_is_a_warning_unless_fallback_allocation_fills_it(caplog):
+    from collections import OrderedDict
+
+    inner = torch.nn.Sequential(OrderedDict([("first", torch.nn.Linear(10, 4)), ("second", torch.nn.Linear(4, 4)),
+                                             ("third", torch.nn.Linear(4, 8))]))
+    model = torch.nn.Sequential(OrderedDict([("block", inner)]))
+    with caplog.at_level(logging.WARNING, logger="hasten.device_map"):
+        plain = infer_auto_device_map(model, max_memory={"cpu": 256})
+    assert set(plain.values()) == {"disk"}
+    assert any("insufficient memory" in r.getMessage() and "cpu" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="hasten.device_map"):
+        filled = infer_auto_device_map(model, max_memory={"cpu": 256}, fallback_allocation=True)
+    assert filled == {"block.second": "cpu", "block.first": "disk", "block.third": "disk"}
+    assert not any("insufficient memory" in r.getMessage() for r in caplog.records)

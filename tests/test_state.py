@@ -193,6 +193,41 @@ def test_logger_needs_a_state_then_prefixes_the_rank(monkeypatch, caplog):
     assert get_logger("hasten.test.other").logger.level == logging.ERROR
 
 
+def test_logger_adapter_process_names_the_caller_and_carries_extra(caplog):
+    import inspect
+
+    from hasten.logging import MultiProcessAdapter
+
+    PartialState()
+    logger = MultiProcessAdapter(logging.getLogger("hasten.test.adapter"), {"job": "j1"})
+    assert logger.process("m", {}) == ("[RANK 0] m", {"extra": {"job": "j1"}, "stacklevel": 2})
+
+    class Shouting(MultiProcessAdapter):  # a user adapter overriding process(), as LoggerAdapter allows
+        def process(self, msg, kwargs):
+            msg, kwargs = super().process(msg, kwargs)
+            return msg.upper(), kwargs
+
+    with caplog.at_level(logging.INFO, logger="hasten.test.adapter"):
+        line = inspect.currentframe().f_lineno + 1
+        Shouting(logger.logger, {"job": "j2"}).warning("hi")
+    record = caplog.records[-1]
+    assert record.getMessage() == "[RANK 0] HI" and record.job == "j2"
+    assert (record.filename, record.lineno, record.funcName) == (
+        "test_state.py", line, "test_logger_adapter_process_names_the_caller_and_carries_extra")
+
+
+def test_an_accelerator_sets_up_a_partial_state_that_was_reset_alone():
+    from hasten import Accelerator
+    from hasten.logging import get_logger
+
+    Accelerator(cpu=True)
+    PartialState._reset_state()
+    accelerator = Accelerator(cpu=True)
+    assert PartialState._shared_state != {}  # (calling PartialState() here would set it up itself)
+    get_logger("hasten.test.reset").info("state is there")  # raised "must initialize" before
+    assert accelerator.process_index == PartialState().process_index == 0
+
+
 # -- two real processes -----------------------------------------------------------------------------------------
 
 def test_process_control_on_two_processes(tmp_path):

@@ -156,3 +156,31 @@ def test_mocking_test_case_starts_and_stops_mocks():
     result = unittest.TestResult()
     Case("test_it").run(result)
     assert result.wasSuccessful() and "MOCKED_BY_CASE" not in os.environ
+
+
+def _all_bundled_checks():
+    from hasten.test_utils import test_ops, test_script, test_sync
+
+    test_ops.main()
+    test_sync.main()
+    test_script.main()
+
+
+def test_bundled_self_check_scripts_pass_on_two_processes_and_catch_a_wrong_gradient(monkeypatch, capfd):
+    """Accelerate's `test_utils.test_ops/test_sync/test_script` entry points: hasten's own checks, at its paths."""
+    from hasten import debug_launcher
+    from hasten.test_utils import path_in_accelerate_package, test_sync
+
+    for name in ("test_ops.py", "test_sync.py", "test_script.py"):
+        assert path_in_accelerate_package("test_utils", "scripts", name).is_file()
+    debug_launcher(_all_bundled_checks, num_processes=2)
+    out = capfd.readouterr().out
+    for line in ("test_ops: collectives agree on 2", "test_sync: gradient synchronisation is right on 2",
+                 "test_script: all checks passed on 2"):
+        assert line in out, out
+    # The checks can fail: a backward that forgets to scale accumulated losses is caught (one process, no launch).
+    from hasten import Accelerator
+
+    monkeypatch.setattr(Accelerator, "backward", lambda self, loss, **kwargs: loss.backward())
+    with pytest.raises(AssertionError, match="differ from one full-batch step"):
+        test_sync.check_accumulate(Accelerator(cpu=True, gradient_accumulation_steps=2))

@@ -66,10 +66,12 @@ def state():
 
 @pytest.fixture
 def registry():
-    saved = dict(tracking_base._CUSTOM)
+    saved, removed = dict(tracking_base._CUSTOM), set(tracking_base.LOGGER_TYPE_TO_CLASS.removed)
     yield tracking_base._CUSTOM
     tracking_base._CUSTOM.clear()
     tracking_base._CUSTOM.update(saved)
+    tracking_base.LOGGER_TYPE_TO_CLASS.removed.clear()
+    tracking_base.LOGGER_TYPE_TO_CLASS.removed.update(removed)
 
 
 def test_importing_tracking_loads_no_tracker_library():
@@ -139,6 +141,33 @@ def test_registered_name_is_built_with_project_name_and_init_kwargs(state, regis
     (tracker,) = session.trackers
     assert tracker.calls == [("init", "my_project", {"entity": "me"}), ("start",)]
     session.finish()
+
+
+def test_logger_type_to_class_is_the_live_registry(state, registry):
+    from hasten.tracking import LOGGER_TYPE_TO_CLASS
+
+    snapshot = dict(LOGGER_TYPE_TO_CLASS)
+    assert "recording" not in LOGGER_TYPE_TO_CLASS and "tensorboard" in snapshot
+    register_tracker_class(RecordingTracker)
+    assert LOGGER_TYPE_TO_CLASS["recording"] is RecordingTracker  # registrations show up in it
+
+    class Direct(RecordingTracker):  # the older idiom: writing to the mapping registers the class
+        name = "direct"
+
+    LOGGER_TYPE_TO_CLASS["direct"] = Direct
+    assert filter_trackers(["direct"], None) == ["direct"]
+    session = TrackerSession(["direct"], None)
+    session.start("p")
+    assert type(session.trackers[0]) is Direct
+    session.finish()
+    # Emptying it and putting a saved copy back restores exactly what was there.
+    LOGGER_TYPE_TO_CLASS.clear()
+    assert len(LOGGER_TYPE_TO_CLASS) == 0
+    with pytest.raises(ValueError, match="not a known tracker"):
+        filter_trackers(["tensorboard"], None)
+    assert get_available_trackers() == []
+    LOGGER_TYPE_TO_CLASS.update(snapshot)
+    assert dict(LOGGER_TYPE_TO_CLASS) == snapshot and tracking_base._CUSTOM == {}
 
 
 def test_register_rejects_bad_classes_and_warns_on_shadowing(registry):

@@ -20,11 +20,11 @@ from contextlib import suppress
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
+from .dispatched_batches import check_dispatchable, pad_rows, rows_of
 from .enums import RNGType
 from .errors import ConfigError, DistributedOperationException, NotSupportedYetError
 from .nested import (
     concatenate,
-    find_batch_size,
     get_data_structure,
     initialize_tensors,
     is_torch_tensor,
@@ -41,6 +41,7 @@ from .samplers import (
     ResumableIndexSampler,
     SeedableRandomSampler,
     SkipBatchSampler,
+    set_epoch_through,
 )
 from .state import GradientState, PartialState
 
@@ -129,10 +130,21 @@ class DataLoaderStateMixin:
         GradientState()._remove_dataloader(self)
 
 
+class _ItselfAsBase:
+    """`loader.base_dataloader`: Accelerate wraps a separate DataLoader; a hasten loader is itself that DataLoader.
+    Like Accelerate's instance attribute, it is not there on the class (and holding it makes no reference cycle)."""
+
+    def __get__(self, loader, owner=None):
+        if loader is None:
+            raise AttributeError(f"base_dataloader is set on {owner.__name__} instances, not on the class")
+        return loader
+
+
 class _ResumableLoader(DataLoaderStateMixin, DataLoader):
     """Shared by the prepared loaders: epoch counter, set_epoch, sampler access and exact-resume state."""
 
     def _init_resume(self, iteration: int, skip_batches: int) -> None:
+        self.gradient_state = GradientState()
         self.iteration = iteration
         self.skip_batches = skip_batches
         self._in_epoch = False
@@ -151,23 +163,17 @@ class _ResumableLoader(DataLoaderStateMixin, DataLoader):
             self.__dict__["_resumable_index_sampler"] = wrapper
         return wrapper
 
-    @property
-    def base_dataloader(self):
-        """Accelerate wraps a separate DataLoader; here the prepared loader is itself that DataLoader."""
-        return self
+    base_dataloader = _ItselfAsBase()
 
     @property
     def total_dataset_length(self) -> int:
         return getattr(self.dataset, "total_length", None) or len(self.dataset)
 
     def set_epoch(self, epoch: int) -> None:
-        """Set the epoch of this loader and of the first of (batch sampler, sampler, dataset) that has one."""
+        """Set the epoch of this loader and of every batch sampler, sampler and dataset under it that has one."""
         self.iteration = epoch
         holder = self.sampler if isinstance(self.sampler, BatchSampler) else self.batch_sampler
-        for target in (holder, get_sampler(self), self.dataset):
-            if hasattr(target, "set_epoch"):
-                target.set_epoch(epoch)
-                return
+        set_epoch_through(holder, self.dataset, epoch, sampler=self.sampler if holder is None else None)
 
     def get_sampler(self):
         return get_sampler(self)
@@ -316,7 +322,8 @@ class DataLoaderDispatcher(_ResumableLoader):
 
     A step is one batch (`split_batches`) or `num_processes` batches concatenated. A final step whose size does not
     divide by the number of processes is completed with rows of the epoch's first step, and `remainder` says how
-    many rows were real. Batches must be (nested) tensors.
+    many rows were real. Batches are (nested) tensors, optionally with plain values beside them (see
+    `dispatched_batches`), which every process receives whole.
     """
 
     def __init__(self, dataset, split_batches: bool = False, skip_batches: int = 0,
@@ -373,7 +380,7 @@ class DataLoaderDispatcher(_ResumableLoader):
         if not step or (len(step) < self._batches_per_step and self._drop_last):
             return None
         for batch in step:
-            _require_tensors(batch)
+            check_dispatchable(batch, self._batches_per_step, self.state.use_distributed)
         try:
             return step[0] if len(step) == 1 else concatenate(step, dim=0)
         except (RuntimeError, TypeError) as error:
@@ -432,7 +439,7 @@ class DataLoaderDispatcher(_ResumableLoader):
                 raise announced[1]
             structure, is_last = announced
             batch = pending if is_main else initialize_tensors(structure)
-            batch = broadcast(send_to_device(batch, device, non_blocking=self._non_blocking))
+            batch = recursively_apply(broadcast, send_to_device(batch, device, non_blocking=self._non_blocking))
             if first_step is None:
                 first_step = batch
                 if reference_first:
@@ -440,11 +447,11 @@ class DataLoaderDispatcher(_ResumableLoader):
                         return
                     pending = following
                     continue
-            observed = find_batch_size(batch)
+            observed = rows_of(batch)
             per_rank = observed // n
             if is_last and not self._drop_last and observed % n != 0:
                 per_rank = math.ceil(observed / n)
-                batch = concatenate([batch, _cycle_rows(first_step, per_rank * n - observed)], dim=0)
+                batch = pad_rows(batch, first_step, per_rank * n - observed)
                 self.remainder = observed
             mine = self.slice_fn(batch, slice(rank * per_rank, (rank + 1) * per_rank),
                                  process_index=rank, num_processes=n)
@@ -472,26 +479,6 @@ def _without_range(items, count: int, after: int = 0):
             yield item
 
 
-def _require_tensors(batch) -> None:
-    try:
-        recursively_apply(lambda t: t, batch, error_on_other_type=True)
-    except TypeError:
-        raise ConfigError(
-            "DataLoaderDispatcher can only broadcast batches made of tensors (in lists, tuples or dicts), got a "
-            f"{type(batch).__name__} holding other objects. Pass dispatch_batches=False (every process then reads "
-            "its own share) or make the collate_fn return tensors."
-        ) from None
-
-
-def _cycle_rows(data, count: int):
-    """`count` rows taken by cycling through the rows of every tensor in `data`."""
-
-    def take(tensor):
-        return tensor[torch.arange(count, device=tensor.device) % tensor.shape[0]]
-
-    return recursively_apply(take, data)
-
-
 class SkipDataLoader(DataLoaderStateMixin, DataLoader):
     """A `DataLoader` that drops the first `skip_batches` batches of every pass (for iterable datasets,
     which cannot skip at the sampler)."""
@@ -501,6 +488,9 @@ class SkipDataLoader(DataLoaderStateMixin, DataLoader):
         super().__init__(dataset, **kwargs)
         self.skip_batches = skip_batches
         self._drop_last = self.drop_last
+        self.gradient_state = GradientState()
+
+    base_dataloader = _ItselfAsBase()
 
     def __iter__(self):
         self.begin()

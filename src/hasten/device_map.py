@@ -529,6 +529,8 @@ def infer_auto_device_map(model, max_memory=None, no_split_module_classes=None, 
             warnings.warn(f"The offloaded layers need {offloaded_buffers} bytes of buffers on the GPU, which fit no "
                           "GPU's remaining memory; pass offload_buffers=True if you run out of memory.")
     if minimum_needed:
-        logger.info("No module fitted on: %s (bytes each would need); raise their max_memory to use them.",
-                    ", ".join(f"{device}: {amount}" for device, amount in minimum_needed.items()))
+        # A warning, as in Accelerate: a budget that fits nothing usually means a typo or a unit mistake.
+        logger.warning("infer_auto_device_map: insufficient memory to place any module on %s (bytes each would "
+                       "need); raise their max_memory to use them.",
+                       ", ".join(f"{device}: {amount}" for device, amount in minimum_needed.items()))
     return device_map

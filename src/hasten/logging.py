@@ -17,6 +17,13 @@ class MultiProcessAdapter(logging.LoggerAdapter):
     def _should_log(main_process_only: bool) -> bool:
         return not main_process_only or PartialState().is_main_process
 
+    def process(self, msg, kwargs):
+        """The message as logged (`[RANK i] msg`, with the adapter's `extra`); `stacklevel` defaults to 2 so the
+        record names the caller, not this adapter. A subclass may override it, as with any `LoggerAdapter`."""
+        msg, kwargs = super().process(msg, kwargs)
+        kwargs.setdefault("stacklevel", 2)
+        return f"[RANK {PartialState().process_index}] {msg}", kwargs
+
     def log(self, level, msg, *args, **kwargs):
         if not PartialState._shared_state:
             raise RuntimeError(
@@ -25,11 +32,10 @@ class MultiProcessAdapter(logging.LoggerAdapter):
             )
         main_process_only = kwargs.pop("main_process_only", True)
         in_order = kwargs.pop("in_order", False)
-        kwargs.setdefault("stacklevel", 2)
         if not self.isEnabledFor(level):
             return
         state = PartialState()
-        msg = f"[RANK {state.process_index}] {msg}"
+        msg, kwargs = self.process(msg, kwargs)
         if in_order:
             for rank in range(state.num_processes):
                 if rank == state.process_index:

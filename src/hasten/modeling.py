@@ -40,21 +40,32 @@ def _weight_files(checkpoint: str) -> list:
     for name in _SINGLE_NAMES:
         if os.path.isfile(os.path.join(checkpoint, name)):
             return [os.path.join(checkpoint, name)]
+    indexes = sorted(n for n in os.listdir(checkpoint) if n.endswith(".index.json"))
+    if len(indexes) > 1:
+        raise CheckpointError(f"load_checkpoint_in_model: {checkpoint} holds several weights indexes {indexes}; pass "
+                              "the path of the one to load")
+    if indexes:
+        return _files_from_index(os.path.join(checkpoint, indexes[0]))
     candidates = [n for n in os.listdir(checkpoint) if n.endswith((".safetensors", ".bin"))]
     if len(candidates) == 1:
         return [os.path.join(checkpoint, candidates[0])]
     raise CheckpointError(
-        f"load_checkpoint_in_model: {checkpoint} holds no index ({' or '.join(_INDEX_NAMES)}) and not exactly one "
+        f"load_checkpoint_in_model: {checkpoint} holds no weights index (*.index.json) and not exactly one "
         f"weights file (found {len(candidates)})"
     )
 
 
 def _files_from_index(index_path: str) -> list:
+    """The files an index names: Hugging Face's `{"weight_map": {name: file}}`, or the bare `{name: file}` map."""
     try:
         with open(index_path) as handle:
-            weight_map = json.load(handle)["weight_map"]
-    except (OSError, ValueError, KeyError) as error:
+            index = json.load(handle)
+    except (OSError, ValueError) as error:
         raise CheckpointError(f"{index_path} is not a valid weights index ({error})") from None
+    weight_map = index.get("weight_map", index) if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+        raise CheckpointError(f"{index_path} is not a valid weights index: expected {{\"weight_map\": {{name: file}}}} "
+                              "or a {name: file} mapping")
     folder = os.path.dirname(index_path)
     return [os.path.join(folder, name) for name in sorted(set(weight_map.values()))]
 
@@ -474,22 +485,19 @@ def align_module_device(module, execution_device=None):
 
 
 def get_state_dict_offloaded_model(model):
-    """The full state dict of a model with offloaded modules, materialising one module at a time on the CPU."""
-    state_dict, placeholders = {}, set()
+    """The full state dict of a model with offloaded modules, materialising one offloaded module at a time on the
+    CPU. Everything else (the root's own weights included) comes from `model.state_dict()` as it is."""
+    state_dict = model.state_dict()
     for name, module in model.named_modules():
-        if not name:
+        if not has_offloaded_params(module):
             continue
+        prefix = f"{name}." if name else ""
         with align_module_device(module, "cpu"):
-            own = module.state_dict()
-        for key, value in own.items():
-            full = f"{name}.{key}"
-            if value.device.type == "meta":
-                placeholders.add(full)
-            else:
-                state_dict[full] = value.to("cpu")
-    left = placeholders - set(state_dict)
+            for key, value in module.state_dict().items():
+                state_dict[prefix + key] = value.to("cpu")
+    left = sorted(key for key, value in state_dict.items() if isinstance(value, torch.Tensor) and value.is_meta)
     if left:
-        logger.warning("These tensors were not saved because they are still on the meta device: %s", sorted(left))
+        logger.warning("These tensors were not saved because they are still on the meta device: %s", left)
     return state_dict
 
 

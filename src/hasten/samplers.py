@@ -13,7 +13,9 @@ from torch.utils.data import BatchSampler, IterableDataset, RandomSampler
 
 from .errors import ConfigError
 
-__all__ = ["BatchSamplerShard", "IterableDatasetShard", "SeedableRandomSampler", "SkipBatchSampler"]
+__all__ = [
+    "BatchSamplerShard", "IterableDatasetShard", "SeedableRandomSampler", "SkipBatchSampler", "set_epoch_through",
+]
 
 
 def _check_split(batch_size, num_processes: int, what: str) -> None:
@@ -60,6 +62,27 @@ class SeedableRandomSampler(RandomSampler):
         self.epoch = epoch
 
 
+def set_epoch_through(batch_sampler, dataset, epoch: int, sampler=None) -> None:
+    """Announce `epoch` once to everything under a loader that keeps one: each batch sampler the user wrote in
+    the chain, the sampler they draw from and the dataset. A custom batch sampler that reseeds per epoch and a
+    seedable sampler under it both need it; hasten's own wrappers only pass it on, so they are not called."""
+    targets = []
+    level = batch_sampler
+    while level is not None:
+        if not isinstance(level, _WrappedBatchSampler):
+            targets.append(level)
+        inner = getattr(level, "batch_sampler", None)
+        if inner is None:
+            sampler = getattr(level, "sampler", sampler)
+        level = inner
+    targets += [sampler, dataset]
+    called = []
+    for target in targets:
+        if hasattr(target, "set_epoch") and all(target is not done for done in called):
+            target.set_epoch(epoch)
+            called.append(target)
+
+
 class _WrappedBatchSampler(BatchSampler):
     """A batch sampler built over another one: exposes its sampler and length, forwards `set_epoch`.
     (BatchSampler.__init__ validates a sampler we do not have, so subclasses set their attributes themselves.)"""
@@ -75,10 +98,7 @@ class _WrappedBatchSampler(BatchSampler):
         return len(self.batch_sampler)
 
     def set_epoch(self, epoch: int) -> None:
-        for target in (self.batch_sampler, self.sampler):
-            if hasattr(target, "set_epoch"):
-                target.set_epoch(epoch)
-                return
+        set_epoch_through(self, None, epoch)
 
 
 class BatchSamplerShard(_WrappedBatchSampler):

@@ -493,6 +493,8 @@ class AcceleratorState(_SharedState):
         self.__dict__ = self._shared_state
         cpu = bool(_setting("use_cpu", bool(cpu)))
         if self.initialized:
+            if not PartialState._shared_state:  # reset on its own (tests do): set it up again, as Accelerate does
+                PartialState(cpu, **kwargs)
             if cpu and self.device.type != "cpu":
                 raise ValueError(
                     "AcceleratorState has already been initialized on a device and cannot be switched to "

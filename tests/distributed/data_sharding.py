@@ -122,6 +122,27 @@ else:
     raise AssertionError("non-tensor batches were dispatched")
 ok("dispatcher error reaches every rank")
 
+# Plain values beside the tensors reach every rank whole, while the tensors are sliced; values that cannot be
+# pickled, or that would have to be joined across the batches of a step, are refused on every rank.
+def tagged(samples):
+    return {"x": torch.tensor(samples), "source": "wiki"}
+
+
+loader = prepare_data_loader(DataLoader(Stream(7), batch_size=4, collate_fn=tagged), put_on_device=True,
+                             split_batches=True)
+got = [(batch["x"].tolist(), batch["source"]) for batch in loader]
+assert got == ([([0, 1], "wiki"), ([4, 5], "wiki")] if RANK == 0 else [([2, 3], "wiki"), ([6, 0], "wiki")]), got
+for collate, split, wording in ((lambda s: {"x": torch.tensor(s), "fn": lambda: 0}, True, "cannot be pickled"),
+                                (tagged, False, "joins 2 batches")):
+    try:
+        rows(prepare_data_loader(DataLoader(Stream(6), batch_size=2, collate_fn=collate), put_on_device=True,
+                                 split_batches=split))
+    except ValueError as error:
+        assert wording in str(error), error
+    else:
+        raise AssertionError(wording)
+ok("dispatched plain values")
+
 # -- end_of_dataloader / GradientState -----------------------------------------------------------------------
 loader = prepare_data_loader(DataLoader(list(range(9)), batch_size=2))
 flags = []

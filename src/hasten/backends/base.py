@@ -224,8 +224,14 @@ class Backend:
             optimizer.load_state_dict(io.load_object(path, load_kwargs, map_location))
 
     def full_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict:
-        """A complete, unsharded state dict for `save_model` / `get_state_dict`."""
-        return (self.unwrap_model(model) if unwrap else model).state_dict()
+        """A complete, unsharded state dict for `save_model` / `get_state_dict`. Weights that big-model hooks
+        offloaded (to the CPU or disk, meta tensors in the model) are read back from the offload."""
+        model = self.unwrap_model(model) if unwrap else model
+        from ..modeling import get_state_dict_offloaded_model, has_offloaded_params
+
+        if any(has_offloaded_params(module) for module in model.modules()):
+            return get_state_dict_offloaded_model(model)
+        return model.state_dict()
 
     # -- unwrapping -----------------------------------------------------------------------------------------
     def unwrap_model(self, model, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True):

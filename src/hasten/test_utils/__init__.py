@@ -50,3 +50,4 @@ from .testing import (  # noqa: F401
     torch_device,
 )
 from .training import RegressionDataset, RegressionModel  # noqa: F401
+from .scripts import test_ops, test_script, test_sync  # noqa: F401,E402 - Accelerate's bundled self-checks

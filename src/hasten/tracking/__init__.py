@@ -11,6 +11,7 @@ import importlib
 _SOURCES = {
     ".base": [
         "GeneralTracker", "on_main_process", "register_tracker_class", "get_available_trackers",
+        "LOGGER_TYPE_TO_CLASS",
     ],
     ".session": ["filter_trackers", "TrackerSession"],
     "..errors": ["TrackerError"],
@@ -26,14 +27,10 @@ _SOURCES = {
     ".jsonl": ["JSONLinesTracker"],
 }
 _EXPORTS = {name: module for module, names in _SOURCES.items() for name in names}
-__all__ = sorted([*_EXPORTS, "LOGGER_TYPE_TO_CLASS"])
+__all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name):
-    if name == "LOGGER_TYPE_TO_CLASS":
-        from .base import _BUILTIN, tracker_class
-
-        return {key: tracker_class(key) for key in _BUILTIN if key != "jsonl"}
     if name in _EXPORTS:
         value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
         globals()[name] = value

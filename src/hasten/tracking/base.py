@@ -11,7 +11,7 @@ import functools
 import importlib
 import importlib.util
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from pathlib import PurePath
 
 # name -> (module under hasten.tracking, class name, importable module that must exist, pip extra)
@@ -156,14 +156,63 @@ def tracker_class(name: str) -> type:
     name = _name_of(name)
     if name in _CUSTOM:
         return _CUSTOM[name]
-    if name not in _BUILTIN:
+    if name not in known_tracker_names():
         raise ValueError(f"unknown tracker {name!r}; choose one of {sorted(known_tracker_names())} or a GeneralTracker")
+    return _builtin_class(name)
+
+
+def _builtin_class(name: str) -> type:
     module, class_name, _, _ = _BUILTIN[name]
     return getattr(importlib.import_module(f"{__package__}.{module}"), class_name)
 
 
 def known_tracker_names() -> set[str]:
-    return set(_BUILTIN) | set(_CUSTOM)
+    return (set(_BUILTIN) - LOGGER_TYPE_TO_CLASS.removed) | set(_CUSTOM)
+
+
+class _TrackerClasses(MutableMapping):
+    """Accelerate's `LOGGER_TYPE_TO_CLASS`, live: the built-in trackers named by `LoggerType` (each class loaded
+    when read) and the registered ones. Setting a name registers a class for `log_with`; deleting one removes it."""
+
+    def __init__(self):
+        self.removed: set[str] = set()  # built-ins deleted from the mapping
+
+    def _builtins(self) -> list:
+        return [n for n in _BUILTIN if n != "jsonl" and n not in self.removed and n not in _CUSTOM]
+
+    def __getitem__(self, name):
+        if name in _CUSTOM:
+            return _CUSTOM[name]
+        if name in self._builtins():
+            return _builtin_class(name)
+        raise KeyError(name)
+
+    def __setitem__(self, name, tracker_class) -> None:
+        self.removed.discard(name)
+        if name in _BUILTIN and tracker_class is _builtin_class(name):
+            _CUSTOM.pop(name, None)  # putting a built-in back (a saved copy restored) restores the built-in
+        else:
+            _CUSTOM[name] = tracker_class
+
+    def __delitem__(self, name) -> None:
+        if name not in self:
+            raise KeyError(name)
+        _CUSTOM.pop(name, None)
+        if name in _BUILTIN:
+            self.removed.add(name)
+
+    def __iter__(self):
+        yield from self._builtins()
+        yield from _CUSTOM
+
+    def __len__(self) -> int:
+        return len(self._builtins()) + len(_CUSTOM)
+
+    def __repr__(self) -> str:
+        return repr(dict(self))
+
+
+LOGGER_TYPE_TO_CLASS = _TrackerClasses()
 
 
 def install_hint(name: str) -> str:
@@ -176,6 +225,8 @@ def is_tracker_installed(name: str) -> bool:
     name = _name_of(name)
     if name in _CUSTOM:
         return True
+    if name not in known_tracker_names():  # a built-in deleted from LOGGER_TYPE_TO_CLASS
+        return False
     library = _BUILTIN[name][2]
     return library is None or importlib.util.find_spec(library) is not None
 

@@ -74,6 +74,8 @@ def save(obj, f, save_on_each_node: bool = False, safe_serialization: bool = Fal
     if safe_serialization:
         from safetensors.torch import save_file
 
+        if isinstance(obj, dict):  # safetensors refuses tied weights: keep one name of each, as Accelerate does
+            obj = clean_state_dict_for_safetensors(obj)
         write = lambda path: save_file(obj, path, metadata={"format": "pt"})  # noqa: E731
     else:
         write = lambda path: torch.save(obj, path)  # noqa: E731

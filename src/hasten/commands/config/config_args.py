@@ -7,11 +7,10 @@ hasten's own folder is `$HF_HOME/hasten`; an Accelerate file in `$HF_HOME/accele
 
 from __future__ import annotations
 
-import json
 import os
-from typing import Any
 
 from ...config import file as config_file
+from ...config.file_objects import BaseConfig, ClusterConfig, SageMakerConfig  # noqa: F401 - Accelerate's path
 
 
 def __getattr__(name: str):
@@ -26,34 +25,9 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-class ClusterConfig:
-    """A checked config file as an object: every key of the file is an attribute (missing keys at their default).
-
-    Built by `load_config_from_file`; `to_dict`, `to_yaml_file` and `to_json_file` write it back, checked again.
-    """
-
-    def __init__(self, **values: Any):
-        checked = config_file.validate(values, source="ClusterConfig(...)")
-        self.__dict__.update(checked)
-
-    def to_dict(self) -> dict:
-        return config_file.to_file_dict(dict(self.__dict__))
-
-    def to_yaml_file(self, yaml_file: str) -> None:
-        config_file.write_config_file(self.to_dict(), yaml_file)
-
-    def to_json_file(self, json_file: str) -> None:
-        """JSON content whatever the file's name (as Accelerate writes it)."""
-        config_file.validate(self.to_dict(), source=json_file, fill_defaults=False)
-        with open(json_file, "w", encoding="utf-8") as handle:
-            handle.write(json.dumps(self.to_dict(), indent=2) + "\n")
-
-    def __repr__(self) -> str:
-        return f"ClusterConfig({', '.join(f'{k}={v!r}' for k, v in self.to_dict().items())})"
-
-
-def load_config_from_file(config_file_path: str | None) -> ClusterConfig:
-    """The config at `config_file_path` (or the default file); a missing explicit file is FileNotFoundError."""
+def load_config_from_file(config_file_path: str | None) -> BaseConfig:
+    """The config at `config_file_path` (or the default file): a `ClusterConfig`, or a `SageMakerConfig` for a
+    file whose compute_environment is AMAZON_SAGEMAKER. A missing explicit file is FileNotFoundError."""
     if config_file_path is not None and not os.path.isfile(config_file_path):
         raise FileNotFoundError(
             f"config file {config_file_path!r} does not exist; pass an existing file, or create one with "
@@ -65,4 +39,7 @@ def load_config_from_file(config_file_path: str | None) -> ClusterConfig:
             f"no config file at {config_file.default_config_path()}; create one with `hasten config` or "
             "`hasten config default`"
         )
+    raw = config_file.read_raw(path)
+    if isinstance(raw, dict) and str(raw.get("compute_environment", "")) == "AMAZON_SAGEMAKER":
+        return SageMakerConfig.from_yaml_file(path)  # data only: `hasten launch` refuses SageMaker configs
     return ClusterConfig(**config_file.load_config_file(path, fill_defaults=False))
