@@ -27,11 +27,17 @@ def site(marker: str) -> str:
     raise AssertionError(f"no SITE:{marker} in {CASES}")
 
 
-def run_case(case: str, env=None, timeout: float = 60) -> tuple[str, str]:
-    """Launch one case; returns (the launcher's summary line, the report after it) and checks they come last."""
+def run_case(case: str, env=None, timeout: float = 60, may_run_ahead: bool = False) -> tuple[str, str]:
+    """Launch one case; returns (the launcher's summary line, the report after it) and checks they come last.
+
+    `may_run_ahead`: gloo completes some mismatched pairs on one side or both (equal sizes, or a smaller
+    all_reduce against a larger one), and the doctor checks off the main thread, so a rank may finish the
+    script's last lines before its checker stops the run; the run must fail with the report all the same.
+    """
     result = launch(CASES, case, flags=["--debug"], env={**ENV, **(env or {})}, timeout=timeout, check=False)
     assert result.returncode != 0, result.stderr
-    assert "RANK 0 FINISHED" not in result.stdout, result.stdout
+    if not may_run_ahead:
+        assert "RANK 0 FINISHED" not in result.stdout, result.stdout
     lines = result.stderr.rstrip().splitlines()
     summaries = [i for i, line in enumerate(lines) if line.startswith("hasten launch:")]
     assert len(summaries) == 1, result.stderr
@@ -102,7 +108,7 @@ def test_rank_sleeps_past_the_timeout():
 
 
 def test_broadcast_against_all_reduce():
-    _, report = run_case("broadcast-vs-all-reduce")
+    _, report = run_case("broadcast-vs-all-reduce", may_run_ahead=True)
     first = headline(report)
     assert first.startswith("rank 1 diverged"), report
     assert f"it calls all_reduce(float32[4] op=SUM) at tests/distributed/{site('all-reduce')}" in first
@@ -110,7 +116,7 @@ def test_broadcast_against_all_reduce():
 
 
 def test_users_own_all_reduce_with_mismatched_shapes():
-    _, report = run_case("user-all-reduce")
+    _, report = run_case("user-all-reduce", may_run_ahead=True)
     first = headline(report)
     assert first.startswith("rank 1 diverged"), report
     assert f"it calls all_reduce(float32[4] op=SUM) at tests/distributed/{site('user-all-reduce')}" in first
@@ -173,12 +179,12 @@ def test_call_site_is_the_callers_line():
 
 
 def test_odd_ones_out_takes_the_majority_and_rank_0_in_a_tie():
-    from hasten.hang_doctor import _odd_ones
+    from hasten.hang_report import odd_ones
 
     a, b = ("all_reduce", "float32[4]", "x.py:1"), ("barrier", "", "x.py:2")
-    assert _odd_ones({0: a, 1: a, 2: b}) == [2]
-    assert _odd_ones({0: b, 1: a, 2: a}) == [0]
-    assert _odd_ones({0: a, 1: b}) == [1]
+    assert odd_ones({0: a, 1: a, 2: b}) == [2]
+    assert odd_ones({0: b, 1: a, 2: a}) == [0]
+    assert odd_ones({0: a, 1: b}) == [1]
 
 
 def test_collective_timeout_setting_reaches_the_process_group_kwargs(monkeypatch):

@@ -1,0 +1,114 @@
+"""The hang doctor's report: who called what at one collective, and where each rank is (pure functions).
+
+`hasten.hang_doctor` gathers each rank's status (a dict posted on the store: its state, the collective it
+waits in as `entry`, its last collectives as `history`, its Python stack) and builds the report from them
+here. An entry or history item is `[group, seq, name, detail, site, since]`.
+"""
+
+from __future__ import annotations
+
+TERMINAL = ("exited", "raised")
+
+
+def shown(name: str, detail: str) -> str:
+    return f"{name}({detail})"
+
+
+def at(status, group: str, seq: int) -> bool:
+    """Whether the rank of `status` waits in collective #seq of `group`."""
+    here = (status or {}).get("entry")
+    return bool(here) and here[0] == group and here[1] == seq
+
+
+def passed(status, group: str, seq: int):
+    """The history item of collective #seq of `group` when the rank of `status` has issued it, else None."""
+    for item in (status or {}).get("history", ()):
+        if item[0] == group and item[1] == seq:
+            return item
+    return None
+
+
+def calls_at(statuses: dict, group: str, seq: int) -> dict:
+    """{rank: (name, detail, site)} of every rank whose status shows what it called at collective #seq."""
+    calls = {}
+    for rank, status in statuses.items():
+        item = status.get("entry") if at(status, group, seq) else passed(status, group, seq)
+        if item:
+            calls[rank] = (item[2], item[3], item[4])
+    return calls
+
+
+def odd_ones(calls: dict) -> list:
+    """The ranks whose call differs from the most common one; in a tie, from the lowest rank's call."""
+    counts = {}
+    for call in calls.values():
+        counts[call[:2]] = counts.get(call[:2], 0) + 1
+    lowest = calls[min(calls)][:2]
+    common = max(counts, key=lambda c: (counts[c], c == lowest))
+    return sorted(rank for rank, call in calls.items() if call[:2] != common) or sorted(calls)[-1:]
+
+
+def divergence_headline(calls: dict, group: str, seq: int) -> tuple:
+    """(headline, diverging ranks) for ranks that called different collectives at #seq of `group`."""
+    diverging = odd_ones(calls)
+    reference = next(rank for rank in sorted(calls) if rank not in diverging)
+    name, detail, site = calls[diverging[0]]
+    others = [f"rank {rank} calls {shown(c[0], c[1])} at {c[2]}" for rank, c in sorted(calls.items())
+              if rank not in diverging]
+    headline = (f"rank {diverging[0]} diverged at collective #{seq} of the {group} group: it calls "
+                f"{shown(name, detail)} at {site} while {', '.join(others)}")
+    if calls[reference][0] == name:
+        headline += " (same collective, different tensors)"
+    return headline, diverging
+
+
+def state_words(status) -> str:
+    state = status["state"]
+    if state == "collective":
+        entry = status["entry"]
+        return f"waiting in {shown(entry[2], entry[3])} (collective #{entry[1]} of the {entry[0]} group)"
+    if state == "raised":
+        return f"gone: it raised {status['error']}"
+    if state == "exited":
+        return "gone: it returned from its script"
+    return "running Python code"
+
+
+def _where(status, collective) -> str:
+    """Where a rank is; for a divergence report, also whether it waits in the diverged collective or passed it."""
+    if collective is None:
+        return state_words(status)
+    group, seq = collective
+    if at(status, group, seq):
+        return state_words(status)
+    item = passed(status, group, seq)
+    if item is None:
+        return state_words(status)
+    # gloo may complete a mismatched pair (same sizes), and the checker thread runs behind the main thread
+    return (f"passed {shown(item[2], item[3])} at {item[4]} (collective #{seq} of the {group} group); now "
+            f"{state_words(status)}")
+
+
+FIXES = {
+    "diverged": "every rank must call the same collectives in the same order, with the same shapes and dtypes.",
+    "left": "a rank that returns, raises or exits early leaves the others waiting: every rank must reach the same "
+            "collectives (catch the error on every rank, or end all ranks together).",
+    "timeout": "the rank that never arrived is busy where its stack shows; if that work is legitimately long, raise "
+               "the timeout (InitProcessGroupKwargs(timeout=...) or HASTEN_COLLECTIVE_TIMEOUT, in seconds).",
+}
+
+
+def format_report(headline: str, statuses: dict, world_size: int, kind: str = "diverged", collective=None) -> str:
+    """The report: the headline, each rank's state and Python stack, and the fix. `collective`: (group, seq)."""
+    lines = ["=" * 30 + " hasten hang doctor " + "=" * 30, headline, "Where each rank is (innermost call last):"]
+    for rank in range(world_size):
+        status = statuses.get(rank)
+        if status is None:
+            lines.append(f"  rank {rank}: did not answer within the wait (its process may be gone, or stuck in C "
+                         "code that holds the GIL)")
+            continue
+        lines.append(f"  rank {rank}: {_where(status, collective)}")
+        lines.extend(f"      {line}" for line in status.get("stack", []))
+    lines.append(f"Fix: {FIXES[kind]} (Debug mode is on: HASTEN_DEBUG_MODE=0 turns the doctor off.)")
+    lines.append("=" * 80)
+    return "\n".join(lines)
