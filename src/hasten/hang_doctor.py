@@ -40,7 +40,6 @@ import atexit
 import functools
 import json
 import os
-import queue
 import sys
 import threading
 import time
@@ -55,8 +54,12 @@ POLL = 0.2  # seconds between two looks of the watchdog at the store
 REPORT_KEY = "hasten_report"  # where the report sits in a torchelastic error file (read by `hasten launch`)
 LAUNCHER_VARIABLE = "HASTEN_LAUNCHER_PRINTS_REPORT"  # set by `hasten launch`: it prints the report itself
 _SEP = "\x1f"
-_KEEP_KEYS = 1000  # collective keys older than this many collectives are deleted from the store
-_MAX_PENDING = 256  # collectives the checker may lag behind before the main thread waits for it
+CHECK_EVERY = 0.05  # seconds between two passes of the checker thread (each pass: one store request per group)
+_CHUNK = 64  # collectives per store key of a group's reference fingerprints
+_KEEP_CHUNKS = 32  # chunks older than this many are deleted from the store (a long run does not grow it)
+_MAX_PENDING = 1024  # collectives the checker may lag behind before the main thread waits for it
+_END = "\x1e"  # ends one fingerprint in a chunk
+_MISSING = "\x00"  # a value no chunk key holds
 _DOCTOR = None
 
 
@@ -217,7 +220,9 @@ class Doctor:
         self.members: dict = {"default": list(range(world_size))}  # group key -> its global ranks
         self.cleaners = {"default"} if rank == 0 else set()  # groups whose old store keys this rank deletes
         self.cleaned: dict = {}
-        self.pending = queue.SimpleQueue()  # entries for the checker, in the order the main thread issued them
+        self.unchecked: deque = deque()  # entries for the checker, in the order the main thread issued them
+        self.wake = threading.Event()  # a flush wants the checker now
+        self.progress = threading.Condition()  # notified after each pass of the checker
         self.thread = threading.Thread(target=self._watch, name="hasten-hang-doctor", daemon=True)
         self.checker = threading.Thread(target=self._check, name="hasten-hang-doctor-checker", daemon=True)
 
@@ -244,59 +249,92 @@ class Doctor:
             self.leave(entry)
 
     def enter(self, name, detail, group, site) -> _Entry:
-        """Number and record the collective, and hand it to the checker thread (no store call here)."""
+        """Number and record the collective for the checker thread (no store call, no thread woken here)."""
         key = self._group_key(group)
         with self.lock:
             seq = self.seqs[key] = self.seqs.get(key, 0) + 1
             entry = _Entry(key, seq, name, detail, site)
             self.inside[entry.thread] = entry
             self.history.append(entry)
-        pending = self.pending
-        pending.put(entry)
-        if pending.qsize() > _MAX_PENDING:  # the store is slower than the collectives: do not queue without end
-            self.flush(self.timeout)
+        self.unchecked.append(entry)
+        if seq - self.checked_seqs.get(key, 0) > _MAX_PENDING:  # the checker fell far behind: let it catch up
+            self.flush(self.wait)
         return entry
 
     def flush(self, timeout: float) -> bool:
-        """Wait (at most `timeout` seconds) until the checker has compared everything handed to it so far."""
+        """Wait (at most `timeout` seconds) until the checker has checked every collective issued so far."""
         if self.broken or not self.checker.is_alive() or threading.current_thread() is self.checker:
             return True
-        done = threading.Event()
-        self.pending.put(done)
-        return done.wait(timeout)
+        target = dict(self.seqs)
+        checked = self.checked_seqs
 
+        def done():
+            return self.broken or all(checked.get(key, 0) >= seq for key, seq in target.items())
+
+        with self.progress:
+            self.wake.set()
+            return self.progress.wait_for(done, timeout)
+
+    # -- the checker thread -------------------------------------------------------------------------------------
     def _check(self) -> None:
-        """The checker thread: one `compare_set` per collective, in order; a mismatch ends in a report."""
+        """Every CHECK_EVERY seconds (or when a flush asks), check the collectives issued since the last time."""
         store = self.check_store
-        rank = str(self.rank)
-        while True:
-            entry = self.pending.get()
-            if entry is None:
-                return
-            if isinstance(entry, threading.Event):
-                entry.set()
-                continue
-            if self.broken:
-                continue
-            mine = f"{entry.name}{_SEP}{entry.detail}"
-            value = f"{mine}{_SEP}{rank}{_SEP}{entry.site}"
+        pending: dict = {}  # group key -> deque of entries not checked yet, in order
+        cache: dict = {}  # group key -> (chunk, items) last read from the group's reference rank
+        while not self.stopped.is_set() and not self.broken:
+            self.wake.wait(CHECK_EVERY)
+            self.wake.clear()
+            unchecked = self.unchecked
+            while unchecked:
+                entry = unchecked.popleft()
+                pending.setdefault(entry.group, deque()).append(entry)
             try:
-                stored = store.compare_set(f"c/{entry.group}/{entry.seq}", "", value).decode()
+                for key, entries in pending.items():
+                    if entries and self._check_group(store, key, entries, cache):
+                        return  # a divergence was reported
             except Exception as error:  # noqa: BLE001 - the doctor must never be the reason a run fails
                 self._give_up(error)
-                continue
-            self.checked_seqs[entry.group] = entry.seq
-            if stored == value:
-                continue
-            their_name, their_detail, their_rank, their_site = stored.split(_SEP)
-            if f"{their_name}{_SEP}{their_detail}" != mine:
-                try:
-                    with self.report_lock:
-                        if self._published() is None:
-                            first = {int(their_rank): (their_name, their_detail, their_site)}
-                            self._report_divergence(entry, self.survey(store), first, raise_here=False)
-                except Exception:  # noqa: BLE001 - the store is gone (the run is ending)
-                    return
+            with self.progress:
+                self.progress.notify_all()
+
+    def _check_group(self, store, key, entries, cache) -> bool:
+        """Post (the group's reference rank) or compare (every other rank) `entries`; True if one diverged.
+
+        The reference rank (the group's lowest) appends its fingerprints to one store key per chunk of
+        `_CHUNK` collectives; every other rank reads that key (one request covers all the collectives it
+        checks this time) and compares its own calls in order. A rank whose call differs makes the report.
+        """
+        members = self.members.get(key) or [self.rank]
+        reference = min(members)
+        if reference == self.rank:
+            while entries:
+                chunk = (entries[0].seq - 1) // _CHUNK
+                items = []
+                while entries and (entries[0].seq - 1) // _CHUNK == chunk:
+                    entry = entries.popleft()
+                    items.append(f"{entry.name}{_SEP}{entry.detail}{_SEP}{entry.site}{_END}")
+                store.append(f"c/{key}/{chunk}", "".join(items))
+                self.checked_seqs[key] = entry.seq
+            return False
+        while entries:
+            entry = entries[0]
+            chunk, index = divmod(entry.seq - 1, _CHUNK)
+            read = cache.get(key)
+            if read is None or read[0] != chunk or len(read[1]) <= index:
+                # compare_set with a value the key never holds: its value, without blocking when it is missing
+                raw = store.compare_set(f"c/{key}/{chunk}", _MISSING, _MISSING).decode()
+                read = cache[key] = (chunk, [] if raw == _MISSING else raw.split(_END)[:-1])
+                if len(read[1]) <= index:
+                    return False  # the reference rank has not posted it yet: next time
+            name, detail, site = read[1][index].split(_SEP)
+            if name != entry.name or detail != entry.detail:
+                with self.report_lock:
+                    if self._published() is None:
+                        self._report_divergence(entry, self.survey(store), {reference: (name, detail, site)})
+                return True
+            entries.popleft()
+            self.checked_seqs[key] = entry.seq
+        return False
 
     def leave(self, entry) -> None:
         with self.lock:
@@ -316,8 +354,8 @@ class Doctor:
                 try:
                     key = "g" + dist.distributed_c10d._get_process_group_name(group)
                     members = dist.get_process_group_ranks(group)
-                except Exception:  # noqa: BLE001
-                    key, members = f"g{id(group)}", list(range(self.world_size))
+                except Exception:  # noqa: BLE001 - a key no other rank shares: not compared
+                    key, members = f"g{id(group)}", [self.rank]
                 self.members[key] = members
                 if min(members) == self.rank:
                     self.cleaners.add(key)
@@ -565,13 +603,13 @@ class Doctor:
             self.stop(verdict)
 
     def _clean(self, store) -> None:
-        # Follows the checker, not the main thread: a key is deleted only long after every rank compared it
-        # (no checker lags more than _MAX_PENDING collectives behind its main thread).
+        # The cleaner of a group is its reference rank; it follows what its checker posted. A chunk is deleted
+        # long after every rank compared it (no checker lags more than _MAX_PENDING collectives behind).
         for key, seq in list(self.checked_seqs.items()):
             if key not in self.cleaners:
                 continue
-            done = self.cleaned.get(key, 0)
-            for old in range(done + 1, min(seq - _KEEP_KEYS, done + 500) + 1):
+            done = self.cleaned.get(key, -1)
+            for old in range(done + 1, (seq - 1) // _CHUNK - _KEEP_CHUNKS + 1):
                 store.delete_key(f"c/{key}/{old}")
                 self.cleaned[key] = old
 
@@ -599,7 +637,7 @@ class Doctor:
             self.final_stack = []
             self._leave_as("exited")
         self.stopped.set()
-        self.pending.put(None)
+        self.wake.set()
         if self.thread.is_alive() and self.thread is not threading.current_thread():
             self.thread.join(timeout=2 * POLL + 1)
 
@@ -768,4 +806,4 @@ def uninstall() -> None:
     _ORIGINALS.clear()
     if doctor is not None:
         doctor.stopped.set()
-        doctor.pending.put(None)
+        doctor.wake.set()
