@@ -12,19 +12,23 @@ How it works:
   (hasten's `gather` calls `all_gather`) are not counted again.
 - Its fingerprint is the name, the tensors' dtypes and shapes, the reduce op and the root rank; the call site
   (`file:line` of the first frame outside hasten, torch and contextlib) travels with it for the report.
-- The main thread only numbers the collective (per process group), records it, and hands it to this rank's
-  checker thread (one `SimpleQueue.put`); the collective starts at once. The checker makes ONE `compare_set` on
-  the job's TCPStore per collective, in order, keyed by the collective's number in its group: the first rank
-  to arrive stores its fingerprint, every later rank gets that one back. A checker that gets back another
-  fingerprint asks every rank where it is, publishes the report and ends its process; the other ranks'
-  watchdogs obey the report. No rank ever waits for another on this path, and the store round trip (about
-  0.1-0.3 ms through torchrun's agent; the store client releases the GIL) is off the main thread.
+- The main thread only numbers the collective (per process group), records it and queues it for this rank's
+  checker thread (a deque append: no store call, no thread woken); the collective starts at once. Every
+  `CHECK_EVERY` seconds (at once when a flush asks) the checker of the group's lowest rank, its reference,
+  appends the new fingerprints to one key of the job's TCPStore per chunk of `_CHUNK` collectives; every other
+  rank's checker reads that key and compares its own collectives with it, in order. So each rank makes at most
+  one store request per group per pass, whatever the number of collectives: a per-collective round trip
+  through torchrun's agent cost ~0.1-0.3 ms of latency, or, made by a thread, about as much CPU, which a small
+  machine pays in step time. A checker whose call differs asks every rank where it is, publishes the report
+  and ends its process; the other ranks' watchdogs obey the report. No rank ever waits for another on this
+  path (the store client releases the GIL while it waits).
 - So a diverging rank does enter its collective: it waits there (most mismatches never complete), or gloo
   raises (mismatched sizes), or gloo completes a mismatched pair of the same size (`all_reduce` against
   `broadcast`). In the last case a rank may run ahead a few statements (a fraction of a second) before the
   checker stops it; the report says which ranks "passed" the collective. A collective that raises first waits
   (up to the doctor's wait) for the checker to have checked it, and compares the ranks' calls itself, so a
-  divergence is reported as one, not as a lost peer or a timeout; so does a rank leaving its script.
+  divergence is reported as one, not as a lost peer or a timeout; a rank leaving its script also lets its
+  checker finish first (bounded by the same wait), so a mismatch in the last collective is caught.
 - A watchdog thread per rank polls one store counter every `POLL` seconds. It answers "where are you?" with
   the main thread's Python stack, stops its process once a report is published, and publishes one itself
   when the main thread has waited in a collective past the collective timeout, or when another rank left
@@ -46,7 +50,8 @@ import time
 from collections import deque
 
 from .errors import HangDetectedError
-from .hang_report import TERMINAL, at, calls_at, divergence_headline, format_report, shown, state_words
+from .hang_report import (DESCRIBE, TERMINAL, at, calls_at, divergence_headline, format_report, shown,
+                          state_words)
 
 __all__ = ["HangDetectedError", "WRAPPED", "active", "call_site", "install", "uninstall", "watch"]
 
@@ -133,50 +138,7 @@ def _stack_lines(frame, limit: int = 8) -> list:
     return lines
 
 
-def _tensor(value, full: bool = True) -> str:
-    dtype = str(getattr(value, "dtype", "?")).replace("torch.", "")
-    shape = getattr(value, "shape", None)
-    if shape is None:
-        return "?"
-    return f"{dtype}{list(shape)}" if full else f"{dtype}/{len(shape)}d"
-
-
-def _first(values) -> str:
-    values = list(values or [])
-    return f"{len(values)}x{_tensor(values[0], full=False)}" if values else "0"
-
-
-def _op(value) -> str:
-    return "SUM" if value is None else str(getattr(value, "name", value)).rpartition(".")[2]
-
-
-def _root(bound, name: str, group_name: str) -> str:
-    value = bound.get(name)
-    return str(value if value is not None else bound.get(group_name, 0))
-
-
-# name -> what of its arguments must agree across ranks. Shapes are compared in full where every backend
-# needs them equal; only dtype and rank of a tensor where uneven sizes are allowed (lists, all_to_all).
-_DESCRIBE = {
-    "all_reduce": lambda a: f"{_tensor(a.get('tensor'))} op={_op(a.get('op'))}",
-    "broadcast": lambda a: f"{_tensor(a.get('tensor'))} src={_root(a, 'src', 'group_src')}",
-    "reduce": lambda a: f"{_tensor(a.get('tensor'))} dst={_root(a, 'dst', 'group_dst')} op={_op(a.get('op'))}",
-    "all_gather": lambda a: f"{_tensor(a.get('tensor'), full=False)}",
-    "all_gather_into_tensor": lambda a: f"{_tensor(a.get('input_tensor'))}->{_tensor(a.get('output_tensor'))}",
-    "reduce_scatter": lambda a: f"{_tensor(a.get('output'))} op={_op(a.get('op'))}",
-    "reduce_scatter_tensor": lambda a: f"{_tensor(a.get('input'))}->{_tensor(a.get('output'))} op={_op(a.get('op'))}",
-    "all_to_all": lambda a: f"{_first(a.get('input_tensor_list'))}",
-    "all_to_all_single": lambda a: f"{_tensor(a.get('input'), full=False)}",
-    "gather": lambda a: f"{_tensor(a.get('tensor'), full=False)} dst={_root(a, 'dst', 'group_dst')}",
-    "scatter": lambda a: f"{_tensor(a.get('tensor'), full=False)} src={_root(a, 'src', 'group_src')}",
-    "barrier": lambda a: "",
-    "monitored_barrier": lambda a: "",
-    "all_gather_object": lambda a: "",
-    "gather_object": lambda a: f"dst={_root(a, 'dst', 'group_dst')}",
-    "broadcast_object_list": lambda a: f"{len(a.get('object_list') or [])} objects src={_root(a, 'src', 'group_src')}",
-    "scatter_object_list": lambda a: f"src={_root(a, 'src', 'group_src')}",
-}
-WRAPPED = tuple(_DESCRIBE)  # the torch.distributed functions the doctor watches while it is on
+WRAPPED = tuple(DESCRIBE)  # the torch.distributed functions the doctor watches while it is on
 
 
 # -- the doctor ----------------------------------------------------------------------------------------------
@@ -257,8 +219,10 @@ class Doctor:
             self.inside[entry.thread] = entry
             self.history.append(entry)
         self.unchecked.append(entry)
-        if seq - self.checked_seqs.get(key, 0) > _MAX_PENDING:  # the checker fell far behind: let it catch up
-            self.flush(self.wait)
+        if seq - self.checked_seqs.get(key, 0) > _MAX_PENDING and not self.flush(self.wait):
+            # The reference rank's checker stopped posting (it lost the store): never slow the run down for it.
+            self._give_up(f"fell {_MAX_PENDING} collectives behind in checking them (the group's lowest rank no "
+                          "longer posts its own)")
         return entry
 
     def flush(self, timeout: float) -> bool:
@@ -312,21 +276,25 @@ class Doctor:
                 items = []
                 while entries and (entries[0].seq - 1) // _CHUNK == chunk:
                     entry = entries.popleft()
-                    items.append(f"{entry.name}{_SEP}{entry.detail}{_SEP}{entry.site}{_END}")
+                    items.append(f"{entry.seq}{_SEP}{entry.name}{_SEP}{entry.detail}{_SEP}{entry.site}{_END}")
                 store.append(f"c/{key}/{chunk}", "".join(items))
                 self.checked_seqs[key] = entry.seq
             return False
         while entries:
             entry = entries[0]
-            chunk, index = divmod(entry.seq - 1, _CHUNK)
+            chunk = (entry.seq - 1) // _CHUNK
             read = cache.get(key)
-            if read is None or read[0] != chunk or len(read[1]) <= index:
+            if read is None or read[0] != chunk or entry.seq not in read[1]:
                 # compare_set with a value the key never holds: its value, without blocking when it is missing
                 raw = store.compare_set(f"c/{key}/{chunk}", _MISSING, _MISSING).decode()
-                read = cache[key] = (chunk, [] if raw == _MISSING else raw.split(_END)[:-1])
-                if len(read[1]) <= index:
+                posted = {}
+                for item in ([] if raw == _MISSING else raw.split(_END)[:-1]):
+                    seq, name, detail, site = item.split(_SEP)
+                    posted[int(seq)] = (name, detail, site)
+                read = cache[key] = (chunk, posted)
+                if entry.seq not in posted:
                     return False  # the reference rank has not posted it yet: next time
-            name, detail, site = read[1][index].split(_SEP)
+            name, detail, site = read[1][entry.seq]
             if name != entry.name or detail != entry.detail:
                 with self.report_lock:
                     if self._published() is None:
@@ -372,8 +340,9 @@ class Doctor:
     def _give_up(self, error) -> None:
         if not self.broken:
             self.broken = True
-            print(f"hasten hang doctor: rank {self.rank} lost the store ({type(error).__name__}: {error}); "
-                  "collectives are no longer checked", file=sys.stderr, flush=True)
+            why = error if isinstance(error, str) else f"lost the store ({type(error).__name__}: {error})"
+            print(f"hasten hang doctor: rank {self.rank} {why}; collectives are no longer checked", file=sys.stderr,
+                  flush=True)
 
     # -- where every rank is ------------------------------------------------------------------------------------
     def _status(self, answer: int) -> dict:
@@ -418,8 +387,8 @@ class Doctor:
     def _report_divergence(self, entry, statuses, known=None, raise_here=False) -> bool:
         """Publish a report if the ranks called different collectives at `entry`'s number; True if one was.
 
-        Each rank's call comes from its status (the collective it waits in, or its history when it passed it),
-        `known` adds one read from the store (the first rank to arrive there).
+        Each rank's call comes from its status (the collective it waits in, or its history when it passed it);
+        `known` adds calls read from the store (the reference rank's).
         """
         calls = {self.rank: (entry.name, entry.detail, entry.site)}
         calls.update(known or {})
@@ -693,7 +662,7 @@ def watch(name: str, detail: str = ""):
 # -- install / uninstall --------------------------------------------------------------------------------------
 
 def _wrapper(name, original, params):
-    describe = _DESCRIBE[name]
+    describe = DESCRIBE[name]
 
     @functools.wraps(original)
     def collective(*args, **kwargs):

@@ -1,4 +1,5 @@
-"""The hang doctor's report: who called what at one collective, and where each rank is (pure functions).
+"""The hang doctor's fingerprints and report: what a collective is called with, who called what at one
+collective, and where each rank is (pure functions).
 
 `hasten.hang_doctor` gathers each rank's status (a dict posted on the store: its state, the collective it
 waits in as `entry`, its last collectives as `history`, its Python stack) and builds the report from them
@@ -8,6 +9,51 @@ here. An entry or history item is `[group, seq, name, detail, site, since]`.
 from __future__ import annotations
 
 TERMINAL = ("exited", "raised")
+
+
+def _tensor(value, full: bool = True) -> str:
+    dtype = str(getattr(value, "dtype", "?")).replace("torch.", "")
+    shape = getattr(value, "shape", None)
+    if shape is None:
+        return "?"
+    return f"{dtype}{list(shape)}" if full else f"{dtype}/{len(shape)}d"
+
+
+def _first(values) -> str:
+    values = list(values or [])
+    return f"{len(values)}x{_tensor(values[0], full=False)}" if values else "0"
+
+
+def _op(value) -> str:
+    return "SUM" if value is None else str(getattr(value, "name", value)).rpartition(".")[2]
+
+
+def _root(bound, name: str, group_name: str) -> str:
+    value = bound.get(name)
+    return str(value if value is not None else bound.get(group_name, 0))
+
+
+# name -> what of its arguments must agree across ranks. Shapes are compared in full where every backend
+# needs them equal; only dtype and rank of a tensor where uneven sizes are allowed (lists, all_to_all).
+DESCRIBE = {
+    "all_reduce": lambda a: f"{_tensor(a.get('tensor'))} op={_op(a.get('op'))}",
+    "broadcast": lambda a: f"{_tensor(a.get('tensor'))} src={_root(a, 'src', 'group_src')}",
+    "reduce": lambda a: f"{_tensor(a.get('tensor'))} dst={_root(a, 'dst', 'group_dst')} op={_op(a.get('op'))}",
+    "all_gather": lambda a: f"{_tensor(a.get('tensor'), full=False)}",
+    "all_gather_into_tensor": lambda a: f"{_tensor(a.get('input_tensor'))}->{_tensor(a.get('output_tensor'))}",
+    "reduce_scatter": lambda a: f"{_tensor(a.get('output'))} op={_op(a.get('op'))}",
+    "reduce_scatter_tensor": lambda a: f"{_tensor(a.get('input'))}->{_tensor(a.get('output'))} op={_op(a.get('op'))}",
+    "all_to_all": lambda a: f"{_first(a.get('input_tensor_list'))}",
+    "all_to_all_single": lambda a: f"{_tensor(a.get('input'), full=False)}",
+    "gather": lambda a: f"{_tensor(a.get('tensor'), full=False)} dst={_root(a, 'dst', 'group_dst')}",
+    "scatter": lambda a: f"{_tensor(a.get('tensor'), full=False)} src={_root(a, 'src', 'group_src')}",
+    "barrier": lambda a: "",
+    "monitored_barrier": lambda a: "",
+    "all_gather_object": lambda a: "",
+    "gather_object": lambda a: f"dst={_root(a, 'dst', 'group_dst')}",
+    "broadcast_object_list": lambda a: f"{len(a.get('object_list') or [])} objects src={_root(a, 'src', 'group_src')}",
+    "scatter_object_list": lambda a: f"src={_root(a, 'src', 'group_src')}",
+}
 
 
 def shown(name: str, detail: str) -> str:
