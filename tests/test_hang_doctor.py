@@ -197,3 +197,36 @@ def test_collective_timeout_setting_reaches_the_process_group_kwargs(monkeypatch
     monkeypatch.setenv("HASTEN_COLLECTIVE_TIMEOUT", "42")
     assert collective_timeout() == timedelta(seconds=42)
     assert collective_timeout(timedelta(minutes=2)) == timedelta(seconds=120)  # code wins
+
+
+def test_checker_compares_each_collective_with_the_reference_ranks_in_batches():
+    """The lowest rank posts its fingerprints in chunks; another rank compares its own by collective number."""
+    from collections import deque
+
+    import torch.distributed as dist
+
+    from hasten.hang_doctor import _CHUNK, Doctor
+
+    store = dist.HashStore()
+    reference, other = Doctor(store, store, 0, 2, 60, 1), Doctor(store, store, 1, 2, 60, 1)
+    found = []
+    other.survey = lambda store: {}
+    other._published = lambda: None
+    other._report_divergence = lambda entry, statuses, known=None, raise_here=False: found.append((entry.seq, known))
+
+    def issue(doctor, count, name="all_reduce", detail="float32[4] op=SUM"):
+        for _ in range(count):
+            doctor.leave(doctor.enter(name, detail, None, "train.py:7"))
+        return deque(doctor.unchecked.popleft() for _ in range(len(doctor.unchecked)))
+
+    cache = {}
+    mine = issue(other, 40)
+    assert not other._check_group(store, "default", mine, cache) and len(mine) == 40  # nothing posted yet
+    posted = issue(reference, _CHUNK + 6)  # two chunks
+    assert not reference._check_group(store, "default", posted, {}) and reference.checked_seqs["default"] == _CHUNK + 6
+    assert not other._check_group(store, "default", mine, cache) and other.checked_seqs["default"] == 40
+    mine = issue(other, _CHUNK - 40)
+    mine += issue(other, 1, "barrier", "")  # the first collective of the second chunk differs
+    assert other._check_group(store, "default", mine, cache)
+    assert found == [(_CHUNK + 1, {0: ("all_reduce", "float32[4] op=SUM", "train.py:7")})]
+    assert other.checked_seqs["default"] == _CHUNK
