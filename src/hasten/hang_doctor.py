@@ -50,7 +50,7 @@ import time
 from collections import deque
 
 from .errors import HangDetectedError
-from .hang_report import (DESCRIBE, TERMINAL, at, calls_at, divergence_headline, format_report, shown,
+from .hang_report import (DESCRIBE, TERMINAL, at, calls_at, divergence_headline, format_report, render, shown,
                           state_words)
 
 __all__ = ["HangDetectedError", "WRAPPED", "active", "call_site", "install", "uninstall", "watch"]
@@ -144,14 +144,22 @@ WRAPPED = tuple(DESCRIBE)  # the torch.distributed functions the doctor watches 
 # -- the doctor ----------------------------------------------------------------------------------------------
 
 class _Entry:
-    """One collective as this rank issued it."""
+    """One collective as this rank issued it; its detail is made text when first needed (off the main thread)."""
 
-    __slots__ = ("group", "seq", "name", "detail", "site", "since", "thread")
+    __slots__ = ("group", "seq", "name", "raw", "text", "site", "since", "thread")
 
-    def __init__(self, group, seq, name, detail, site):
-        self.group, self.seq, self.name, self.detail, self.site = group, seq, name, detail, site
+    def __init__(self, group, seq, name, raw, site):
+        self.group, self.seq, self.name, self.raw, self.site = group, seq, name, raw, site
+        self.text = raw if isinstance(raw, str) else None
         self.since = time.time()
         self.thread = threading.get_ident()
+
+    @property
+    def detail(self) -> str:
+        text = self.text
+        if text is None:
+            text = self.text = render(self.raw)
+        return text
 
     def as_list(self) -> list:
         return [self.group, self.seq, self.name, self.detail, self.site, self.since]
@@ -211,7 +219,9 @@ class Doctor:
             self.leave(entry)
 
     def enter(self, name, detail, group, site) -> _Entry:
-        """Number and record the collective for the checker thread (no store call, no thread woken here)."""
+        """Number and record the collective for the checker thread (no store call, no thread woken here).
+
+        `detail`: its text, or what a `DESCRIBE` function took from the arguments (made text later)."""
         key = self._group_key(group)
         with self.lock:
             seq = self.seqs[key] = self.seqs.get(key, 0) + 1
@@ -305,9 +315,9 @@ class Doctor:
         return False
 
     def leave(self, entry) -> None:
-        with self.lock:
-            if self.inside.get(entry.thread) is entry:
-                del self.inside[entry.thread]
+        # Only this thread writes its own key (no lock needed): clear it unless a nested entry replaced it.
+        if self.inside.get(entry.thread) is entry:
+            self.inside.pop(entry.thread, None)
 
     def _group_key(self, group) -> str:
         if group is None:

@@ -11,48 +11,75 @@ from __future__ import annotations
 TERMINAL = ("exited", "raised")
 
 
-def _tensor(value, full: bool = True) -> str:
-    dtype = str(getattr(value, "dtype", "?")).replace("torch.", "")
+# The main thread only takes what a fingerprint needs (dtype objects, shapes, ops: no tensor is kept); `render`
+# turns it into text later, on the checker thread or for a report.
+_TENSOR, _OP = "tensor", "op"
+_DTYPE_NAMES: dict = {}
+
+
+def _tensor(value, full: bool = True):
     shape = getattr(value, "shape", None)
-    if shape is None:
+    dtype = getattr(value, "dtype", None)
+    if shape is None or dtype is None:
         return "?"
-    return f"{dtype}{list(shape)}" if full else f"{dtype}/{len(shape)}d"
+    return (_TENSOR, dtype, shape, full)
 
 
 def _first(values) -> str:
     values = list(values or [])
-    return f"{len(values)}x{_tensor(values[0], full=False)}" if values else "0"
+    return f"{len(values)}x{render((_tensor(values[0], full=False),))}" if values else "0"
 
 
-def _op(value) -> str:
-    return "SUM" if value is None else str(getattr(value, "name", value)).rpartition(".")[2]
+def _op(value):
+    return "SUM" if value is None else (_OP, value)
 
 
-def _root(bound, name: str, group_name: str) -> str:
+def _root(bound, name: str, group_name: str):
     value = bound.get(name)
-    return str(value if value is not None else bound.get(group_name, 0))
+    return value if value is not None else bound.get(group_name, 0)
+
+
+def _text(part) -> str:
+    if isinstance(part, str):
+        return part
+    if isinstance(part, tuple) and part and part[0] == _TENSOR:
+        _, dtype, shape, full = part
+        name = _DTYPE_NAMES.get(dtype)
+        if name is None:
+            name = _DTYPE_NAMES[dtype] = str(dtype).replace("torch.", "")
+        return f"{name}{list(shape)}" if full else f"{name}/{len(shape)}d"
+    if isinstance(part, tuple) and part and part[0] == _OP:
+        return str(getattr(part[1], "name", part[1])).rpartition(".")[2]
+    return str(part)
+
+
+def render(raw) -> str:
+    """The text of a fingerprint's detail from what a describer took (a string is already text)."""
+    return raw if isinstance(raw, str) else "".join(_text(part) for part in raw)
 
 
 # name -> what of its arguments must agree across ranks. Shapes are compared in full where every backend
 # needs them equal; only dtype and rank of a tensor where uneven sizes are allowed (lists, all_to_all).
 DESCRIBE = {
-    "all_reduce": lambda a: f"{_tensor(a.get('tensor'))} op={_op(a.get('op'))}",
-    "broadcast": lambda a: f"{_tensor(a.get('tensor'))} src={_root(a, 'src', 'group_src')}",
-    "reduce": lambda a: f"{_tensor(a.get('tensor'))} dst={_root(a, 'dst', 'group_dst')} op={_op(a.get('op'))}",
-    "all_gather": lambda a: f"{_tensor(a.get('tensor'), full=False)}",
-    "all_gather_into_tensor": lambda a: f"{_tensor(a.get('input_tensor'))}->{_tensor(a.get('output_tensor'))}",
-    "reduce_scatter": lambda a: f"{_tensor(a.get('output'))} op={_op(a.get('op'))}",
-    "reduce_scatter_tensor": lambda a: f"{_tensor(a.get('input'))}->{_tensor(a.get('output'))} op={_op(a.get('op'))}",
-    "all_to_all": lambda a: f"{_first(a.get('input_tensor_list'))}",
-    "all_to_all_single": lambda a: f"{_tensor(a.get('input'), full=False)}",
-    "gather": lambda a: f"{_tensor(a.get('tensor'), full=False)} dst={_root(a, 'dst', 'group_dst')}",
-    "scatter": lambda a: f"{_tensor(a.get('tensor'), full=False)} src={_root(a, 'src', 'group_src')}",
+    "all_reduce": lambda a: (_tensor(a.get("tensor")), " op=", _op(a.get("op"))),
+    "broadcast": lambda a: (_tensor(a.get("tensor")), " src=", _root(a, "src", "group_src")),
+    "reduce": lambda a: (_tensor(a.get("tensor")), " dst=", _root(a, "dst", "group_dst"), " op=", _op(a.get("op"))),
+    "all_gather": lambda a: (_tensor(a.get("tensor"), full=False),),
+    "all_gather_into_tensor": lambda a: (_tensor(a.get("input_tensor")), "->", _tensor(a.get("output_tensor"))),
+    "reduce_scatter": lambda a: (_tensor(a.get("output")), " op=", _op(a.get("op"))),
+    "reduce_scatter_tensor": lambda a: (_tensor(a.get("input")), "->", _tensor(a.get("output")), " op=",
+                                        _op(a.get("op"))),
+    "all_to_all": lambda a: _first(a.get("input_tensor_list")),
+    "all_to_all_single": lambda a: (_tensor(a.get("input"), full=False),),
+    "gather": lambda a: (_tensor(a.get("tensor"), full=False), " dst=", _root(a, "dst", "group_dst")),
+    "scatter": lambda a: (_tensor(a.get("tensor"), full=False), " src=", _root(a, "src", "group_src")),
     "barrier": lambda a: "",
     "monitored_barrier": lambda a: "",
     "all_gather_object": lambda a: "",
-    "gather_object": lambda a: f"dst={_root(a, 'dst', 'group_dst')}",
-    "broadcast_object_list": lambda a: f"{len(a.get('object_list') or [])} objects src={_root(a, 'src', 'group_src')}",
-    "scatter_object_list": lambda a: f"src={_root(a, 'src', 'group_src')}",
+    "gather_object": lambda a: ("dst=", _root(a, "dst", "group_dst")),
+    "broadcast_object_list": lambda a: (len(a.get("object_list") or []), " objects src=",
+                                        _root(a, "src", "group_src")),
+    "scatter_object_list": lambda a: ("src=", _root(a, "src", "group_src")),
 }
 
 
