@@ -7,11 +7,17 @@ wrappers left installed but idle (a dictionary lookup more than with debug mode 
 
 Loops timed (a tiny MLP under DDP, and the collective a training loop makes to log its loss):
 
-- `step + user all_reduce`: the user's own `torch.distributed.all_reduce(loss)`. Under the doctor this is one
-  `compare_set` on the job's store before the collective; Accelerate's debug mode does not see it.
+- `step + user all_reduce`: the user's own `torch.distributed.all_reduce(loss)`. Under the doctor the main
+  thread numbers the collective and queues its fingerprint (a few µs); the doctor's checker thread compares the
+  ranks' fingerprints through the job's store in batches (one store request per rank every 50 ms), off the
+  main thread. Accelerate's debug mode does not see this collective.
 - `step + accelerator.reduce`: in debug mode both libraries also compare every rank's shapes first (hasten:
-  one all_gather of a checksum; Accelerate: a `gather_object`); hasten's doctor adds its `compare_set`.
+  one all_gather of a checksum; Accelerate: a `gather_object`), a collective more per step; hasten's doctor
+  adds its queued fingerprint.
 - `one all_reduce alone`: the cost per collective, without a step around it.
+
+On a loaded machine the spread of one block is larger than the doctor's cost: run it more than once (and
+with `--rounds 60`) before reading a difference of a few tens of µs.
 
 Run: `python -m benchmarks.hang_doctor [--quick]`. This file is also the training script the launchers start
 (`--worker ...`).

@@ -12,11 +12,23 @@ How it works:
   (hasten's `gather` calls `all_gather`) are not counted again.
 - Its fingerprint is the name, the tensors' dtypes and shapes, the reduce op and the root rank; the call site
   (`file:line` of the first frame outside hasten, torch and contextlib) travels with it for the report.
-- Before the collective each rank makes ONE `compare_set` on the job's TCPStore, keyed by the collective's
-  number in its process group. The first rank to arrive stores its fingerprint; every later rank gets that
-  one back. A rank whose fingerprint differs never enters the collective: it asks every rank where it is,
-  publishes the report and raises `HangDetectedError`. The ranks already inside the collective (which can no
-  longer complete) are stopped by their watchdog thread. No rank ever waits for another on this path.
+- The main thread only numbers the collective (per process group), records it and queues it for this rank's
+  checker thread (a deque append: no store call, no thread woken); the collective starts at once. Every
+  `CHECK_EVERY` seconds (at once when a flush asks) the checker of the group's lowest rank, its reference,
+  appends the new fingerprints to one key of the job's TCPStore per chunk of `_CHUNK` collectives; every other
+  rank's checker reads that key and compares its own collectives with it, in order. So each rank makes at most
+  one store request per group per pass, whatever the number of collectives: a per-collective round trip
+  through torchrun's agent cost ~0.1-0.3 ms of latency, or, made by a thread, about as much CPU, which a small
+  machine pays in step time. A checker whose call differs asks every rank where it is, publishes the report
+  and ends its process; the other ranks' watchdogs obey the report. No rank ever waits for another on this
+  path (the store client releases the GIL while it waits).
+- So a diverging rank does enter its collective: it waits there (most mismatches never complete), or gloo
+  raises (mismatched sizes), or gloo completes a mismatched pair of the same size (`all_reduce` against
+  `broadcast`). In the last case a rank may run ahead a few statements (a fraction of a second) before the
+  checker stops it; the report says which ranks "passed" the collective. A collective that raises first waits
+  (up to the doctor's wait) for the checker to have checked it, and compares the ranks' calls itself, so a
+  divergence is reported as one, not as a lost peer or a timeout; a rank leaving its script also lets its
+  checker finish first (bounded by the same wait), so a mismatch in the last collective is caught.
 - A watchdog thread per rank polls one store counter every `POLL` seconds. It answers "where are you?" with
   the main thread's Python stack, stops its process once a report is published, and publishes one itself
   when the main thread has waited in a collective past the collective timeout, or when another rank left
@@ -38,6 +50,8 @@ import time
 from collections import deque
 
 from .errors import HangDetectedError
+from .hang_report import (DESCRIBE, TERMINAL, at, calls_at, divergence_headline, format_report, render, shown,
+                          state_words)
 
 __all__ = ["HangDetectedError", "WRAPPED", "active", "call_site", "install", "uninstall", "watch"]
 
@@ -45,8 +59,12 @@ POLL = 0.2  # seconds between two looks of the watchdog at the store
 REPORT_KEY = "hasten_report"  # where the report sits in a torchelastic error file (read by `hasten launch`)
 LAUNCHER_VARIABLE = "HASTEN_LAUNCHER_PRINTS_REPORT"  # set by `hasten launch`: it prints the report itself
 _SEP = "\x1f"
-_TERMINAL = ("exited", "raised")
-_KEEP_KEYS = 1000  # collective keys older than this many collectives are deleted from the store
+CHECK_EVERY = 0.05  # seconds between two passes of the checker thread (each pass: one store request per group)
+_CHUNK = 64  # collectives per store key of a group's reference fingerprints
+_KEEP_CHUNKS = 32  # chunks older than this many are deleted from the store (a long run does not grow it)
+_MAX_PENDING = 1024  # collectives the checker may lag behind before the main thread waits for it
+_END = "\x1e"  # ends one fingerprint in a chunk
+_MISSING = "\x00"  # a value no chunk key holds
 _DOCTOR = None
 
 
@@ -120,88 +138,51 @@ def _stack_lines(frame, limit: int = 8) -> list:
     return lines
 
 
-def _tensor(value, full: bool = True) -> str:
-    dtype = str(getattr(value, "dtype", "?")).replace("torch.", "")
-    shape = getattr(value, "shape", None)
-    if shape is None:
-        return "?"
-    return f"{dtype}{list(shape)}" if full else f"{dtype}/{len(shape)}d"
-
-
-def _first(values) -> str:
-    values = list(values or [])
-    return f"{len(values)}x{_tensor(values[0], full=False)}" if values else "0"
-
-
-def _op(value) -> str:
-    return "SUM" if value is None else str(getattr(value, "name", value)).rpartition(".")[2]
-
-
-def _root(bound, name: str, group_name: str) -> str:
-    value = bound.get(name)
-    return str(value if value is not None else bound.get(group_name, 0))
-
-
-# name -> what of its arguments must agree across ranks. Shapes are compared in full where every backend
-# needs them equal; only dtype and rank of a tensor where uneven sizes are allowed (lists, all_to_all).
-_DESCRIBE = {
-    "all_reduce": lambda a: f"{_tensor(a.get('tensor'))} op={_op(a.get('op'))}",
-    "broadcast": lambda a: f"{_tensor(a.get('tensor'))} src={_root(a, 'src', 'group_src')}",
-    "reduce": lambda a: f"{_tensor(a.get('tensor'))} dst={_root(a, 'dst', 'group_dst')} op={_op(a.get('op'))}",
-    "all_gather": lambda a: f"{_tensor(a.get('tensor'), full=False)}",
-    "all_gather_into_tensor": lambda a: f"{_tensor(a.get('input_tensor'))}->{_tensor(a.get('output_tensor'))}",
-    "reduce_scatter": lambda a: f"{_tensor(a.get('output'))} op={_op(a.get('op'))}",
-    "reduce_scatter_tensor": lambda a: f"{_tensor(a.get('input'))}->{_tensor(a.get('output'))} op={_op(a.get('op'))}",
-    "all_to_all": lambda a: f"{_first(a.get('input_tensor_list'))}",
-    "all_to_all_single": lambda a: f"{_tensor(a.get('input'), full=False)}",
-    "gather": lambda a: f"{_tensor(a.get('tensor'), full=False)} dst={_root(a, 'dst', 'group_dst')}",
-    "scatter": lambda a: f"{_tensor(a.get('tensor'), full=False)} src={_root(a, 'src', 'group_src')}",
-    "barrier": lambda a: "",
-    "monitored_barrier": lambda a: "",
-    "all_gather_object": lambda a: "",
-    "gather_object": lambda a: f"dst={_root(a, 'dst', 'group_dst')}",
-    "broadcast_object_list": lambda a: f"{len(a.get('object_list') or [])} objects src={_root(a, 'src', 'group_src')}",
-    "scatter_object_list": lambda a: f"src={_root(a, 'src', 'group_src')}",
-}
-WRAPPED = tuple(_DESCRIBE)  # the torch.distributed functions the doctor watches while it is on
-
-
-def _shown(name: str, detail: str) -> str:
-    return f"{name}({detail})"
+WRAPPED = tuple(DESCRIBE)  # the torch.distributed functions the doctor watches while it is on
 
 
 # -- the doctor ----------------------------------------------------------------------------------------------
 
 class _Entry:
-    """One collective as this rank issued it."""
+    """One collective as this rank issued it; its detail is made text when first needed (off the main thread)."""
 
-    __slots__ = ("group", "seq", "name", "detail", "site", "since", "thread")
+    __slots__ = ("group", "seq", "name", "raw", "text", "site", "since", "thread")
 
-    def __init__(self, group, seq, name, detail, site):
-        self.group, self.seq, self.name, self.detail, self.site = group, seq, name, detail, site
+    def __init__(self, group, seq, name, raw, site):
+        self.group, self.seq, self.name, self.raw, self.site = group, seq, name, raw, site
+        self.text = raw if isinstance(raw, str) else None
         self.since = time.time()
         self.thread = threading.get_ident()
+
+    @property
+    def detail(self) -> str:
+        text = self.text
+        if text is None:
+            text = self.text = render(self.raw)
+        return text
 
     def as_list(self) -> list:
         return [self.group, self.seq, self.name, self.detail, self.site, self.since]
 
 
 class Doctor:
-    def __init__(self, store, watch_store, rank: int, world_size: int, timeout: float, wait: float):
+    def __init__(self, store, watch_store, rank: int, world_size: int, timeout: float, wait: float,
+                 check_store=None):
         self.store, self.watch_store = store, watch_store
+        self.check_store = check_store if check_store is not None else store
         self.rank, self.world_size = rank, world_size
         self.timeout, self.wait = timeout, wait
         self.local = threading.local()
         self.lock = threading.Lock()  # sequence numbers and the `inside` table
         self.report_lock = threading.RLock()  # one report at a time in this process
         self.seqs: dict = {}
+        self.checked_seqs: dict = {}  # group key -> the last collective number the checker has compared
         self.inside: dict = {}  # thread id -> _Entry of the collective it is in
-        self.history = deque(maxlen=6)
+        self.history = deque(maxlen=16)  # covers the few collectives a rank may run ahead of its checker
         self.main = threading.main_thread().ident
         self.state = "running"
         self.error = ""
         self.raising_since = None  # set when the main thread raises the published report
-        self.refused = None  # the collective this rank declined to enter (its fingerprint differs)
         self.checked = None  # (entry, ranks that left) already looked at by the watchdog
         self.stopped = threading.Event()
         self.broken = False
@@ -209,7 +190,15 @@ class Doctor:
         self.members: dict = {"default": list(range(world_size))}  # group key -> its global ranks
         self.cleaners = {"default"} if rank == 0 else set()  # groups whose old store keys this rank deletes
         self.cleaned: dict = {}
+        self.unchecked: deque = deque()  # entries for the checker, in the order the main thread issued them
+        self.wake = threading.Event()  # a flush wants the checker now
+        self.progress = threading.Condition()  # notified after each pass of the checker
         self.thread = threading.Thread(target=self._watch, name="hasten-hang-doctor", daemon=True)
+        self.checker = threading.Thread(target=self._check, name="hasten-hang-doctor-checker", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+        self.checker.start()
 
     # -- the path of every collective --------------------------------------------------------------------------
     def run(self, name, detail, group, call, args, kwargs, site=None):
@@ -230,33 +219,105 @@ class Doctor:
             self.leave(entry)
 
     def enter(self, name, detail, group, site) -> _Entry:
+        """Number and record the collective for the checker thread (no store call, no thread woken here).
+
+        `detail`: its text, or what a `DESCRIBE` function took from the arguments (made text later)."""
         key = self._group_key(group)
         with self.lock:
             seq = self.seqs[key] = self.seqs.get(key, 0) + 1
             entry = _Entry(key, seq, name, detail, site)
             self.inside[entry.thread] = entry
             self.history.append(entry)
-        mine = f"{name}{_SEP}{detail}"
-        value = f"{mine}{_SEP}{self.rank}{_SEP}{site}"
-        try:
-            stored = self.store.compare_set(f"c/{key}/{seq}", "", value).decode()
-        except Exception as error:  # noqa: BLE001 - the doctor must never be the reason a run fails
-            self._give_up(error)
-            return entry
-        if stored != value:
-            their_name, their_detail, their_rank, their_site = stored.split(_SEP)
-            if f"{their_name}{_SEP}{their_detail}" != mine:
-                self.refused = entry  # this rank stays "here" (not entering) while the report is made
-                try:
-                    self._diverged(entry, int(their_rank), their_name, their_detail, their_site)
-                finally:
-                    self.leave(entry)
+        self.unchecked.append(entry)
+        if seq - self.checked_seqs.get(key, 0) > _MAX_PENDING and not self.flush(self.wait):
+            # The reference rank's checker stopped posting (it lost the store): never slow the run down for it.
+            self._give_up(f"fell {_MAX_PENDING} collectives behind in checking them (the group's lowest rank no "
+                          "longer posts its own)")
         return entry
 
+    def flush(self, timeout: float) -> bool:
+        """Wait (at most `timeout` seconds) until the checker has checked every collective issued so far."""
+        if self.broken or not self.checker.is_alive() or threading.current_thread() is self.checker:
+            return True
+        target = dict(self.seqs)
+        checked = self.checked_seqs
+
+        def done():
+            return self.broken or all(checked.get(key, 0) >= seq for key, seq in target.items())
+
+        with self.progress:
+            self.wake.set()
+            return self.progress.wait_for(done, timeout)
+
+    # -- the checker thread -------------------------------------------------------------------------------------
+    def _check(self) -> None:
+        """Every CHECK_EVERY seconds (or when a flush asks), check the collectives issued since the last time."""
+        store = self.check_store
+        pending: dict = {}  # group key -> deque of entries not checked yet, in order
+        cache: dict = {}  # group key -> (chunk, items) last read from the group's reference rank
+        while not self.stopped.is_set() and not self.broken:
+            self.wake.wait(CHECK_EVERY)
+            self.wake.clear()
+            unchecked = self.unchecked
+            while unchecked:
+                entry = unchecked.popleft()
+                pending.setdefault(entry.group, deque()).append(entry)
+            try:
+                for key, entries in pending.items():
+                    if entries and self._check_group(store, key, entries, cache):
+                        return  # a divergence was reported
+            except Exception as error:  # noqa: BLE001 - the doctor must never be the reason a run fails
+                self._give_up(error)
+            with self.progress:
+                self.progress.notify_all()
+
+    def _check_group(self, store, key, entries, cache) -> bool:
+        """Post (the group's reference rank) or compare (every other rank) `entries`; True if one diverged.
+
+        The reference rank (the group's lowest) appends its fingerprints to one store key per chunk of
+        `_CHUNK` collectives; every other rank reads that key (one request covers all the collectives it
+        checks this time) and compares its own calls in order. A rank whose call differs makes the report.
+        """
+        members = self.members.get(key) or [self.rank]
+        reference = min(members)
+        if reference == self.rank:
+            while entries:
+                chunk = (entries[0].seq - 1) // _CHUNK
+                items = []
+                while entries and (entries[0].seq - 1) // _CHUNK == chunk:
+                    entry = entries.popleft()
+                    items.append(f"{entry.seq}{_SEP}{entry.name}{_SEP}{entry.detail}{_SEP}{entry.site}{_END}")
+                store.append(f"c/{key}/{chunk}", "".join(items))
+                self.checked_seqs[key] = entry.seq
+            return False
+        while entries:
+            entry = entries[0]
+            chunk = (entry.seq - 1) // _CHUNK
+            read = cache.get(key)
+            if read is None or read[0] != chunk or entry.seq not in read[1]:
+                # compare_set with a value the key never holds: its value, without blocking when it is missing
+                raw = store.compare_set(f"c/{key}/{chunk}", _MISSING, _MISSING).decode()
+                posted = {}
+                for item in ([] if raw == _MISSING else raw.split(_END)[:-1]):
+                    seq, name, detail, site = item.split(_SEP)
+                    posted[int(seq)] = (name, detail, site)
+                read = cache[key] = (chunk, posted)
+                if entry.seq not in posted:
+                    return False  # the reference rank has not posted it yet: next time
+            name, detail, site = read[1][entry.seq]
+            if name != entry.name or detail != entry.detail:
+                with self.report_lock:
+                    if self._published() is None:
+                        self._report_divergence(entry, self.survey(store), {reference: (name, detail, site)})
+                return True
+            entries.popleft()
+            self.checked_seqs[key] = entry.seq
+        return False
+
     def leave(self, entry) -> None:
-        with self.lock:
-            if self.inside.get(entry.thread) is entry:
-                del self.inside[entry.thread]
+        # Only this thread writes its own key (no lock needed): clear it unless a nested entry replaced it.
+        if self.inside.get(entry.thread) is entry:
+            self.inside.pop(entry.thread, None)
 
     def _group_key(self, group) -> str:
         if group is None:
@@ -271,8 +332,8 @@ class Doctor:
                 try:
                     key = "g" + dist.distributed_c10d._get_process_group_name(group)
                     members = dist.get_process_group_ranks(group)
-                except Exception:  # noqa: BLE001
-                    key, members = f"g{id(group)}", list(range(self.world_size))
+                except Exception:  # noqa: BLE001 - a key no other rank shares: not compared
+                    key, members = f"g{id(group)}", [self.rank]
                 self.members[key] = members
                 if min(members) == self.rank:
                     self.cleaners.add(key)
@@ -280,14 +341,18 @@ class Doctor:
         return key
 
     def _s(self):
-        """This thread's store client (the main thread and the watchdog each have their own)."""
-        return self.watch_store if threading.current_thread() is self.thread else self.store
+        """This thread's store client (the main thread, the watchdog and the checker each have their own)."""
+        current = threading.current_thread()
+        if current is self.thread:
+            return self.watch_store
+        return self.check_store if current is self.checker else self.store
 
     def _give_up(self, error) -> None:
         if not self.broken:
             self.broken = True
-            print(f"hasten hang doctor: rank {self.rank} lost the store ({type(error).__name__}: {error}); "
-                  "collectives are no longer checked", file=sys.stderr, flush=True)
+            why = error if isinstance(error, str) else f"lost the store ({type(error).__name__}: {error})"
+            print(f"hasten hang doctor: rank {self.rank} {why}; collectives are no longer checked", file=sys.stderr,
+                  flush=True)
 
     # -- where every rank is ------------------------------------------------------------------------------------
     def _status(self, answer: int) -> dict:
@@ -297,13 +362,13 @@ class Doctor:
             history = [e.as_list() for e in self.history]
         status = {"rank": self.rank, "state": self.state, "answer": answer, "seqs": seqs, "history": history,
                   "error": self.error, "time": time.time()}
-        if self.state in _TERMINAL:
+        if self.state in TERMINAL:
             status["stack"] = getattr(self, "final_stack", [])
         else:
             frame = sys._current_frames().get(self.main)
             status["stack"] = _stack_lines(frame) if frame is not None else []
             if entry is not None:
-                status["state"] = "refused" if entry is self.refused else "collective"
+                status["state"] = "collective"
                 status["entry"] = entry.as_list()
         return status
 
@@ -322,46 +387,46 @@ class Doctor:
                 if rank in answers or not store.check([key]):
                     continue
                 status = json.loads(store.get(key))
-                if status["answer"] >= ask or status["state"] in _TERMINAL:
+                if status["answer"] >= ask or status["state"] in TERMINAL:
                     answers[rank] = status
             if len(answers) == self.world_size or time.monotonic() > deadline:
                 return answers
             time.sleep(0.05)
 
     # -- reports ------------------------------------------------------------------------------------------------
-    def _diverged(self, entry, their_rank, their_name, their_detail, their_site) -> None:
-        with self.report_lock:
-            statuses = self.survey(self._s())
-            calls = {self.rank: (entry.name, entry.detail, entry.site)}
-            calls.setdefault(their_rank, (their_name, their_detail, their_site))
-            for rank, status in statuses.items():
-                here = status.get("entry")
-                if here and here[0] == entry.group and here[1] == entry.seq:
-                    calls.setdefault(rank, (here[2], here[3], here[4]))
-            diverging = _odd_ones(calls)
-            reference = next(rank for rank in sorted(calls) if rank not in diverging)
-            name, detail, site = calls[diverging[0]]
-            ref = calls[reference]
-            others = [f"rank {rank} calls {_shown(c[0], c[1])} at {c[2]}" for rank, c in sorted(calls.items())
-                      if rank not in diverging]
-            headline = (f"rank {diverging[0]} diverged at collective #{entry.seq} of the {entry.group} group: it "
-                        f"calls {_shown(name, detail)} at {site} while {', '.join(others)}")
-            if ref[0] == name:
-                headline += " (same collective, different tensors)"
-            self._publish(headline, diverging, statuses, raise_here=True)
+    def _report_divergence(self, entry, statuses, known=None, raise_here=False) -> bool:
+        """Publish a report if the ranks called different collectives at `entry`'s number; True if one was.
+
+        Each rank's call comes from its status (the collective it waits in, or its history when it passed it);
+        `known` adds calls read from the store (the reference rank's).
+        """
+        calls = {self.rank: (entry.name, entry.detail, entry.site)}
+        calls.update(known or {})
+        for rank, call in calls_at(statuses, entry.group, entry.seq).items():
+            calls.setdefault(rank, call)
+        if len({call[:2] for call in calls.values()}) < 2:
+            return False
+        headline, diverging = divergence_headline(calls, entry.group, entry.seq)
+        self._publish(headline, diverging, statuses, raise_here=raise_here, collective=(entry.group, entry.seq))
+        return True
 
     def after_error(self, entry, error) -> None:
-        """A collective raised (timeout, lost peer): report if another rank left or the timeout passed."""
+        """A collective raised (mismatched sizes, timeout, lost peer): report a divergence, a rank that left
+        before it, or the timeout; otherwise the error goes on as it is."""
         import torch.distributed as dist
 
         if not dist.is_initialized():
             return
+        # gloo raises at once on some mismatches: let the checker compare this collective first.
+        self.flush(self.wait)
         text = str(error).lower()
         timed_out = "timed out" in text or "timeout" in text
         with self.report_lock:
             if self._published() is not None:
                 self._raise_published()
             statuses = self.survey(self._s())
+            if self._report_divergence(entry, statuses, raise_here=True):
+                return
             if self._left_report(entry, statuses, raise_here=True):
                 return
             if timed_out:
@@ -371,7 +436,7 @@ class Doctor:
         """Publish a report if a rank left (returned or raised) before reaching `entry`; True if one was."""
         members = self.members.get(entry.group, ())
         gone = [r for r, s in sorted(statuses.items()) if r != self.rank and r in members
-                and s["state"] in _TERMINAL and s["seqs"].get(entry.group, 0) < entry.seq]
+                and s["state"] in TERMINAL and s["seqs"].get(entry.group, 0) < entry.seq]
         if not gone:
             return False
         rank = gone[0]
@@ -380,9 +445,9 @@ class Doctor:
             what = f"raised {status['error']}"
         else:
             last = status["history"][-1] if status["history"] else None
-            what = "returned from its script" + (f" (its last collective: #{last[1]} {_shown(last[2], last[3])} at "
+            what = "returned from its script" + (f" (its last collective: #{last[1]} {shown(last[2], last[3])} at "
                                                  f"{last[4]})" if last else " (before any collective)")
-        headline = (f"rank {rank} {what} while rank {self.rank} waits in {_shown(entry.name, entry.detail)} at "
+        headline = (f"rank {rank} {what} while rank {self.rank} waits in {shown(entry.name, entry.detail)} at "
                     f"{entry.site} (collective #{entry.seq} of the {entry.group} group, which rank {rank} never "
                     "reached)")
         self._publish(headline, gone, statuses, raise_here=raise_here, kind="left")
@@ -390,7 +455,7 @@ class Doctor:
 
     def _timeout_report(self, entry, statuses, raise_here) -> None:
         missing = [r for r in self.members.get(entry.group, range(self.world_size))
-                   if r != self.rank and not _at(statuses.get(r), entry)]
+                   if r != self.rank and not at(statuses.get(r), entry.group, entry.seq)]
         waited = time.time() - entry.since
         where = []
         for rank in missing:
@@ -399,8 +464,8 @@ class Doctor:
                 where.append(f"rank {rank} did not answer")
             else:
                 top = status["stack"][-1] if status["stack"] else "unknown code"
-                where.append(f"rank {rank} never arrived (it is {_state_words(status)} at {top})")
-        headline = (f"{_shown(entry.name, entry.detail)} at {entry.site} timed out on rank {self.rank} after "
+                where.append(f"rank {rank} never arrived (it is {state_words(status)} at {top})")
+        headline = (f"{shown(entry.name, entry.detail)} at {entry.site} timed out on rank {self.rank} after "
                     f"{waited:.0f}s (the collective timeout is {self.timeout:g}s): " + "; ".join(where or
                     ["every rank is in it: the collective itself is stuck (network, device)"]))
         self._publish(headline, missing or [self.rank], statuses, raise_here=raise_here, kind="timeout")
@@ -414,8 +479,8 @@ class Doctor:
             return None
         return None
 
-    def _publish(self, headline, diverging, statuses, raise_here, kind="diverged") -> None:
-        report = _format(headline, statuses, self.world_size, kind)
+    def _publish(self, headline, diverging, statuses, raise_here, kind="diverged", collective=None) -> None:
+        report = format_report(headline, statuses, self.world_size, kind, collective)
         value = json.dumps({"report": report, "headline": headline, "diverging": list(diverging),
                             "by": self.rank})
         try:
@@ -501,7 +566,7 @@ class Doctor:
         left = []
         for rank in range(self.world_size):
             if rank != self.rank and store.check([f"s/{rank}"]):
-                if json.loads(store.get(f"s/{rank}"))["state"] in _TERMINAL:
+                if json.loads(store.get(f"s/{rank}"))["state"] in TERMINAL:
                     left.append(rank)
         if left and self.checked != (entry, tuple(left)):
             self.checked = (entry, tuple(left))
@@ -517,17 +582,19 @@ class Doctor:
             self.stop(verdict)
 
     def _clean(self, store) -> None:
-        for key, seq in list(self.seqs.items()):
+        # The cleaner of a group is its reference rank; it follows what its checker posted. A chunk is deleted
+        # long after every rank compared it (no checker lags more than _MAX_PENDING collectives behind).
+        for key, seq in list(self.checked_seqs.items()):
             if key not in self.cleaners:
                 continue
-            done = self.cleaned.get(key, 0)
-            for old in range(done + 1, min(seq - _KEEP_KEYS, done + 500) + 1):
+            done = self.cleaned.get(key, -1)
+            for old in range(done + 1, (seq - 1) // _CHUNK - _KEEP_CHUNKS + 1):
                 store.delete_key(f"c/{key}/{old}")
                 self.cleaned[key] = old
 
     # -- how a rank leaves --------------------------------------------------------------------------------------
     def on_uncaught(self, kind, value, tb) -> None:
-        if isinstance(value, HangDetectedError) or self.state in _TERMINAL:
+        if isinstance(value, HangDetectedError) or self.state in TERMINAL:
             return
         frames = []
         while tb is not None:
@@ -543,10 +610,13 @@ class Doctor:
         self._leave_as("raised")
 
     def on_exit(self) -> None:
-        if self.state not in _TERMINAL:
+        # A mismatch in the script's last collectives is still reported (bounded: the store may be gone).
+        self.flush(self.wait)
+        if self.state not in TERMINAL:
             self.final_stack = []
             self._leave_as("exited")
         self.stopped.set()
+        self.wake.set()
         if self.thread.is_alive() and self.thread is not threading.current_thread():
             self.thread.join(timeout=2 * POLL + 1)
 
@@ -559,61 +629,6 @@ class Doctor:
             self.store.add("events", 1)
         except Exception:  # noqa: BLE001 - the store may be gone at exit
             pass
-
-
-def _at(status, entry) -> bool:
-    here = (status or {}).get("entry")
-    return bool(here) and here[0] == entry.group and here[1] == entry.seq
-
-
-def _odd_ones(calls: dict) -> list:
-    """The ranks whose call differs from the most common one; in a tie, from the lowest rank's call."""
-    counts = {}
-    for call in calls.values():
-        counts[call[:2]] = counts.get(call[:2], 0) + 1
-    lowest = calls[min(calls)][:2]
-    common = max(counts, key=lambda c: (counts[c], c == lowest))
-    return sorted(rank for rank, call in calls.items() if call[:2] != common) or sorted(calls)[-1:]
-
-
-def _state_words(status) -> str:
-    state = status["state"]
-    if state == "collective":
-        entry = status["entry"]
-        return f"waiting in {_shown(entry[2], entry[3])} (collective #{entry[1]} of the {entry[0]} group)"
-    if state == "refused":
-        entry = status["entry"]
-        return (f"stopped before {_shown(entry[2], entry[3])} at {entry[4]} (collective #{entry[1]} of the "
-                f"{entry[0]} group): its call does not match")
-    if state == "raised":
-        return f"gone: it raised {status['error']}"
-    if state == "exited":
-        return "gone: it returned from its script"
-    return "running Python code"
-
-
-_FIXES = {
-    "diverged": "every rank must call the same collectives in the same order, with the same shapes and dtypes.",
-    "left": "a rank that returns, raises or exits early leaves the others waiting: every rank must reach the same "
-            "collectives (catch the error on every rank, or end all ranks together).",
-    "timeout": "the rank that never arrived is busy where its stack shows; if that work is legitimately long, raise "
-               "the timeout (InitProcessGroupKwargs(timeout=...) or HASTEN_COLLECTIVE_TIMEOUT, in seconds).",
-}
-
-
-def _format(headline: str, statuses: dict, world_size: int, kind: str = "diverged") -> str:
-    lines = ["=" * 30 + " hasten hang doctor " + "=" * 30, headline, "Where each rank is (innermost call last):"]
-    for rank in range(world_size):
-        status = statuses.get(rank)
-        if status is None:
-            lines.append(f"  rank {rank}: did not answer within the wait (its process may be gone, or stuck in C "
-                         "code that holds the GIL)")
-            continue
-        lines.append(f"  rank {rank}: {_state_words(status)}")
-        lines.extend(f"      {line}" for line in status.get("stack", []))
-    lines.append(f"Fix: {_FIXES[kind]} (Debug mode is on: HASTEN_DEBUG_MODE=0 turns the doctor off.)")
-    lines.append("=" * 80)
-    return "\n".join(lines)
 
 
 # -- hasten's own collectives ---------------------------------------------------------------------------------
@@ -657,7 +672,7 @@ def watch(name: str, detail: str = ""):
 # -- install / uninstall --------------------------------------------------------------------------------------
 
 def _wrapper(name, original, params):
-    describe = _DESCRIBE[name]
+    describe = DESCRIBE[name]
 
     @functools.wraps(original)
     def collective(*args, **kwargs):
@@ -689,7 +704,8 @@ _ORIGINALS: dict = {}
 
 
 def _doctor_stores():
-    """Two clients of the job's store under a prefix of the doctor's own: one per thread."""
+    """Three clients of the job's store under a prefix of the doctor's own: one per thread (main, watchdog,
+    checker), so that no thread waits behind another's round trip."""
     from datetime import timedelta
 
     import torch.distributed as dist
@@ -702,9 +718,9 @@ def _doctor_stores():
               f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/")
     if isinstance(inner, dist.TCPStore):
         clients = [dist.TCPStore(inner.host, inner.port, is_master=False, timeout=timedelta(seconds=30))
-                   for _ in range(2)]
+                   for _ in range(3)]
         return [dist.PrefixStore(prefix, client) for client in clients]
-    return [dist.PrefixStore(prefix, base)] * 2
+    return [dist.PrefixStore(prefix, base)] * 3
 
 
 def install(timeout: float, wait: float) -> None:
@@ -718,8 +734,9 @@ def install(timeout: float, wait: float) -> None:
     if _DOCTOR is not None or not dist.is_initialized() or dist.get_world_size() < 2:
         return
     _SKIP = _skip_prefixes()
-    store, watch_store = _doctor_stores()
-    doctor = Doctor(store, watch_store, dist.get_rank(), dist.get_world_size(), float(timeout), float(wait))
+    store, watch_store, check_store = _doctor_stores()
+    doctor = Doctor(store, watch_store, dist.get_rank(), dist.get_world_size(), float(timeout), float(wait),
+                    check_store)
     doctor._post(store, 0)
     for name in WRAPPED:
         original = getattr(c10d, name, None)
@@ -732,7 +749,7 @@ def install(timeout: float, wait: float) -> None:
             if getattr(module, name, None) is original:
                 setattr(module, name, wrapped)
     _DOCTOR = doctor
-    doctor.thread.start()
+    doctor.start()
     atexit.register(_at_exit)
     previous = sys.excepthook
 
@@ -755,7 +772,7 @@ def _at_exit() -> None:
 
 
 def uninstall() -> None:
-    """Put torch.distributed's own functions back and stop the watchdog (tests; a destroyed group)."""
+    """Put torch.distributed's own functions back and stop the doctor's threads (tests; a destroyed group)."""
     global _DOCTOR
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
@@ -768,3 +785,4 @@ def uninstall() -> None:
     _ORIGINALS.clear()
     if doctor is not None:
         doctor.stopped.set()
+        doctor.wake.set()

@@ -2,7 +2,7 @@
 
 Run by tests/test_hang_doctor.py with and without `--debug`. Checks, on two processes:
 - debug off: torch.distributed's functions are torch's own, hasten.hang_doctor is not active;
-- debug on: they are the doctor's wrappers, old store keys are deleted, and none of these legitimate patterns is reported: a rank that is
+- debug on: they are the doctor's wrappers, old store keys are deleted, every collective gets checked, and none of these legitimate patterns is reported: a rank that is
   slow (past the doctor's wait) to reach a barrier, the same collective called from different lines, object
   collectives, a subgroup, an async collective, and hasten's own operations.
 """
@@ -59,16 +59,19 @@ y = torch.ones(2)
 dist.all_reduce(y, group=pair)
 assert y.tolist() == [2.0, 2.0]
 if debug:
-    # The store keeps only the last 1000 collectives' keys: a long run does not grow the job's store forever.
-    for _ in range(1010):
+    # The store keeps only the last chunks of collective fingerprints: a long run does not grow the job's store
+    # forever. Rank 0 (the default group's reference rank) posts them and deletes the old chunks.
+    for _ in range(hang_doctor._CHUNK * (hang_doctor._KEEP_CHUNKS + 2)):
         dist.all_reduce(y)
     doctor = hang_doctor._DOCTOR
+    assert doctor.flush(60), "the checker did not catch up"
     if rank == 0:
+        last = (doctor.seqs["default"] - 1) // hang_doctor._CHUNK
         for _ in range(100):
-            if not doctor.store.check(["c/default/1"]):
+            if not doctor.store.check(["c/default/0"]):
                 break
             time.sleep(0.1)
-        assert not doctor.store.check(["c/default/1"]), "old collective keys are not deleted"
-        assert doctor.store.check([f"c/default/{doctor.seqs['default']}"])
+        assert not doctor.store.check(["c/default/0"]), "old fingerprint chunks are not deleted"
+        assert doctor.store.check([f"c/default/{last}"])
 accelerator.wait_for_everyone()
 print(f"HEALTHY RANK {rank} debug={debug}", flush=True)
