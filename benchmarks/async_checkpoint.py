@@ -33,7 +33,6 @@ if __package__ in (None, ""):  # run as a script (also by the launcher): make `b
 from benchmarks._common import (
     ACCELERATE,
     ACCELERATE_LEFT_OUT,
-    HASTEN,
     RAW,
     Table,
     base_parser,
