@@ -107,7 +107,7 @@ def worker(size_mb: int, repeats: int, with_accelerate: bool, workdir: str) -> N
     import torch.distributed as dist
 
     from hasten import Accelerator
-    from hasten import async_checkpoint as background
+    from hasten.checkpoint import async_save as background
 
     torch.manual_seed(0)
     model = _model(size_mb)

@@ -27,7 +27,7 @@ def cannot_run() -> str | None:
     """Why this machine cannot run the benchmark, or None."""
     import torch
 
-    from hasten.availability import is_torchao_available
+    from hasten.core.availability import is_torchao_available
 
     if not torch.cuda.is_available():
         return "no CUDA GPU found"

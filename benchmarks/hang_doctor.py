@@ -89,7 +89,7 @@ def worker(impl: str, block: int, rounds: int, warmup: int) -> None:
         ROWS[2]: lambda i: dist.all_reduce(one),
     }
     if impl == HASTEN:
-        from hasten import hang_doctor
+        from hasten.resilience import hang_doctor
         from hasten.state import PartialState
 
         doctor = hang_doctor._DOCTOR

@@ -8,8 +8,8 @@ import torch
 
 from hasten import Accelerator, DistributedType, GradientAccumulationPlugin
 from hasten.config.dataclasses import AutocastKwargs, GradScalerKwargs, TorchDynamoPlugin
-from hasten.errors import ConfigError, NotSupportedYetError
-from hasten.memory import find_executable_batch_size, release_memory, should_reduce_batch_size
+from hasten.core.errors import ConfigError, NotSupportedYetError
+from hasten.training.memory import find_executable_batch_size, release_memory, should_reduce_batch_size
 
 
 def tiny_model(seed=0):

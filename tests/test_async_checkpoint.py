@@ -14,11 +14,11 @@ import torch
 from launching import launch
 
 from hasten import Accelerator, ProjectConfiguration
-from hasten import async_checkpoint as background
+from hasten.checkpoint import async_save as background
 from hasten.backends.base import Backend
-from hasten.checkpoint_io import MARKER_NAME
-from hasten.checkpointing import newest_checkpoint
-from hasten.errors import CheckpointError, ConfigError
+from hasten.checkpoint.durable import MARKER_NAME
+from hasten.checkpoint.folder import newest_checkpoint
+from hasten.core.errors import CheckpointError, ConfigError
 from hasten.state import AcceleratorState, GradientState
 
 

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from hasten import Accelerator, ProjectConfiguration
-from hasten.auto_resume import objects_in
-from hasten.errors import CheckpointError, ConfigError
+from hasten.resilience.auto_resume import objects_in
+from hasten.core.errors import CheckpointError, ConfigError
 from launching import launch
 
 SCRIPT = "resume_train.py"
@@ -25,7 +25,7 @@ SCRIPT = "resume_train.py"
 def no_handlers_left():
     """Accelerators built here with automatic_resume install SIGTERM/SIGUSR1 handlers in pytest's process."""
     yield
-    from hasten import preemption
+    from hasten.resilience import preemption
 
     if preemption._active is not None:
         preemption._active.uninstall()
@@ -87,7 +87,7 @@ def test_load_state_on_a_fresh_project_is_a_no_op(tmp_path, caplog):
     model, optimizer, *_ = _objects()
     model, optimizer = accelerator.prepare(model, optimizer)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    with caplog.at_level("INFO", logger="hasten.checkpointing"):
+    with caplog.at_level("INFO", logger="hasten.checkpoint.layout"):
         assert accelerator.load_state() is None
     assert "no checkpoint" in caplog.text
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())

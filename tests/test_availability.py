@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import hasten.utils as utils
-from hasten import availability
+from hasten.core import availability
 from hasten.utils import constants, imports, versions
 
 

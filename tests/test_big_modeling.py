@@ -21,7 +21,7 @@ from hasten import (
     init_on_device,
     load_checkpoint_and_dispatch,
 )
-from hasten.errors import DeviceMapError, OffloadError
+from hasten.core.errors import DeviceMapError, OffloadError
 from hasten.hooks import remove_hook_from_submodules
 from hasten.utils import load_checkpoint_in_model
 
@@ -162,7 +162,7 @@ def test_safetensors_dtype_cast_when_offloaded(reference, checkpoint, tmp_path):
 
 
 def test_load_in_ram_maps_the_checkpoint_instead_of_copying(checkpoint, reference):
-    from hasten.offload import mapped_safetensors
+    from hasten.big_model.offload import mapped_safetensors
 
     model = _empty()
     load_checkpoint_in_model(model, checkpoint)

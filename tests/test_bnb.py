@@ -22,7 +22,7 @@ bnb = pytest.importorskip("bitsandbytes", reason='needs bitsandbytes: pip instal
 from safetensors.torch import save_file  # noqa: E402
 
 from hasten import Accelerator, init_empty_weights  # noqa: E402
-from hasten.errors import CheckpointError, ConfigError, DeviceMapError  # noqa: E402
+from hasten.core.errors import CheckpointError, ConfigError, DeviceMapError  # noqa: E402
 from hasten.utils.bnb import (  # noqa: E402
     BnbQuantizationConfig,
     get_keys_to_not_convert,
@@ -303,7 +303,7 @@ def test_replace_with_bnb_layers_and_already_loaded_models(reference, caplog):
     # a model with its weights: quantized in place (with a warning), on the CPU here
     loaded = Net()
     loaded.load_state_dict(fp32.state_dict())
-    with caplog.at_level(logging.WARNING, logger="hasten.quantization"):
+    with caplog.at_level(logging.WARNING, logger="hasten.big_model.bnb"):
         loaded = load_and_quantize_model(loaded, config)
     assert "init_empty_weights" in caplog.text
     assert isinstance(loaded.proj, bnb.nn.Linear4bit) and loaded.proj.weight.bnb_quantized

@@ -11,9 +11,9 @@ import pytest
 import torch
 from torch import nn
 
-from hasten.enums import CustomDtype
-from hasten.errors import ConfigError
-from hasten.quantized_params import quantized_model_placement
+from hasten.core.enums import CustomDtype
+from hasten.core.errors import ConfigError
+from hasten.big_model.bnb_params import quantized_model_placement
 from hasten.utils import BnbQuantizationConfig
 
 

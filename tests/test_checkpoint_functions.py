@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from hasten.checkpointing import load_accelerator_state, load_custom_state, save_accelerator_state, save_custom_state
-from hasten.errors import UnsafeCheckpointError
+from hasten.core.errors import UnsafeCheckpointError
 from hasten.utils import clean_state_dict_for_safetensors
 from hasten.utils.constants import RNG_STATE_NAME, SAFE_WEIGHTS_NAME, SCALER_NAME, WEIGHTS_NAME
 

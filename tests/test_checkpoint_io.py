@@ -13,8 +13,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from hasten import Accelerator
-from hasten import checkpoint_io as io
-from hasten.errors import CheckpointError, UnsafeCheckpointError
+from hasten.checkpoint import durable as io
+from hasten.core.errors import CheckpointError, UnsafeCheckpointError
 from hasten.state import AcceleratorState, GradientState
 
 

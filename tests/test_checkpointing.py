@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from hasten import Accelerator, ProjectConfiguration
-from hasten import checkpoint_io
-from hasten.errors import CheckpointError, ConfigError, UnsafeCheckpointError
+from hasten.checkpoint import durable as checkpoint_io
+from hasten.core.errors import CheckpointError, ConfigError, UnsafeCheckpointError
 from hasten.state import AcceleratorState, GradientState
 from launching import SCRIPTS, launch
 
@@ -362,7 +362,7 @@ class Tied(torch.nn.Module):
 
 
 def test_parse_size():
-    from hasten.checkpoint_io import parse_size
+    from hasten.checkpoint.durable import parse_size
 
     assert parse_size("5MB") == 5 * 10**6
     assert parse_size("5MiB") == 5 * 2**20

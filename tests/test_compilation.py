@@ -1,4 +1,4 @@
-"""Regional compilation (hasten.compilation): each repeated block class is compiled once, outputs match eager,
+"""Regional compilation (hasten.training.compilation): each repeated block class is compiled once, outputs match eager,
 and `Accelerator` honours `TorchDynamoPlugin(use_regional_compilation=True)` instead of compiling the whole model."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from hasten import Accelerator, TorchDynamoPlugin
-from hasten.compilation import (
+from hasten.training.compilation import (
     compile_regions, compile_regions_in_place, has_compiled_regions, has_repeated_blocks, is_repeated_blocks,
 )
 

@@ -7,7 +7,7 @@ import pytest
 
 from hasten.config import file as config_file
 from hasten.config.file import ConfigFileError
-from hasten.errors import ConfigError
+from hasten.core.errors import ConfigError
 
 
 @pytest.fixture

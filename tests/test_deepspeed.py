@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from hasten.config.deepspeed import DeepSpeedPlugin, DummyOptim, DummyScheduler, HfDeepSpeedConfig
-from hasten.errors import ConfigError, NotSupportedYetError
+from hasten.core.errors import ConfigError, NotSupportedYetError
 
 needs_deepspeed = pytest.mark.skipif(
     __import__("importlib").util.find_spec("deepspeed") is None, reason='needs deepspeed: pip install "hasten[deepspeed]"'
@@ -180,7 +180,7 @@ def test_accelerator_refuses_what_deepspeed_cannot_do_on_cpu():
 ])
 def test_jit_only_optimizers_are_refused_on_cpu_before_deepspeed_runs(monkeypatch, optimizer, message):
     from hasten import Accelerator
-    from hasten.backends import deepspeed as backend
+    from hasten.backends.deepspeed import backend
 
     monkeypatch.setattr(backend, "_op_is_built", lambda op: False)  # as on a machine that never compiled it
     config = {**CONFIG2, "optimizer": optimizer}

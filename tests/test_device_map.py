@@ -15,7 +15,7 @@ import torch
 
 from big_model_zoo import MODELS, TinyLM
 from device_map_cases import BALANCED_CASES, MAP_CASES
-from hasten.errors import DeviceMapError
+from hasten.core.errors import DeviceMapError
 from hasten.utils import (
     check_device_map,
     clean_device_map,
@@ -75,7 +75,7 @@ EXPECTED_BALANCED = [
 @pytest.fixture(autouse=True)
 def _quiet():
     # Integer GPU ids on a machine without GPUs log "Device 0 is not available" (as Accelerate does).
-    logging.getLogger("hasten.device_map").setLevel(logging.ERROR)
+    logging.getLogger("hasten.big_model.device_map").setLevel(logging.ERROR)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         yield
@@ -190,12 +190,12 @@ def test_a_budget_that_fits_no_module_is_a_warning_unless_fallback_allocation_fi
     inner = torch.nn.Sequential(OrderedDict([("first", torch.nn.Linear(10, 4)), ("second", torch.nn.Linear(4, 4)),
                                              ("third", torch.nn.Linear(4, 8))]))
     model = torch.nn.Sequential(OrderedDict([("block", inner)]))
-    with caplog.at_level(logging.WARNING, logger="hasten.device_map"):
+    with caplog.at_level(logging.WARNING, logger="hasten.big_model.device_map"):
         plain = infer_auto_device_map(model, max_memory={"cpu": 256})
     assert set(plain.values()) == {"disk"}
     assert any("insufficient memory" in r.getMessage() and "cpu" in r.getMessage() for r in caplog.records)
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="hasten.device_map"):
+    with caplog.at_level(logging.WARNING, logger="hasten.big_model.device_map"):
         filled = infer_auto_device_map(model, max_memory={"cpu": 256}, fallback_allocation=True)
     assert filled == {"block.second": "cpu", "block.first": "disk", "block.third": "disk"}
     assert not any("insufficient memory" in r.getMessage() for r in caplog.records)

@@ -11,8 +11,8 @@ import pytest
 
 import hasten.utils as utils
 from hasten.commands.launch import launch_command_parser
-from hasten.env_tools import _parse_cpu_list
-from hasten.errors import ConfigError
+from hasten.launch.machine import _parse_cpu_list
+from hasten.core.errors import ConfigError
 from hasten.utils.environment import CPUInformation
 from hasten.utils.launch import env_var_path_add
 

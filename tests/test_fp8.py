@@ -13,15 +13,15 @@ import torch
 from launching import launch
 
 from hasten import Accelerator
-from hasten.availability import is_torchao_available, is_transformer_engine_available
+from hasten.core.availability import is_torchao_available, is_transformer_engine_available
 from hasten.commands.launch import launch_command_parser, plan_launch
 from hasten.config.fp8 import AORecipeKwargs, FP8RecipeKwargs, MSAMPRecipeKwargs, TERecipeKwargs
-from hasten.enums import FP8BackendType
-from hasten.errors import ConfigError, NotBuiltError
-from hasten.fp8 import Fp8Recipe, support_problem
+from hasten.core.enums import FP8BackendType
+from hasten.core.errors import ConfigError, NotBuiltError
+from hasten.training.fp8 import Fp8Recipe, support_problem
 from hasten.state import AcceleratorState
 from hasten.utils.ao import filter_first_and_last_linear_layers, find_first_last_linear_layers
-from hasten.fp8.ao import layers_to_convert
+from hasten.training.fp8.ao import layers_to_convert
 
 FP8_GPU = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
 no_fp8_here = pytest.mark.skipif(FP8_GPU, reason="this machine can run fp8")
@@ -281,7 +281,7 @@ def test_torchao_helpers_without_torchao_give_the_install_hint():
     from hasten.utils.ao import convert_model_to_fp8_ao, has_ao_layers
 
     for call in (lambda: has_ao_layers(Tower()), lambda: convert_model_to_fp8_ao(Tower())):
-        with pytest.raises(ImportError, match='pip install "hasten.fp8."'):
+        with pytest.raises(ImportError, match='pip install "hasten.training.fp8."'):
             call()
 
 
@@ -351,9 +351,9 @@ def test_benchmark_says_why_it_cannot_run_here():
 
 
 def test_fsdp_refuses_fp8_with_ram_efficient_loading():
-    from hasten.backends.fsdp import FSDPBackend
+    from hasten.backends.fsdp.backend import FSDPBackend
     from hasten.config.fsdp import FullyShardedDataParallelPlugin
-    from hasten.precision import PrecisionPolicy
+    from hasten.training.precision import PrecisionPolicy
     from hasten.state import PartialState
 
     plugin = FullyShardedDataParallelPlugin(fsdp_version=2, cpu_ram_efficient_loading=True)
@@ -368,9 +368,9 @@ def test_fsdp2_float8_all_gather_trains_the_sharded_fp8_layers():
     all-gather on, shard, re-point the optimizer, and train; the scales are recomputed after each step."""
     import torch.distributed as dist
 
-    from hasten.backends.fsdp import FSDPBackend
+    from hasten.backends.fsdp.backend import FSDPBackend
     from hasten.config.fsdp import FullyShardedDataParallelPlugin
-    from hasten.precision import PrecisionPolicy
+    from hasten.training.precision import PrecisionPolicy
 
     state = AcceleratorState(cpu=True, _from_accelerator=True)  # the Accelerator refuses fp8 on a CPU
     policy = PrecisionPolicy(mode="no", fp8=Fp8Recipe("AO", AORecipeKwargs()))
@@ -395,7 +395,7 @@ def test_fsdp2_float8_all_gather_trains_the_sharded_fp8_layers():
 
 
 def test_te_recipe_arguments_are_the_fields_set_away_from_the_defaults():
-    from hasten.fp8.te import recipe_kwargs
+    from hasten.training.fp8.te import recipe_kwargs
 
     assert recipe_kwargs(TERecipeKwargs()) == {}
     handler = TERecipeKwargs(fp8_format="E4M3", margin=1, amax_history_len=16, override_linear_precision="0,0,1",
@@ -411,7 +411,7 @@ def test_te_forward_wrapper_runs_fp8_in_training_only(monkeypatch):
     import types
     from types import MethodType
 
-    from hasten.fp8.te import _Fp8AutocastForward
+    from hasten.training.fp8.te import _Fp8AutocastForward
 
     seen = []
     stand_in = types.ModuleType("transformer_engine.pytorch")

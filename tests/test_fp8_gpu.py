@@ -12,7 +12,7 @@ import pytest
 import torch
 from launching import launch
 
-from hasten.availability import is_torchao_available
+from hasten.core.availability import is_torchao_available
 
 FP8_GPU = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
 pytestmark = pytest.mark.skipif(not FP8_GPU or not is_torchao_available(),

@@ -11,7 +11,7 @@ import torch
 from launching import launch
 
 from hasten.config.fsdp import FullyShardedDataParallelPlugin
-from hasten.errors import ConfigError
+from hasten.core.errors import ConfigError
 
 
 @pytest.fixture(autouse=True)
@@ -139,7 +139,7 @@ def test_ram_efficient_loading_is_exported_for_transformers():
 
 def test_accelerator_selects_fsdp_from_a_plugin_or_the_environment(monkeypatch):
     from hasten import Accelerator
-    from hasten.enums import DistributedType
+    from hasten.core.enums import DistributedType
     from hasten.state import AcceleratorState
 
     accelerator = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2))
@@ -206,7 +206,7 @@ def test_cpu_ram_efficient_loading_keeps_one_copy():
 def test_accelerate_import_paths():
     import hasten
     import hasten.utils
-    from hasten.backends.fsdp_checkpoint import merge_fsdp_weights
+    from hasten.backends.fsdp.checkpoint import merge_fsdp_weights
 
     assert hasten.FullyShardedDataParallelPlugin is FullyShardedDataParallelPlugin
     assert hasten.utils.FullyShardedDataParallelPlugin is FullyShardedDataParallelPlugin

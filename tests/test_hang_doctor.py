@@ -1,4 +1,4 @@
-"""Debug mode's hang doctor (hasten.hang_doctor): injected deadlocks end within seconds with one report.
+"""Debug mode's hang doctor (hasten.resilience.hang_doctor): injected deadlocks end within seconds with one report.
 
 Each case of tests/distributed/hang_cases.py is a real 2-process gloo launch under `hasten launch --debug` with
 the DEFAULT collective timeout (30 minutes), except the sleeping rank (10 s). The launch's own timeout is the
@@ -155,7 +155,7 @@ def test_correct_run_is_left_alone(debug):
 def test_off_in_a_single_process_installs_nothing():
     import torch.distributed as dist
 
-    from hasten import hang_doctor
+    from hasten.resilience import hang_doctor
     from hasten.state import PartialState
 
     PartialState._reset_state()
@@ -172,14 +172,14 @@ def test_off_in_a_single_process_installs_nothing():
 def test_call_site_is_the_callers_line():
     import sys
 
-    from hasten import hang_doctor
+    from hasten.resilience import hang_doctor
 
     here, line = hang_doctor.call_site(1), sys._getframe().f_lineno
     assert here.endswith(f"test_hang_doctor.py:{line}"), here
 
 
 def test_odd_ones_out_takes_the_majority_and_rank_0_in_a_tie():
-    from hasten.hang_report import odd_ones
+    from hasten.resilience.hang_report import odd_ones
 
     a, b = ("all_reduce", "float32[4]", "x.py:1"), ("barrier", "", "x.py:2")
     assert odd_ones({0: a, 1: a, 2: b}) == [2]
@@ -205,7 +205,7 @@ def test_checker_compares_each_collective_with_the_reference_ranks_in_batches():
 
     import torch.distributed as dist
 
-    from hasten.hang_doctor import _CHUNK, Doctor
+    from hasten.resilience.hang_doctor import _CHUNK, Doctor
 
     store = dist.HashStore()
     reference, other = Doctor(store, store, 0, 2, 60, 1), Doctor(store, store, 1, 2, 60, 1)

@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-from hasten.errors import ConfigError
+from hasten.core.errors import ConfigError
 from hasten.inference import find_pippy_batch_size, generate_device_map, generate_split_points, prepare_pippy
 from launching import launch
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hasten import AcceleratorState, PartialState, debug_launcher, notebook_launcher
-from hasten.errors import ConfigError, LaunchError
+from hasten.core.errors import ConfigError, LaunchError
 
 
 def _collective_report(scale):

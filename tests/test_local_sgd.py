@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hasten import Accelerator
-from hasten.errors import ConfigError
+from hasten.core.errors import ConfigError
 from hasten.local_sgd import LocalSGD
 from launching import launch
 

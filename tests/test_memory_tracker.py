@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from hasten import Accelerator
-from hasten.memory_tracker import MemoryTracker, current_rss_bytes
+from hasten.observe.memory_tracker import MemoryTracker, current_rss_bytes
 
 needs_proc = pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="reads /proc (Linux)")
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -115,7 +115,7 @@ def test_a_run_that_never_stops_the_tracker_still_leaves_its_json(tmp_path):
     import subprocess
     import sys
 
-    code = ("from hasten.memory_tracker import MemoryTracker; "
+    code = ("from hasten.observe.memory_tracker import MemoryTracker; "
             f"MemoryTracker({str(tmp_path)!r}, interval=0.01, rank=3, plot=False).start(); "
             "import time; time.sleep(0.1)")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from big_model_zoo import TinyLM
-from hasten.errors import CheckpointError
+from hasten.core.errors import CheckpointError
 from hasten.utils import (
     find_tied_parameters,
     id_tensor_storage,

@@ -8,8 +8,8 @@ import os
 import pytest
 import torch
 
-from hasten.errors import OffloadError
-from hasten.offload import MappedSafetensors, mapped_safetensors, safetensors_offload_entry
+from hasten.core.errors import OffloadError
+from hasten.big_model.offload import MappedSafetensors, mapped_safetensors, safetensors_offload_entry
 from hasten.utils import (
     OffloadedWeightsLoader,
     PrefixedDataset,

@@ -1,4 +1,4 @@
-"""hasten.operations: nested-structure helpers in one process, and every collective on 2 real processes."""
+"""hasten.distributed.operations: nested-structure helpers in one process, and every collective on 2 real processes."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import hasten.utils
-from hasten import operations
-from hasten.operations import (
+from hasten.distributed import operations
+from hasten.distributed.operations import (
     broadcast, broadcast_object_list, concatenate, convert_outputs_to_fp32, convert_to_fp32, find_batch_size,
     find_device, gather, gather_object, get_data_structure, get_shape, honor_type, ignorant_find_batch_size,
     initialize_tensors, is_namedtuple, listify, pad_across_processes, pad_input_tensors, recursively_apply, reduce,

@@ -9,8 +9,8 @@ import sys
 import pytest
 import torch
 
-from hasten.errors import ConfigError
-from hasten.tensor_parallel import automatic_plan, get_model_tp_size, model_has_dtensor, plan_for, resolve_plan
+from hasten.core.errors import ConfigError
+from hasten.distributed.tp_plan import automatic_plan, get_model_tp_size, model_has_dtensor, plan_for, resolve_plan
 from launching import SCRIPTS, launch
 
 sys.path.insert(0, str(SCRIPTS))
@@ -99,7 +99,7 @@ def test_model_and_user_plans():
 
 
 def test_a_style_hasten_does_not_know_is_one_line():
-    from hasten.tensor_parallel import _style
+    from hasten.distributed.tp_plan import _style
 
     with pytest.raises(ConfigError) as error:
         _style("diagonal", "blocks.0.mlp.fc1")

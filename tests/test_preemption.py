@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from hasten import Accelerator, ProjectConfiguration, preemption
-from hasten.requeue import PREEMPTED_EXIT_CODE, all_preempted, exit_code_for_signal
+from hasten.resilience.requeue import PREEMPTED_EXIT_CODE, all_preempted, exit_code_for_signal
 from launching import SCRIPTS, launch
 from test_auto_resume import SCRIPT, assert_same_finish
 
@@ -35,7 +35,7 @@ def test_exit_codes():
 
 
 def test_slurm_requeue_runs_scontrol_from_the_first_machine_only(tmp_path, monkeypatch, capsys):
-    from hasten.requeue import requeue_slurm_job
+    from hasten.resilience.requeue import requeue_slurm_job
 
     calls = tmp_path / "calls"
     fake = tmp_path / "scontrol"  # stands in for SLURM's command: records its arguments

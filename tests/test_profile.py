@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from hasten import Accelerator, ProfileKwargs
-from hasten.errors import ConfigError
+from hasten.core.errors import ConfigError
 
 
 def _train_steps(model, steps: int, profiler=None):

@@ -16,8 +16,8 @@ from hasten.config.dataclasses import TorchDynamoPlugin
 from hasten.config.deepspeed import DeepSpeedPlugin
 from hasten.config.fp8 import AORecipeKwargs, TERecipeKwargs
 from hasten.config.fsdp import FullyShardedDataParallelPlugin
-from hasten.enums import DynamoBackend, PrecisionType
-from hasten.errors import ConfigError, NotBuiltError
+from hasten.core.enums import DynamoBackend, PrecisionType
+from hasten.core.errors import ConfigError, NotBuiltError
 from hasten.parallelism_config import ParallelismConfig, TorchContextParallelConfig
 from hasten.state import AcceleratorState
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from hasten import AcceleratorState, DistributedType, GradientState, PartialState, get_logger, set_seed
-from hasten.errors import ConfigError, StateResetError
+from hasten.core.errors import ConfigError, StateResetError
 from hasten.state import is_initialized
 from launching import launch
 

@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader, Dataset
 from hasten import Accelerator
 from hasten.data_loader import DataLoaderShard
 from hasten.state import AcceleratorState, GradientState
-from hasten.step_timer import StepTimer, summarize
+from hasten.observe.step_timer import StepTimer, summarize
 
 
 @pytest.fixture(autouse=True)

@@ -140,7 +140,7 @@ def test_fsdp_name_and_parameter_helpers(monkeypatch):
 
 
 def test_fsdp_helpers_refuse_adapter_only():
-    from hasten.errors import NotSupportedYetError
+    from hasten.core.errors import NotSupportedYetError
 
     with pytest.raises(NotSupportedYetError, match="adapter_only"):
         utils.save_fsdp_model(None, None, torch.nn.Linear(1, 1), "/nonexistent", adapter_only=True)
@@ -157,7 +157,7 @@ def test_memory_utils_warns_and_still_works():
 def test_commands_merge_runs_merge_weights(tmp_path, capsys):
     from hasten.commands.merge import merge_command, merge_command_parser
 
-    from hasten.errors import CheckpointError
+    from hasten.core.errors import CheckpointError
 
     args = merge_command_parser().parse_args([str(tmp_path / "missing"), str(tmp_path / "out")])
     with pytest.raises(CheckpointError, match="missing"):  # as Accelerate's merge_command, it raises; the CLI prints
@@ -179,7 +179,7 @@ def test_the_accelerate_cli_path_is_the_hasten_command():
 
 def test_import_hasten_stays_light():
     code = ("import sys, hasten; heavy = [m for m in ('tqdm', 'safetensors', 'yaml', 'psutil', 'hasten.utils', "
-            "'hasten.availability') if m in sys.modules]; print(heavy)")
+            "'hasten.core.availability') if m in sys.modules]; print(heavy)")
     import subprocess
 
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()

@@ -20,7 +20,7 @@ def test_fsdp2_functions_on_two_processes():
 
 def test_fsdp2_functions_refuse_an_accelerator_without_fsdp2():
     from hasten import Accelerator
-    from hasten.errors import ConfigError
+    from hasten.core.errors import ConfigError
     from hasten.utils import fsdp2_apply_ac, fsdp2_prepare_model
 
     accelerator = Accelerator(cpu=True)
@@ -135,7 +135,7 @@ def test_custom_argument_parser_takes_both_spellings_and_records_given_options()
 
 @pytest.mark.parametrize("call", ["prepare_tpu", "install_xla", "sagemaker"])
 def test_tpu_and_sagemaker_entry_points_refuse_in_one_line(call):
-    from hasten.errors import NotSupportedYetError
+    from hasten.core.errors import NotSupportedYetError
 
     if call == "prepare_tpu":
         from hasten.utils.launch import prepare_tpu

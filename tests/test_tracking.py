@@ -11,7 +11,7 @@ import warnings
 import pytest
 import torch
 
-from hasten.enums import LoggerType
+from hasten.core.enums import LoggerType
 from hasten.state import PartialState
 from hasten.tracking import (
     GeneralTracker,

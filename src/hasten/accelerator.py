@@ -12,9 +12,11 @@ from collections import OrderedDict
 
 import torch
 
-from . import accelerator_args, auto_resume, operations, preemption
+from .config import accelerator_args
+from .resilience import auto_resume, preemption
+from .distributed import operations
 from .backends import backend_name_for, create_backend
-from .compilation import compile_model
+from .training.compilation import compile_model
 from .config.dataclasses import (
     AutocastKwargs,
     DataLoaderConfiguration,
@@ -23,13 +25,13 @@ from .config.dataclasses import (
     ProjectConfiguration,
     TorchDynamoPlugin,
 )
-from .enums import DistributedType, DynamoBackend
+from .core.enums import DistributedType, DynamoBackend
 from .config.resolve import runtime_value
 from .config.settings import refuse_unbuilt_environment
-from .errors import ConfigError, NotSupportedYetError
+from .core.errors import ConfigError, NotSupportedYetError
 from .parallelism_config import config_for_run, fsdp_plugin_for_layout, mesh_rank
-from .precision import PrecisionPolicy
-from .quantized_params import quantized_model_placement
+from .training.precision import PrecisionPolicy
+from .big_model.bnb_params import quantized_model_placement
 from .state import AcceleratorState, GradientState, PartialState
 
 _NOT_PASSED = object()
@@ -180,7 +182,7 @@ class Accelerator:
     data_parallel_shard_rank = property(lambda self: mesh_rank(self.state, "dp_shard"))
 
     def maybe_context_parallel(self, buffers=None, buffer_seq_dims=None, no_restore_buffers=None):
-        from .context_parallel import maybe_context_parallel
+        from .distributed.context_parallel import maybe_context_parallel
 
         return maybe_context_parallel(self.state, buffers, buffer_seq_dims, no_restore_buffers)
 
@@ -530,7 +532,7 @@ class Accelerator:
         return any(len(getattr(m, "hf_device_map", {}) or {}) > 1 for m in model.modules())
 
     def free_memory(self, *objects):
-        from .memory import release_memory
+        from .training.memory import release_memory
 
         self._backend.free_memory()
         self._models, self._optimizers, self._schedulers, self._dataloaders = [], [], [], []
@@ -540,26 +542,26 @@ class Accelerator:
     clear = free_memory
 
     def profile(self, profile_handler: ProfileKwargs | None = None):
-        from .profiling import profile
+        from .observe.profiling import profile
 
         return profile(self, profile_handler)
 
     def track_memory(self, output_dir=None, interval: float = 0.5, plot: bool = True):
         """A hasten extension: a `MemoryTracker` sampling this process's memory (see docs/observability.md)."""
-        from .memory_tracker import track_memory
+        from .observe.memory_tracker import track_memory
 
         return track_memory(self, output_dir, interval=interval, plot=plot)
 
     def track_step_times(self, log_every: int = 10, straggler_factor: float = 1.5, synchronize: bool = False):
         """A hasten extension: log where each step's time goes, and the straggler rank (see docs/observability.md)."""
-        from .step_timer import track_step_times
+        from .observe.step_timer import track_step_times
 
         return track_step_times(self, log_every, straggler_factor=straggler_factor, synchronize=synchronize)
 
-    # -- checkpoints (hasten/checkpointing.py) --------------------------------------------------------------
+    # -- checkpoints (hasten/checkpoint/layout.py) --------------------------------------------------------------
     def _checkpoint_contents(self):
         """What `save_state` writes and `load_state` restores: every object this Accelerator holds right now."""
-        from .checkpointing import CheckpointContents
+        from .checkpoint.layout import CheckpointContents
 
         return CheckpointContents(
             backend=self._backend, state=self.state, project=self.project_configuration,
@@ -571,19 +573,19 @@ class Accelerator:
 
     def save_state(self, output_dir=None, safe_serialization: bool = True, async_save: bool = False,
                    **save_model_func_kwargs):
-        from . import checkpointing
+        from .checkpoint import layout as checkpointing
 
         return checkpointing.save_state(self._checkpoint_contents(), output_dir, safe_serialization=safe_serialization,
                                         async_save=async_save, **save_model_func_kwargs)
 
     def wait_for_checkpoint(self):
         """hasten only: block until an asynchronous `save_state` is committed; raise what went wrong in it."""
-        from .async_checkpoint import wait
+        from .checkpoint.async_save import wait
 
         wait()
 
     def load_state(self, input_dir=None, load_kwargs=None, **load_model_func_kwargs):
-        from . import checkpointing
+        from .checkpoint import layout as checkpointing
 
         self._auto_resume = None  # an explicit load replaces the automatic one
         step = checkpointing.load_state(self._checkpoint_contents(), input_dir, load_kwargs=load_kwargs,
@@ -592,7 +594,7 @@ class Accelerator:
             self.step = step
 
     def save_model(self, model, save_directory, max_shard_size="10GB", safe_serialization: bool = True):
-        from . import checkpointing
+        from .checkpoint import layout as checkpointing
 
         return checkpointing.save_model(self._checkpoint_contents(), model, save_directory,
                                         max_shard_size=max_shard_size, safe_serialization=safe_serialization)
@@ -644,7 +646,7 @@ class Accelerator:
         return self._tracker_session().get(name, unwrap)
 
     def end_training(self):
-        from .async_checkpoint import close
+        from .checkpoint.async_save import close
 
         close()  # an asynchronous save commits before the process group goes
         if self._tracking is not None:

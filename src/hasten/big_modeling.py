@@ -23,8 +23,8 @@ import re
 import torch
 from torch import nn
 
-from .device_map import check_device_map, find_tied_parameters, get_balanced_memory, infer_auto_device_map
-from .errors import DeviceMapError, OffloadError
+from .big_model.device_map import check_device_map, find_tied_parameters, get_balanced_memory, infer_auto_device_map
+from .core.errors import DeviceMapError, OffloadError
 from .hooks import (
     AlignDevicesHook,
     CpuOffload,
@@ -35,8 +35,8 @@ from .hooks import (
     attach_align_device_hook_on_blocks,
     link_prefetch,
 )
-from .modeling import load_checkpoint_in_model, retie_parameters
-from .offload import INDEX_NAME, OffloadedWeightsLoader, extract_submodules_state_dict, offload_state_dict
+from .big_model.loading import load_checkpoint_in_model, retie_parameters
+from .big_model.offload import INDEX_NAME, OffloadedWeightsLoader, extract_submodules_state_dict, offload_state_dict
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ _STRING_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
 def _include_buffers_default(include_buffers):
     if include_buffers is not None:
         return include_buffers
-    from .environment import env_flag
+    from .distributed.cluster import env_flag
 
     return env_flag("INIT_INCLUDE_BUFFERS", False)
 
@@ -262,7 +262,7 @@ def load_checkpoint_and_dispatch(model: nn.Module, checkpoint, device_map=None, 
 
 def _refuse_disk_without_folder(model, device_map, max_memory, no_split_module_classes, dtype):
     """The computed map needs the disk but there is no folder: say which budget was too small and both fixes."""
-    from .device_map import _top_level_items, compute_module_sizes, get_max_layer_size, get_max_memory
+    from .big_model.device_map import _top_level_items, compute_module_sizes, get_max_layer_size, get_max_memory
 
     sizes = compute_module_sizes(model, dtype=dtype)
     largest, names = get_max_layer_size(_top_level_items(model), sizes,

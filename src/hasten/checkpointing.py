@@ -1,6 +1,6 @@
 """Accelerate's standalone checkpoint functions (`accelerate.checkpointing.save_accelerator_state`, ...).
 
-`Accelerator.save_state` (in `hasten.checkpointing`) is what most code calls; these functions write and read the
+`Accelerator.save_state` (in `hasten.checkpoint.layout`) is what most code calls; these functions write and read the
 same file layout for callers that hold the pieces themselves. Each file is written through a temporary
 sibling and renamed into place (`checkpoint_io.atomic_write`), so a crash leaves the old file or the new
 one, never half of one. Loading runs no pickled code unless `load_kwargs={"weights_only": False}`.
@@ -14,11 +14,11 @@ import warnings
 
 import torch
 
-from . import async_checkpoint as background
-from . import checkpoint_io as io
+from .checkpoint import async_save as background
+from .checkpoint import durable as io
 from .backends.base import numbered
-from .constants import MODEL_NAME, OPTIMIZER_NAME, RNG_STATE_NAME, SAFE_MODEL_NAME, SAMPLER_NAME, SCALER_NAME, SCHEDULER_NAME
-from .rng import capture_rng_states, restore_rng_states
+from .core.constants import MODEL_NAME, OPTIMIZER_NAME, RNG_STATE_NAME, SAFE_MODEL_NAME, SAMPLER_NAME, SCALER_NAME, SCHEDULER_NAME
+from .distributed.rng import capture_rng_states, restore_rng_states
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ def _write(path: str, writer) -> None:
 
 
 def _rng_payload(step: int) -> dict:
-    """Accelerate's `random_states_<rank>.pkl` content: the step and every RNG state (hasten.rng's capture)."""
+    """Accelerate's `random_states_<rank>.pkl` content: the step and every RNG state (hasten.distributed.rng's capture)."""
     return {"step": int(step), **capture_rng_states()}
 
 

@@ -20,10 +20,10 @@ from contextlib import suppress
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
-from .dispatched_batches import check_dispatchable, pad_rows, rows_of
-from .enums import RNGType
-from .errors import ConfigError, DistributedOperationException, NotSupportedYetError
-from .nested import (
+from .data.dispatched_batches import check_dispatchable, pad_rows, rows_of
+from .core.enums import RNGType
+from .core.errors import ConfigError, DistributedOperationException, NotSupportedYetError
+from .core.nested import (
     concatenate,
     get_data_structure,
     initialize_tensors,
@@ -32,10 +32,10 @@ from .nested import (
     send_to_device,
     slice_tensors,
 )
-from .operations import broadcast, broadcast_object_list
+from .distributed.operations import broadcast, broadcast_object_list
 from .parallelism_config import gather_data_parallel, mesh_data_sharding, run_shares_batches
-from .rng import synchronize_rng_states
-from .samplers import (
+from .distributed.rng import synchronize_rng_states
+from .data.samplers import (
     BatchSamplerShard,
     IterableDatasetShard,
     ResumableIndexSampler,
@@ -758,4 +758,4 @@ class override_even_batches:
         return False
 
 
-from .loader_adapter import DataLoaderAdapter  # noqa: E402,F401 - Accelerate's path for it
+from .data.adapter import DataLoaderAdapter  # noqa: E402,F401 - Accelerate's path for it

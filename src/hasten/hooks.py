@@ -20,9 +20,9 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-from .modeling import get_non_persistent_buffers, named_module_tensors, set_module_tensor_to_device
-from .offload import PrefixedDataset
-from .operations import find_device, send_to_device
+from .big_model.loading import get_non_persistent_buffers, named_module_tensors, set_module_tensor_to_device
+from .big_model.offload import PrefixedDataset
+from .distributed.operations import find_device, send_to_device
 
 # Methods dispatch_model wraps on the model instance; removing hooks removes them too.
 _ADDED_ATTRIBUTES = ("to", "cuda", "npu", "xpu", "mlu", "sdaa", "musa")
@@ -400,7 +400,7 @@ class CpuOffload(ModelHook):
         if isinstance(previous, UserCpuOffloadHook):
             if next(previous.model.parameters()).device != torch.device("cpu"):
                 previous.offload()
-                from .memory import clear_device_cache
+                from .training.memory import clear_device_cache
 
                 clear_device_cache()
         if next(module.parameters()).device == torch.device(self.execution_device):

@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 import uuid
 
-from .enums import PrecisionType
-from .errors import ConfigError, LaunchError
+from .core.enums import PrecisionType
+from .core.errors import ConfigError, LaunchError
 
 
 def _run_forked(record_dir, function, *args):
@@ -40,7 +40,7 @@ def _record_failure(record_dir: str, error: BaseException) -> None:
     import json
     import time
 
-    from .environment import parse_int
+    from .distributed.cluster import parse_int
     from .state import PEER_LOSS_MARKERS
 
     message = (f"{type(error).__name__}: {error}".strip().splitlines() or [""])[0][:300]

@@ -11,9 +11,9 @@ import contextlib
 
 import torch
 
-from . import async_checkpoint as background
-from .enums import DistributedType
-from .errors import ConfigError, NotSupportedYetError
+from .checkpoint import async_save as background
+from .core.enums import DistributedType
+from .core.errors import ConfigError, NotSupportedYetError
 
 # Plain data parallel: every process holds the whole model, so averaging parameters is meaningful.
 _SUPPORTED = {

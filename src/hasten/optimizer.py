@@ -6,9 +6,9 @@ import inspect
 
 import torch
 
-from . import async_checkpoint as background
-from . import preemption
-from .nested import send_to_device
+from .checkpoint import async_save as background
+from .resilience import preemption
+from .core.nested import send_to_device
 from .state import AcceleratorState, GradientState
 
 

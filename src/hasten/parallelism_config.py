@@ -2,7 +2,7 @@
 
 Accelerate 1.15's surface (transformers imports it at start-up). What each layout runs (docs/parallelism.md):
 `dp_replicate_size` alone: DDP; `dp_shard_size` alone: FSDP2; both: HSDP (FSDP2 over a ("dp_replicate", "dp_shard")
-mesh); `tp_size`: tensor parallelism for any nn.Module (`hasten.tensor_parallel`), composed with FSDP2 over the data
+mesh); `tp_size`: tensor parallelism for any nn.Module (`hasten.distributed.tp_plan`), composed with FSDP2 over the data
 dimensions (`backends/tensor_parallel.py`). Context parallelism needs CUDA (refused on CPU in one line, with the
 reason); DeepSpeed sequence parallelism is refused. Unset sizes are read from `PARALLELISM_CONFIG_*` through the
 settings table, as Accelerate reads them.
@@ -14,8 +14,8 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from .enums import CP_COMM_STRATEGIES, CP_ON_CPU
-from .errors import ConfigError, NotBuiltError
+from .core.enums import CP_COMM_STRATEGIES, CP_ON_CPU
+from .core.errors import ConfigError, NotBuiltError
 
 # The order of the mesh dimensions, outermost first (Accelerate's: replicas outside, tensor parallel innermost).
 MESH_ORDER = ("dp_replicate", "dp_shard", "cp", "sp", "tp")
@@ -47,7 +47,7 @@ class TorchTensorParallelConfig:
 
     enable_async_tp: bool = False
     # hasten's own: which modules to split. None: the model's `tp_plan`, else the automatic plan; "auto": the
-    # automatic plan even when the model has one; a dict {module path pattern: style} (see hasten.tensor_parallel).
+    # automatic plan even when the model has one; a dict {module path pattern: style} (see hasten.distributed.tp_plan).
     tp_plan: Any = None
 
     def __post_init__(self):
@@ -363,7 +363,7 @@ def splits_data_ranks(mesh) -> bool:
 def gather_data_parallel(data, as_objects: bool):
     """`gather_for_metrics`'s gather: across the data-parallel ranks only when ranks of one tensor/context group hold
     the same samples (their copies would otherwise be counted tp_size times); across all processes otherwise."""
-    from .operations import gather, gather_object
+    from .distributed.operations import gather, gather_object
     from .state import AcceleratorState
 
     state = AcceleratorState._shared_state
@@ -381,7 +381,7 @@ def gather_data_parallel(data, as_objects: bool):
         parts = [None] * dist.get_world_size(group)
         dist.all_gather_object(parts, data, group=group)
         return [item for part in parts for item in (part if isinstance(part, (list, tuple)) else [part])]
-    from .nested import recursively_apply
+    from .core.nested import recursively_apply
 
     def gather_one(tensor):
         tensor = tensor.contiguous() if tensor.ndim else tensor.reshape(1)

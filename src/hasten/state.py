@@ -17,9 +17,9 @@ from functools import partial
 
 import torch
 
-from . import environment
-from .enums import DistributedType, PrecisionType, TORCH_DISTRIBUTED_TYPES
-from .errors import ConfigError, StateResetError
+from .distributed import cluster as environment
+from .core.enums import DistributedType, PrecisionType, TORCH_DISTRIBUTED_TYPES
+from .core.errors import ConfigError, StateResetError
 
 __all__ = ["PartialState", "AcceleratorState", "GradientState", "DistributedType", "is_initialized"]
 
@@ -324,7 +324,7 @@ class PartialState(_SharedState):
         self.device = self._pick_device(device_type)
         self.set_device()
         if self.debug and self.use_distributed:
-            from . import hang_doctor
+            from .resilience import hang_doctor
 
             hang_doctor.install(self.collective_timeout.total_seconds(), _setting("hang_doctor_wait", None, env))
         if _setting("enable_cpu_affinity", None, env):
@@ -416,7 +416,7 @@ class PartialState(_SharedState):
     @contextmanager
     def split_between_processes(self, inputs, apply_padding: bool = False):
         """Yield this process's contiguous share of a list, tuple, tensor or dict of equal-length values."""
-        from .nested import split_for_process
+        from .core.nested import split_for_process
 
         if self.num_processes == 1:
             yield inputs

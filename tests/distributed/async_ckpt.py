@@ -21,11 +21,11 @@ import sys
 import torch
 
 from hasten import Accelerator, ProjectConfiguration
-from hasten import async_checkpoint as background
-from hasten import checkpoint_io as io
-from hasten.checkpoint_io import MARKER_NAME
-from hasten.checkpointing import list_checkpoints, newest_checkpoint
-from hasten.errors import CheckpointError
+from hasten.checkpoint import async_save as background
+from hasten.checkpoint import durable as io
+from hasten.checkpoint.durable import MARKER_NAME
+from hasten.checkpoint.folder import list_checkpoints, newest_checkpoint
+from hasten.core.errors import CheckpointError
 
 mode, root, phase = sys.argv[1], sys.argv[2], sys.argv[3]
 ckpts = os.path.join(root, "checkpoints")

@@ -69,7 +69,7 @@ def all_points(workdir):
     import torch._dynamo  # noqa: F401 - imported once here, not in every child (optimizers import it lazily)
     import safetensors.torch  # noqa: F401
 
-    from hasten import checkpoint_io, checkpointing  # noqa: F401
+    from hasten.checkpoint import durable, layout  # noqa: F401
 
     for mode in ("automatic", "fixed"):
         folder = os.path.join(workdir, mode)

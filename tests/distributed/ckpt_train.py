@@ -14,7 +14,7 @@ import os
 import torch
 
 from hasten import Accelerator, DataLoaderConfiguration, ProjectConfiguration
-from hasten.rng import set_seed
+from hasten.distributed.rng import set_seed
 from hasten.state import GradientState
 
 

@@ -6,7 +6,7 @@ import os
 import torch
 
 from hasten.accelerator import Accelerator
-from hasten.operations import gather
+from hasten.distributed.operations import gather
 
 accelerator = Accelerator()
 world, rank = accelerator.num_processes, accelerator.process_index

@@ -1,4 +1,4 @@
-"""Every collective of hasten.operations on N processes (N = 1 checks the single-process fallbacks).
+"""Every collective of hasten.distributed.operations on N processes (N = 1 checks the single-process fallbacks).
 
 Run through `hasten launch` (see tests/test_operations.py). With `--debug`, also checks that mismatched
 inputs raise DistributedOperationException naming the differing rank, and that the ranks stay in step after.

@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from hasten.data_loader import prepare_data_loader
-from hasten.operations import gather_object
+from hasten.distributed.operations import gather_object
 from hasten.state import PartialState
 
 state = PartialState()

@@ -7,7 +7,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from hasten.data_loader import gather_for_metrics, prepare_data_loader, skip_first_batches
-from hasten.operations import gather_object
+from hasten.distributed.operations import gather_object
 from hasten.state import GradientState, PartialState
 
 state = PartialState()

@@ -14,7 +14,7 @@ import torch
 from deepspeed_common import LR, dataset, loader, loss_of, make_model, reset_state
 
 from hasten import Accelerator, DeepSpeedPlugin, ProjectConfiguration
-from hasten.rng import set_seed
+from hasten.distributed.rng import set_seed
 
 RUNS = {"zero2_fp32": (2, "no"), "zero3_bf16": (3, "bf16")}
 TOTAL, SAVE_AT = 6, 3

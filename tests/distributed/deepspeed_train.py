@@ -18,8 +18,8 @@ from deepspeed_common import (
 )
 
 from hasten import Accelerator, DeepSpeedPlugin
-from hasten.errors import ConfigError
-from hasten.modeling import load_checkpoint_in_model
+from hasten.core.errors import ConfigError
+from hasten.big_model.loading import load_checkpoint_in_model
 from hasten.utils import DummyOptim, DummyScheduler
 
 if importlib.util.find_spec("transformers") is not None:

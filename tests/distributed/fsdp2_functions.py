@@ -67,7 +67,7 @@ print(f"fsdp2 functions ok on rank {rank}")
 # -- prepare() and a model dispatched over several devices (HASTEN_BYPASS_DEVICE_MAP) ----------------------
 import os  # noqa: E402
 
-from hasten.errors import ConfigError  # noqa: E402
+from hasten.core.errors import ConfigError  # noqa: E402
 
 dispatched = make_model()
 dispatched.hf_device_map = {"inp": "cpu", "blocks": "disk"}

@@ -6,8 +6,8 @@ from torch.distributed.tensor import DTensor
 
 from fsdp_common import batch, fresh_accelerator, full_params, make_model, max_diff, train_steps
 from hasten.config.fsdp import FullyShardedDataParallelPlugin
-from hasten.enums import DistributedType
-from hasten.errors import ConfigError, NotSupportedYetError
+from hasten.core.enums import DistributedType
+from hasten.core.errors import ConfigError, NotSupportedYetError
 
 STEPS = range(4)
 LR, MAX_NORM = 0.05, 0.5

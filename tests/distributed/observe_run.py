@@ -40,7 +40,7 @@ class Collect(logging.Handler):
         warnings_seen.append(record.getMessage())
 
 
-logging.getLogger("hasten.step_timer").addHandler(Collect(level=logging.WARNING))
+logging.getLogger("hasten.observe.step_timer").addHandler(Collect(level=logging.WARNING))
 
 accelerator = Accelerator(log_with="jsonl", project_dir=out)
 accelerator.init_trackers("run")

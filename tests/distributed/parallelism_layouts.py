@@ -9,8 +9,8 @@ from torch.distributed.tensor import DTensor
 
 from fsdp_common import batch, fresh_accelerator, full_params, make_model, max_diff, train_steps
 from hasten import ParallelismConfig
-from hasten.enums import DistributedType
-from hasten.errors import ConfigError, NotBuiltError
+from hasten.core.enums import DistributedType
+from hasten.core.errors import ConfigError, NotBuiltError
 
 STEPS = range(3)
 TOL = 1e-5  # fp32: only the order of additions differs from the one-process reference

@@ -25,8 +25,8 @@ import time
 import torch
 
 from hasten import Accelerator, ProjectConfiguration
-from hasten import preemption
-from hasten.rng import set_seed
+from hasten.resilience import preemption
+from hasten.distributed.rng import set_seed
 
 EPOCHS, SAVE_EVERY = 3, 3
 

@@ -23,8 +23,8 @@ from tp_common import (
     whole,
 )
 from hasten import ParallelismConfig
-from hasten.enums import DistributedType
-from hasten.errors import ConfigError
+from hasten.core.enums import DistributedType
+from hasten.core.errors import ConfigError
 from hasten.parallelism_config import TorchTensorParallelConfig, data_ranks
 from hasten.utils import get_model_tp_size, model_has_dtensor
 
@@ -185,7 +185,7 @@ refused(torch.nn.Sequential(torch.nn.Linear(16, 1)), "found nothing to split in 
 from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 from torch.distributed.fsdp import fully_shard  # noqa: E402
 
-from hasten.tensor_parallel import apply_tensor_parallel  # noqa: E402
+from hasten.distributed.tp_plan import apply_tensor_parallel  # noqa: E402
 
 for shape, names in (((1, 2), ("dp_shard", "tp")), ((2, 1), ("dp_shard", "tp")),
                      ((2, 1, 1), ("dp_replicate", "dp_shard", "tp"))):

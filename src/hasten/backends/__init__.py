@@ -8,16 +8,16 @@ from __future__ import annotations
 
 import importlib
 
-from ..enums import DistributedType
-from ..errors import NotSupportedYetError
+from ..core.enums import DistributedType
+from ..core.errors import NotSupportedYetError
 from .base import Backend
 
 # name -> (module, class)
 REGISTRY = {
     "single": ("hasten.backends.single", "SingleBackend"),
     "ddp": ("hasten.backends.ddp", "DDPBackend"),
-    "fsdp": ("hasten.backends.fsdp", "FSDPBackend"),
-    "deepspeed": ("hasten.backends.deepspeed", "DeepSpeedBackend"),
+    "fsdp": ("hasten.backends.fsdp.backend", "FSDPBackend"),
+    "deepspeed": ("hasten.backends.deepspeed.backend", "DeepSpeedBackend"),
     "tensor_parallel": ("hasten.backends.tensor_parallel", "TensorParallelBackend"),
 }
 

@@ -27,11 +27,11 @@ import os
 
 import torch
 
-from .. import checkpoint_io as io
-from ..constants import MODEL_NAME, OPTIMIZER_NAME, SAFE_MODEL_NAME
-from ..errors import CheckpointError, ConfigError
+from ..checkpoint import durable as io
+from ..core.constants import MODEL_NAME, OPTIMIZER_NAME, SAFE_MODEL_NAME
+from ..core.errors import CheckpointError, ConfigError
 from ..optimizer import AcceleratedOptimizer
-from ..precision import PrecisionPolicy
+from ..training.precision import PrecisionPolicy
 from ..scheduler import AcceleratedScheduler
 from .unwrap import unwrap_model
 
@@ -162,7 +162,7 @@ class Backend:
         each such upload its own gloo group). Every process calls it; a backend that writes its files another
         way and does not override this refuses."""
         if not self.supports_async_save:
-            from ..async_checkpoint import refuse
+            from ..checkpoint.async_save import refuse
 
             raise refuse(self)
         return self._model_and_optimizer_files(models, optimizers, writer, safe_serialization, before_write, stage)
@@ -227,7 +227,7 @@ class Backend:
         """A complete, unsharded state dict for `save_model` / `get_state_dict`. Weights that big-model hooks
         offloaded (to the CPU or disk, meta tensors in the model) are read back from the offload."""
         model = self.unwrap_model(model) if unwrap else model
-        from ..modeling import get_state_dict_offloaded_model, has_offloaded_params
+        from ..big_model.loading import get_state_dict_offloaded_model, has_offloaded_params
 
         if any(has_offloaded_params(module) for module in model.modules()):
             return get_state_dict_offloaded_model(model)

@@ -1,7 +1,7 @@
 """Tensor (and context) parallelism on the layout's mesh, composed with FSDP2 over its data dimensions.
 
 Order, as torch's composable APIs want it: split each planned layer over the `tp` dimension
-(`hasten.tensor_parallel.apply_tensor_parallel`: parameters become DTensors), then, when the layout has
+(`hasten.distributed.tp_plan.apply_tensor_parallel`: parameters become DTensors), then, when the layout has
 data-parallel dimensions, `fully_shard` over them (the FSDP backend's own code, on `parallelism_config.fsdp_mesh`):
 `dp_shard` gives FSDP×TP, `dp_replicate` gives replicas of the TP model (HSDP with one shard), both give HSDP×TP.
 
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import ConfigError
-from .fsdp import FSDPBackend
+from ..core.errors import ConfigError
+from .fsdp.backend import FSDPBackend
 
 
 class TensorParallelBackend(FSDPBackend):
@@ -37,7 +37,7 @@ class TensorParallelBackend(FSDPBackend):
         return fsdp_mesh(self.layout)
 
     def _shard(self, model: torch.nn.Module) -> torch.nn.Module:
-        from ..tensor_parallel import apply_tensor_parallel, model_has_dtensor
+        from ..distributed.tp_plan import apply_tensor_parallel, model_has_dtensor
 
         originals = dict(model.named_parameters())
         model.to(self.state.device)
@@ -51,7 +51,7 @@ class TensorParallelBackend(FSDPBackend):
             super()._shard(model)  # FSDP2 over the data dimensions (and its activation checkpointing); appends to _roots
         else:
             if self.plugin.activation_checkpointing:
-                from .fsdp import _apply_activation_checkpointing
+                from .fsdp.backend import _apply_activation_checkpointing
 
                 _apply_activation_checkpointing(model, self.plugin.wrap_predicate(model), composable=True)
             self._roots.append(model)

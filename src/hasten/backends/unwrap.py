@@ -39,7 +39,7 @@ def unwrap_model(model, keep_fp32_wrapper: bool = True, keep_torch_compile: bool
         for name, child in list(model.named_children()):
             setattr(model, name, unwrap_model(child, keep_fp32_wrapper, keep_torch_compile, recursive))
     if not keep_fp32_wrapper:
-        from ..precision import remove_precision_wrapper
+        from ..training.precision import remove_precision_wrapper
 
         remove_precision_wrapper(model)
     if compiled is not None and keep_torch_compile:

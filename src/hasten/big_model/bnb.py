@@ -22,13 +22,13 @@ from typing import Optional, Union
 import torch
 from torch import nn
 
-from .big_modeling import dispatch_model, init_empty_weights
-from .config.quantization import BnbQuantizationConfig
+from ..big_modeling import dispatch_model, init_empty_weights
+from ..config.quantization import BnbQuantizationConfig
 from .device_map import find_tied_parameters, get_balanced_memory, infer_auto_device_map
-from .errors import CheckpointError, ConfigError, DeviceMapError
-from .modeling import load_checkpoint_in_model, set_module_tensor_to_device
+from ..core.errors import CheckpointError, ConfigError, DeviceMapError
+from .loading import load_checkpoint_in_model, set_module_tensor_to_device
 from .offload import offload_weight
-from .quantized_params import INSTALL_HINT, import_bitsandbytes, place_quantized_parameter, quantize_int8
+from .bnb_params import INSTALL_HINT, import_bitsandbytes, place_quantized_parameter, quantize_int8
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ _MIN_VERSION = "0.39.0"  # the first bitsandbytes with 4-bit layers (8-bit came 
 
 
 def _require_bitsandbytes():
-    from .availability import compare_versions
+    from ..core.availability import compare_versions
 
     bnb = import_bitsandbytes()
     if not compare_versions(bnb.__version__, ">=", _MIN_VERSION):

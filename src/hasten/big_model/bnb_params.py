@@ -13,7 +13,7 @@ import sys
 
 import torch
 
-from .errors import CheckpointError, ConfigError
+from ..core.errors import CheckpointError, ConfigError
 
 INSTALL_HINT = 'pip install "hasten[bnb]"'
 _QUANTIZED_CLASSES = ("Int8Params", "Params4bit")

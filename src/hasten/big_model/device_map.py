@@ -20,7 +20,7 @@ from collections import OrderedDict, defaultdict
 import torch
 from torch import nn
 
-from .errors import DeviceMapError
+from ..core.errors import DeviceMapError
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ def convert_file_size_to_int(size):
 
 def dtype_byte_size(dtype):
     """Bytes taken by one element of `dtype` (1/8 for bool; 1 for float8 types)."""
-    from .enums import CustomDtype
+    from ..core.enums import CustomDtype
 
     if dtype == torch.bool:
         return 1 / 8

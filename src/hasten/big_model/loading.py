@@ -14,10 +14,10 @@ import sys
 
 import torch
 
-from . import checkpoint_io as io
+from ..checkpoint import durable as io
 from .device_map import _device_of
-from .errors import CheckpointError, NotSupportedYetError, OffloadError
-from .quantized_params import is_int8_parameter, is_quantized_parameter, place_quantized_parameter, quantize_int8
+from ..core.errors import CheckpointError, NotSupportedYetError, OffloadError
+from .bnb_params import is_int8_parameter, is_quantized_parameter, place_quantized_parameter, quantize_int8
 
 logger = logging.getLogger(__name__)
 
@@ -231,7 +231,7 @@ def set_module_tensor_to_device(module, tensor_name, device, value=None, dtype=N
             if fp16_statistics is not None:
                 new.SCB = fp16_statistics.to(target, non_blocking=non_blocking)
     if clear_cache and str(target) not in ("cpu", "meta"):
-        from .memory import clear_device_cache
+        from ..training.memory import clear_device_cache
 
         clear_device_cache()
     if tied_params_map is not None:

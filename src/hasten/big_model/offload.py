@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
-from .errors import OffloadError
+from ..core.errors import OffloadError
 
 INDEX_NAME = "index.json"
 

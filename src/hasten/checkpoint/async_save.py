@@ -45,9 +45,9 @@ import time
 
 import torch
 
-from . import checkpoint_folder as folders
-from . import checkpoint_io as io
-from .errors import CheckpointError, ConfigError
+from . import folder as folders
+from . import durable as io
+from ..core.errors import CheckpointError, ConfigError
 
 GATE_ENV = "HASTEN_TEST_ASYNC_WRITE_GATE"  # test-only, see the module docstring
 STAGE_GATE_ENV = "HASTEN_TEST_ASYNC_STAGE_GATE"  # test-only, see the module docstring

@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from .errors import CheckpointError, ConfigError, UnsafeCheckpointError
+from ..core.errors import CheckpointError, ConfigError, UnsafeCheckpointError
 
 MARKER_NAME = "hasten_checkpoint.json"
 MARKER_FORMAT = "hasten-checkpoint"

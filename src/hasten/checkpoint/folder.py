@@ -16,8 +16,8 @@ import os
 import re
 import time
 
-from . import checkpoint_io as io
-from .errors import CheckpointError, ConfigError
+from . import durable as io
+from ..core.errors import CheckpointError, ConfigError
 
 logger = logging.getLogger(__name__)
 

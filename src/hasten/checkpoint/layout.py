@@ -18,14 +18,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import async_checkpoint as background
-from . import checkpoint_folder as folders
-from . import checkpoint_io as io
-from .backends.base import numbered
-from .constants import MODEL_NAME, RNG_STATE_NAME, SAFE_MODEL_NAME, SAMPLER_NAME, SCALER_NAME, SCHEDULER_NAME  # noqa: F401
-from .errors import CheckpointError, ConfigError
-from .operations import broadcast_object_list, gather_object
-from .rng import capture_rng_states, restore_rng_states
+from . import async_save as background
+from . import folder as folders
+from . import durable as io
+from ..backends.base import numbered
+from ..core.constants import MODEL_NAME, RNG_STATE_NAME, SAFE_MODEL_NAME, SAMPLER_NAME, SCALER_NAME, SCHEDULER_NAME  # noqa: F401
+from ..core.errors import CheckpointError, ConfigError
+from ..distributed.operations import broadcast_object_list, gather_object
+from ..distributed.rng import capture_rng_states, restore_rng_states
 
 logger = logging.getLogger(__name__)
 
@@ -521,11 +521,3 @@ def _write_text(path: str, text: str) -> None:
     with open(path, "w") as handle:
         handle.write(text)
 
-
-# Accelerate's standalone functions (`accelerate.checkpointing.save_accelerator_state`, ...) live in their own module.
-from .checkpoint_functions import (  # noqa: E402,F401
-    load_accelerator_state,
-    load_custom_state,
-    save_accelerator_state,
-    save_custom_state,
-)

@@ -24,7 +24,7 @@ import shutil
 import sys
 import sysconfig
 
-from ..errors import HastenError
+from ..core.errors import HastenError
 
 ACCELERATE_VERSION = "1.15.0"  # the Accelerate release whose API hasten keeps
 DIST_VERSION = f"{ACCELERATE_VERSION}+hasten"  # a local version: compatible, and visibly not the real one
@@ -80,7 +80,7 @@ def install(site: str | None = None) -> str:
         raise AliasError(f"cannot write to {site}; run in a virtual environment you own (or with --target DIR)")
     for name in _dist_infos(site):  # an older alias of ours: replace it
         shutil.rmtree(os.path.join(site, name))
-    hook_source = os.path.join(os.path.dirname(os.path.dirname(__file__)), "accelerate_alias_finder.py")
+    hook_source = os.path.join(os.path.dirname(__file__), "alias_finder.py")
     shutil.copyfile(hook_source, os.path.join(site, HOOK_FILE))
     with open(os.path.join(site, PTH_FILE), "w", encoding="utf-8") as handle:
         # .pth lines that start with `import` run at interpreter start; this one only puts a finder on

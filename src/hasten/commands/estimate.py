@@ -17,7 +17,7 @@ import importlib.util
 import os
 import sys
 
-from ..errors import ConfigError
+from ..core.errors import ConfigError
 
 BYTES_PER_ELEMENT = {"float32": 4.0, "float16": 2.0, "bfloat16": 2.0, "int8": 1.0, "int4": 0.5}
 ALIASES = {"fp32": "float32", "fp16": "float16", "half": "float16", "bf16": "bfloat16"}

@@ -16,8 +16,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from ..environment import parse_bool, parse_int
-from ..errors import ConfigError, LaunchError
+from ..distributed.cluster import parse_bool, parse_int
+from ..core.errors import ConfigError, LaunchError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -293,7 +293,7 @@ def _describe_failures(error) -> str:
 
 def _hang_report(error) -> str | None:
     """The hang doctor's report (debug mode) from the failed workers' error files: the root failure's first."""
-    from ..hang_doctor import REPORT_KEY
+    from ..resilience.hang_doctor import REPORT_KEY
 
     failures = getattr(error, "failures", {}) or {}
     reports = []
@@ -322,7 +322,7 @@ def _run_distributed(args, plan: LaunchPlan) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    from .. import requeue
+    from ..resilience import requeue
 
     if not args.debug:
         # The agent's chatter (and its guess at the failed rank, often wrong) buries the user's own output;
@@ -357,7 +357,7 @@ def _run_distributed(args, plan: LaunchPlan) -> int:
     )
     entrypoint, entry_args = _target_command(args)
     # Debug mode's hang doctor leaves its report in the workers' error files for the launcher to print, once.
-    from ..hang_doctor import LAUNCHER_VARIABLE
+    from ..resilience.hang_doctor import LAUNCHER_VARIABLE
 
     os.environ[LAUNCHER_VARIABLE] = "1"
     started = time.monotonic()

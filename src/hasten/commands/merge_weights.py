@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..errors import CheckpointError
+from ..core.errors import CheckpointError
 
 
 def merge_weights_parser(subparsers=None) -> argparse.ArgumentParser:
@@ -33,7 +33,7 @@ merge_command_parser = merge_weights_parser  # Accelerate's name (accelerate.com
 
 def merge_command(args):
     """Run the merge for parsed arguments; raises CheckpointError on a bad checkpoint folder."""
-    from ..backends.fsdp_checkpoint import merge_fsdp_weights
+    from ..backends.fsdp.checkpoint import merge_fsdp_weights
 
     return merge_fsdp_weights(args.checkpoint_directory, args.output_path,
                               safe_serialization=not args.unsafe_serialization,

@@ -22,7 +22,7 @@ def _fail(message: str) -> None:
 def _check_collectives(accelerator) -> None:
     import torch
 
-    from ..operations import broadcast, gather, gather_object, reduce
+    from ..distributed.operations import broadcast, gather, gather_object, reduce
 
     rank, world, device = accelerator.process_index, accelerator.num_processes, accelerator.device
     gathered = gather(torch.tensor([rank], device=device))
@@ -43,8 +43,8 @@ def _check_training(accelerator, steps: int = 4) -> float:
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
-    from ..operations import gather
-    from ..rng import set_seed
+    from ..distributed.operations import gather
+    from ..distributed.rng import set_seed
 
     set_seed(0)
     inputs = torch.randn(64, 4)

@@ -15,7 +15,7 @@ import json
 import os
 import sys
 
-from ..errors import ConfigError
+from ..core.errors import ConfigError
 
 # FSDP1 keys FSDP2 has no counterpart for -> why they are dropped
 DROPPED_KEYS = {

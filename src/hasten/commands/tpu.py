@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..errors import NotSupportedYetError
+from ..core.errors import NotSupportedYetError
 
 REFUSAL = (
     "TPUs are not supported by hasten (it has no torch_xla backend); run your commands on the pod with "

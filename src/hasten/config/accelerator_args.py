@@ -3,7 +3,7 @@ DeepSpeed plugins, and gradient accumulation. Kept out of the facade so that `ac
 
 from __future__ import annotations
 
-from .config.dataclasses import (
+from .dataclasses import (
     AutocastKwargs,
     DistributedDataParallelKwargs,
     GradientAccumulationPlugin,
@@ -12,9 +12,9 @@ from .config.dataclasses import (
     KwargsHandler,
     ProfileKwargs,
 )
-from .config.fp8 import RECIPE_HANDLERS, AORecipeKwargs, FP8RecipeKwargs, MSAMPRecipeKwargs, TERecipeKwargs
-from .config.resolve import runtime_value
-from .errors import ConfigError, NotSupportedYetError
+from .fp8 import RECIPE_HANDLERS, AORecipeKwargs, FP8RecipeKwargs, MSAMPRecipeKwargs, TERecipeKwargs
+from .resolve import runtime_value
+from ..core.errors import ConfigError, NotSupportedYetError
 
 # kwargs handler class -> attribute of the Accelerator that holds it
 HANDLER_SLOTS = {
@@ -55,14 +55,14 @@ def deepspeed_plugins(deepspeed_plugin, deepspeed_plugins, fsdp_plugin):
     """The DeepSpeed plugin(s) of the run, or None when DeepSpeed is not asked for (in code or by the launcher)."""
     if deepspeed_plugin is None and deepspeed_plugins is None and not runtime_value("use_deepspeed").value:
         return None
-    from .config.deepspeed import DeepSpeedPlugin, plugins_from
+    from .deepspeed import DeepSpeedPlugin, plugins_from
 
     if deepspeed_plugin is None and deepspeed_plugins is None:
         deepspeed_plugin = DeepSpeedPlugin()
     if fsdp_plugin is not None:
         raise ConfigError("DeepSpeed and FSDP cannot be combined: pass one of deepspeed_plugin and fsdp_plugin")
     plugins = plugins_from(deepspeed_plugin, deepspeed_plugins)
-    from .utils.imports import is_deepspeed_available
+    from ..utils.imports import is_deepspeed_available
 
     if not is_deepspeed_available():
         raise ImportError('DeepSpeed is not installed: pip install "hasten[deepspeed]"')
@@ -74,7 +74,7 @@ def fsdp_plugin(plugin):
     if plugin is None and not runtime_value("use_fsdp").value:
         return None
     try:
-        from .config.fsdp import FullyShardedDataParallelPlugin
+        from .fsdp import FullyShardedDataParallelPlugin
     except ImportError:
         raise NotSupportedYetError("FSDP is not supported by this version of hasten yet") from None
     if plugin is None:

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field, fields
 from datetime import timedelta
 from typing import Any, Callable, Optional
 
-from ..enums import DDPCommunicationHookType, DynamoBackend
-from ..errors import ConfigError
+from ..core.enums import DDPCommunicationHookType, DynamoBackend
+from ..core.errors import ConfigError
 
 
 class KwargsHandler:

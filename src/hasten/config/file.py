@@ -14,7 +14,7 @@ import json
 import os
 from typing import Any, Callable, Mapping
 
-from ..errors import ConfigError
+from ..core.errors import ConfigError
 from . import settings as table
 
 DEFAULT_CONFIG_NAME = "default_config.yaml"

@@ -3,7 +3,7 @@
 Every field left as None is read from the settings table (`--fp8_*` launch flags, the `fp8_config` block of the
 config file, `HASTEN_FP8_*` / `ACCELERATE_FP8_*` variables) and checked there, so a bad value gives the same one-line
 error wherever it came from. Unlike Accelerate, building a handler never imports its library: the Accelerator checks
-the library and the GPU together, once, and says both in one line (see `hasten.fp8`).
+the library and the GPU together, once, and says both in one line (see `hasten.training.fp8`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from ..errors import ConfigError, NotBuiltError
+from ..core.errors import ConfigError, NotBuiltError
 from .dataclasses import KwargsHandler
 
 MSAMP_REFUSAL = (
@@ -66,7 +66,7 @@ class AORecipeKwargs(KwargsHandler):
             "AORecipeKwargs", "enable_fsdp_float8_all_gather", "fp8_enable_fsdp_float8_all_gather",
             self.enable_fsdp_float8_all_gather,
         )
-        from ..availability import is_torchao_available
+        from ..core.availability import is_torchao_available
 
         if is_torchao_available():  # without torchao the Accelerator refuses fp8 with the install hint
             from torchao.float8 import Float8LinearConfig

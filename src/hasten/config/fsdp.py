@@ -3,7 +3,7 @@
 One precedence rule for every field: a value passed to the constructor wins, else the `FSDP_*` environment
 variable (written by `hasten launch --use_fsdp --fsdp_*` or a config file), else the default. Every value is
 checked once, here, and a bad one is a `ConfigError` naming the field, the value, where it came from and the
-allowed values. The backend (`hasten.backends.fsdp`) only reads the resolved fields.
+allowed values. The backend (`hasten.backends.fsdp.backend`) only reads the resolved fields.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from typing import Any, Callable, Iterable, Optional, Union
 import torch
 from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy, StateDictType
 
-from ..enums import FSDP_AUTO_WRAP_POLICY
-from ..environment import parse_bool, parse_int
+from ..core.enums import FSDP_AUTO_WRAP_POLICY
+from ..distributed.cluster import parse_bool, parse_int
 from .settings import SETTINGS
-from ..errors import ConfigError
-from ..precision import DTYPES as _DTYPES
+from ..core.errors import ConfigError
+from ..training.precision import DTYPES as _DTYPES
 
 _AUTO_WRAP_NAMES = tuple(name.lower() for name in FSDP_AUTO_WRAP_POLICY)
 

@@ -12,8 +12,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from ..enums import CP_ON_CPU
-from ..errors import ConfigError, NotBuiltError
+from ..core.enums import CP_ON_CPU
+from ..core.errors import ConfigError, NotBuiltError
 from . import file as config_file
 from . import settings as table
 from .resolve import FSDP_ENV, PARADIGM_FLAGS, SETTINGS, SOURCES_VARIABLE, Resolved, _text, resolve, slurm_values

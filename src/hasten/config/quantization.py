@@ -10,8 +10,8 @@ from typing import Any, Optional
 
 import torch
 
-from ..enums import CustomDtype
-from ..errors import ConfigError
+from ..core.enums import CustomDtype
+from ..core.errors import ConfigError
 
 _DTYPE_NAMES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 _QUANT_TYPES = ("fp4", "nf4")

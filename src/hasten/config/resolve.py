@@ -22,7 +22,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from ..errors import ConfigError
+from ..core.errors import ConfigError
 from . import settings as table
 from .settings import Setting
 
@@ -104,7 +104,7 @@ def slurm_values(env: Mapping[str, str]) -> dict:
     """
     if "SLURM_PROCID" not in env or "SLURM_STEP_ID" not in env or "LOCAL_RANK" in env:
         return {}
-    from ..environment import _first_slurm_host, _slurm_tasks_on_first_node, parse_int
+    from ..distributed.cluster import _first_slurm_host, _slurm_tasks_on_first_node, parse_int
 
     def number(name, default):
         try:

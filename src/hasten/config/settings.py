@@ -1,7 +1,7 @@
 """The one table of hasten's settings: every launch flag, config-file key and environment variable is a row.
 
 A row says what a setting is called everywhere (launch flag, `HASTEN_*`/`ACCELERATE_*` variables, config-file
-key, the argument of the object that uses it), what it may hold (type or enum from `hasten.enums`), its default,
+key, the argument of the object that uses it), what it may hold (type or enum from `hasten.core.enums`), its default,
 its help text, and whether hasten has built it. From this table come:
 
 - the `hasten launch` parser (`hasten.commands.launch.add_launch_arguments`),
@@ -21,9 +21,9 @@ import functools
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
-from .. import enums
-from ..environment import parse_bool, parse_int
-from ..errors import NotBuiltError
+from ..core import enums
+from ..distributed.cluster import parse_bool, parse_int
+from ..core.errors import NotBuiltError
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class Setting:
     help: str = ""
     owner: str = "launcher"  # who uses the value: launcher, Accelerator, TorchDynamoPlugin, ...
     code: str | None = None  # the owner's argument that sets it in code (Accelerator(mixed_precision=...))
-    choices: tuple | None = None  # allowed values, always taken from hasten.enums
+    choices: tuple | None = None  # allowed values, always taken from hasten.core.enums
     minimum: float | None = None
     maximum: float | None = None
     range_text: str = ""  # how an out-of-range number is described ("a TCP port (0-65535)")
@@ -524,7 +524,7 @@ SETTINGS: tuple[Setting, ...] = (
     _ds_launcher("config_ds_fields", flag=False, env=_pair("CONFIG_DS_FIELDS"),
                  help="Set by Accelerate's DeepSpeed launcher; hasten checks each value against the DeepSpeed config "
                       "instead."),
-    # -- fp8 (hasten.fp8; the recipe handlers in hasten.config.fp8 read these rows) -------------------------------------
+    # -- fp8 (hasten.training.fp8; the recipe handlers in hasten.config.fp8 read these rows) -------------------------------------
     Setting("fp8_config", "dict", {}, file_key=("fp8_config",), role="file",
             help="fp8 recipe settings (the keys below), used with mixed_precision fp8."),
     *(
@@ -535,7 +535,7 @@ SETTINGS: tuple[Setting, ...] = (
                 group="FP8 (with --mixed_precision fp8)", switch=switch, help=text,
                 **{**_exported(f"FP8_{name.upper()}"), **extra})
         for name, kind, default, key, aliases, owner, code, switch, text, extra in (
-            ("backend", "str", None, "backend", (), "hasten.fp8", None, False,
+            ("backend", "str", None, "backend", (), "hasten.training.fp8", None, False,
              "fp8 library: ao (torchao) or te (TransformerEngine); default: torchao if installed, else te.",
              {"choices": enums.FP8_BACKENDS, "case": "lower", "unbuilt_values": _FP8_BACKEND_UNBUILT}),
             ("use_autocast_during_eval", "bool", False, "use_autocast_during_eval", (), _TE, None, True,

@@ -16,7 +16,7 @@ import sys
 
 import torch
 
-from .environment import env_value, str_to_bool
+from ..distributed.cluster import env_value, str_to_bool
 
 STR_OPERATION_TO_FUNC = {">": operator.gt, ">=": operator.ge, "==": operator.eq, "!=": operator.ne,
                          "<=": operator.le, "<": operator.lt}

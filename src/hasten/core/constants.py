@@ -1,6 +1,6 @@
 """File names and fixed lists that Accelerate publishes in `accelerate.utils.constants`.
 
-The checkpoint names are the ones `save_state` writes (see `hasten.checkpointing`), so a checkpoint made by
+The checkpoint names are the ones `save_state` writes (see `hasten.checkpoint.layout`), so a checkpoint made by
 either library is found by the other. The values must stay equal to Accelerate 1.15.0's.
 """
 

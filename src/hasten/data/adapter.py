@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from torch.utils.data import DataLoader
 
-from .state import PartialState
+from ..state import PartialState
 
 
 class DataLoaderAdapter:
@@ -17,7 +17,7 @@ class DataLoaderAdapter:
     def __init__(self, dataset, use_stateful_dataloader: bool = False, batch_sampler=None, **kwargs):
         self.use_stateful_dataloader = use_stateful_dataloader
         if use_stateful_dataloader:
-            from .availability import is_torchdata_stateful_dataloader_available
+            from ..core.availability import is_torchdata_stateful_dataloader_available
 
             if not is_torchdata_stateful_dataloader_available():
                 raise ImportError("use_stateful_dataloader=True needs torchdata >= 0.8: pip install 'torchdata>=0.8'")

@@ -14,8 +14,8 @@ from collections.abc import Mapping
 
 import torch
 
-from .errors import ConfigError
-from .nested import _rebuild_mapping, honor_type
+from ..core.errors import ConfigError
+from ..core.nested import _rebuild_mapping, honor_type
 
 _FIX = ("make the collate_fn return them as tensors, or pass dispatch_batches=False (every process then reads its "
         "own share)")

@@ -11,7 +11,7 @@ import math
 import torch
 from torch.utils.data import BatchSampler, IterableDataset, RandomSampler
 
-from .errors import ConfigError
+from ..core.errors import ConfigError
 
 __all__ = [
     "BatchSamplerShard", "IterableDatasetShard", "SeedableRandomSampler", "SkipBatchSampler", "set_epoch_through",

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-from .errors import ConfigError
+from ..core.errors import ConfigError
 
 _TRUE = {"y", "yes", "t", "true", "on", "1"}
 _FALSE = {"n", "no", "f", "false", "off", "0"}
@@ -301,7 +301,7 @@ def choose_backend(device_type: str, requested: str | None = None) -> str:
 
 def distributed_type_for(device_type: str, world_size: int, launched: bool):
     """`DistributedType` for a device kind and process count (N CPU processes are MULTI_CPU, no flag needed)."""
-    from .enums import DistributedType
+    from ..core.enums import DistributedType
 
     if world_size <= 1 and not launched:
         return DistributedType.NO

@@ -19,15 +19,15 @@ from typing import Any
 
 import torch
 
-from .enums import DistributedType, TORCH_DISTRIBUTED_TYPES
-from .errors import DistributedOperationException
-from .nested import (  # noqa: F401 - re-exported: Accelerate keeps these in its operations module
+from ..core.enums import DistributedType, TORCH_DISTRIBUTED_TYPES
+from ..core.errors import DistributedOperationException
+from ..core.nested import (  # noqa: F401 - re-exported: Accelerate keeps these in its operations module
     TensorInformation, is_torch_tensor, is_tensor_information, is_namedtuple, honor_type, recursively_apply,
     send_to_device, get_data_structure, get_shape, initialize_tensors, find_batch_size,
     ignorant_find_batch_size, listify, find_device, slice_tensors, concatenate, convert_to_fp32,
     ConvertOutputsToFp32, convert_outputs_to_fp32, pad_input_tensors, split_for_process,
 )
-from .state import PartialState
+from ..state import PartialState
 
 
 class CannotPadNestedTensorWarning(UserWarning):
@@ -57,7 +57,7 @@ def _check_same_across_ranks(operation: str, data, compare_shapes: bool = True) 
     """
     import torch.distributed as dist
 
-    from .hang_doctor import call_site
+    from ..resilience.hang_doctor import call_site
 
     state = PartialState()
     described = _describe(data)
@@ -108,7 +108,7 @@ def _check_same_across_ranks(operation: str, data, compare_shapes: bool = True) 
 def _verify(operation: str, compare_shapes: bool = True):
     """Debug-mode guard: compare inputs across ranks before a collective that would hang on a mismatch.
 
-    The hang doctor (`hasten.hang_doctor`) watches the whole operation as one collective named `operation`.
+    The hang doctor (`hasten.resilience.hang_doctor`) watches the whole operation as one collective named `operation`.
     """
 
     def decorator(function):
@@ -116,7 +116,7 @@ def _verify(operation: str, compare_shapes: bool = True):
         def wrapper(data, *args, **kwargs):
             state = PartialState()
             if state.debug and _distributed(state):
-                from . import hang_doctor
+                from ..resilience import hang_doctor
 
                 with hang_doctor.watch(operation):
                     _check_same_across_ranks(operation, data, compare_shapes)

@@ -7,9 +7,9 @@ import random
 import numpy as np
 import torch
 
-from .enums import RNGType
-from .errors import ConfigError
-from .state import PartialState
+from ..core.enums import RNGType
+from ..core.errors import ConfigError
+from ..state import PartialState
 
 _DEVICE_RNG_TYPES = ("cuda", "xpu", "npu", "mlu", "musa", "sdaa", "hpu")
 

@@ -21,7 +21,7 @@ import re
 
 import torch
 
-from .errors import ConfigError
+from ..core.errors import ConfigError
 
 STYLE_NAMES = ("colwise", "rowwise", "colwise_rep", "rowwise_rep", "sequence_parallel", "replicate", "local")
 

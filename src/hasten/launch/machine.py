@@ -17,7 +17,7 @@ import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from .environment import get_int_from_env, parse_flag_from_env
+from ..distributed.cluster import get_int_from_env, parse_flag_from_env
 
 logger = logging.getLogger(__name__)
 
@@ -154,7 +154,7 @@ def get_current_device_type() -> tuple:
     Vendor devices are asked in Accelerate's order (MLU, SDAA, MUSA, NPU, HPU, XPU, Neuron); otherwise
     the answer is CUDA's, whether or not a GPU is present, as in Accelerate.
     """
-    from . import availability as a
+    from ..core import availability as a
 
     for probe, device, kind in (
         (a.is_mlu_available, "mlu", "MULTI_MLU"), (a.is_sdaa_available, "sdaa", "MULTI_SDAA"),
@@ -238,7 +238,7 @@ def _gpu_cpu_affinity(local_process_index: int) -> list:
     """The CPU cores closest to this process's GPU (its NUMA node), from NVML or, on ROCm, amdsmi."""
     import torch
 
-    from .availability import is_amdsmi_available, is_pynvml_available
+    from ..core.availability import is_amdsmi_available, is_pynvml_available
 
     if torch.version.hip is not None:
         if not is_amdsmi_available():

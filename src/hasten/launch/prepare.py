@@ -9,9 +9,9 @@ from __future__ import annotations
 import os
 import sys
 
-from .enums import DistributedType
-from .environment import parse_int
-from .errors import ConfigError
+from ..core.enums import DistributedType
+from ..distributed.cluster import parse_int
+from ..core.errors import ConfigError
 
 # distributed types whose processes find their rank from LOCAL_RANK/RANK
 _RANKED_TYPES = (
@@ -23,7 +23,7 @@ _RANKED_TYPES = (
 def _with_launch_defaults(args):
     """`args` with every `hasten launch` option it lacks set to the parser's default (callers, like Accelerate's
     own tests, build the Namespace by hand with Accelerate's fields only)."""
-    from .commands.launch import launch_command_parser
+    from ..commands.launch import launch_command_parser
 
     defaults = vars(launch_command_parser().parse_args(["script.py"]))
     for name, value in defaults.items():
@@ -35,7 +35,7 @@ def _with_launch_defaults(args):
 
 
 def _plan(args):
-    from .commands.launch import plan_launch
+    from ..commands.launch import plan_launch
 
     args = _with_launch_defaults(args)
     if getattr(args, "no_python", False) and getattr(args, "module", False):
@@ -64,7 +64,7 @@ def prepare_multi_gpu_env(args) -> dict:
     `hasten launch` chooses it: `main_process_port=0` (or no port on one machine) takes a free one, and a port
     already in use on the main machine is a `LaunchError`.
     """
-    from .commands.launch import _resolve_port
+    from ..commands.launch import _resolve_port
 
     plan = _plan(args)
     port = _resolve_port(plan)  # as `hasten launch`: 0 (or none, on one machine) picks a free port
@@ -126,7 +126,7 @@ class PrepareForLaunch:
 def prepare_deepspeed_cmd_env(args):
     """Accelerate builds a `deepspeed`/pdsh command for multi-node DeepSpeed here. hasten launches DeepSpeed
     through torchrun like every other backend, so DeepSpeed's own hostfile launchers are refused in one line."""
-    from .errors import NotSupportedYetError
+    from ..core.errors import NotSupportedYetError
 
     raise NotSupportedYetError(
         "prepare_deepspeed_cmd_env: DeepSpeed's own multi-node launchers (pdsh, hostfile) are not built in hasten; "

@@ -3,7 +3,7 @@ instead of half-working; `hasten tpu-config` refuses the same way."""
 
 from __future__ import annotations
 
-from .errors import NotSupportedYetError
+from ..core.errors import NotSupportedYetError
 
 NOT_BUILT = "TPUs are not supported by hasten (it has no torch_xla backend); use Accelerate for TPU training"
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib.util
 import os
 
-from .environment import str_to_bool
+from ..distributed.cluster import str_to_bool
 
 _SWITCHES = ("HASTEN_DISABLE_PROGRESS_BARS", "ACCELERATE_DISABLE_PROGRESS_BARS", "TQDM_DISABLE")
 
@@ -31,7 +31,7 @@ def progress_bars_disabled() -> bool:
 def _show_here(main_process_only: bool) -> bool:
     if not main_process_only:
         return True
-    from .state import PartialState
+    from ..state import PartialState
 
     return PartialState().is_local_main_process
 

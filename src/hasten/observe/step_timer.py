@@ -25,7 +25,7 @@ import types
 
 import torch
 
-from .state import GradientState
+from ..state import GradientState
 
 logger = logging.getLogger(__name__)
 
@@ -231,7 +231,7 @@ class StepTimer:
 
     # -- logging --------------------------------------------------------------------------------------------
     def _flush(self) -> None:
-        from .operations import gather
+        from ..distributed.operations import gather
 
         accelerator = self.accelerator
         mine = torch.tensor(self._records, dtype=torch.float64)

@@ -16,8 +16,8 @@ import logging
 import os
 import re
 
-from . import checkpoint_folder as folders
-from .errors import ConfigError
+from ..checkpoint import folder as folders
+from ..core.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class PendingResume:
         path = folders.newest_checkpoint(root)
         if path is None:
             if folders.list_checkpoints(root):
-                from .errors import CheckpointError
+                from ..core.errors import CheckpointError
 
                 raise CheckpointError(f"automatic_resume: no complete checkpoint in {root} (each one is damaged; "
                                       "see the warnings); remove them to start over")

@@ -6,7 +6,7 @@ no wrapper is installed, no store is touched.
 
 How it works:
 
-- Every collective goes through `Doctor.run` once: hasten's own (`hasten.operations`, `wait_for_everyone`)
+- Every collective goes through `Doctor.run` once: hasten's own (`hasten.distributed.operations`, `wait_for_everyone`)
   and the user's `torch.distributed` calls, whose functions (`WRAPPED`) are replaced on `torch.distributed`
   and `torch.distributed.distributed_c10d` while the doctor is on. Collectives issued inside another one
   (hasten's `gather` calls `all_gather`) are not counted again.
@@ -49,7 +49,7 @@ import threading
 import time
 from collections import deque
 
-from .errors import HangDetectedError
+from ..core.errors import HangDetectedError
 from .hang_report import (DESCRIBE, TERMINAL, at, calls_at, divergence_headline, format_report, render, shown,
                           state_words)
 

@@ -1,7 +1,7 @@
 """The hang doctor's fingerprints and report: what a collective is called with, who called what at one
 collective, and where each rank is (pure functions).
 
-`hasten.hang_doctor` gathers each rank's status (a dict posted on the store: its state, the collective it
+`hasten.resilience.hang_doctor` gathers each rank's status (a dict posted on the store: its state, the collective it
 waits in as `entry`, its last collectives as `history`, its Python stack) and builds the report from them
 here. An entry or history item is `[group, seq, name, detail, site, since]`.
 """

@@ -24,7 +24,7 @@ import warnings
 
 import torch
 
-from .errors import ConfigError
+from ..core.errors import ConfigError
 from .requeue import PREEMPTED_EXIT_CODE, PREEMPTION_SIGNALS  # one definition, shared with the launcher
 
 logger = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """The launcher's side of preemption: which exit code says "start me again", and SLURM's requeue.
 
 Standard library only: `hasten launch` reads it before torch is imported. The worker's side (the signal
-handler and the checkpoint at the step boundary) is `hasten.preemption`.
+handler and the checkpoint at the step boundary) is `hasten.resilience.preemption`.
 """
 
 from __future__ import annotations

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch
 
-from .. import availability as a
-from ..availability import *  # noqa: F401,F403 - Accelerate's testing module offers the probes too
-from ..environment import parse_flag_from_env  # noqa: F401 - published here too
+from ..core import availability as a
+from ..core.availability import *  # noqa: F401,F403 - Accelerate's testing module offers the probes too
+from ..distributed.cluster import parse_flag_from_env  # noqa: F401 - published here too
 from ..state import AcceleratorState, GradientState, PartialState
 
 
@@ -188,7 +188,7 @@ class MockingTestCase(unittest.TestCase):
 
 def are_the_same_tensors(tensor) -> bool:
     """True when every process holds the same `tensor` (gathered and compared)."""
-    from ..operations import gather
+    from ..distributed.operations import gather
 
     local = tensor[None].clone().to(PartialState().device)
     everyone = gather(local).cpu()

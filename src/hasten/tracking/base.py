@@ -233,7 +233,7 @@ def is_tracker_installed(name: str) -> bool:
 
 def get_available_trackers() -> list:
     """Every built-in `LoggerType` whose library is installed."""
-    from ..enums import LoggerType
+    from ..core.enums import LoggerType
 
     return [kind for kind in LoggerType if kind != LoggerType.ALL and is_tracker_installed(kind.value)]
 

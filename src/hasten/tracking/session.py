@@ -10,7 +10,7 @@ import traceback
 import warnings
 from collections.abc import Mapping
 
-from ..errors import ConfigError, TrackerError
+from ..core.errors import ConfigError, TrackerError
 from .base import (
     GeneralTracker,
     _name_of,
@@ -34,7 +34,7 @@ def filter_trackers(log_with, logging_dir=None) -> list:
     without duplicates. `"all"` means every installed built-in tracker plus the instances given. A built-in
     tracker whose library is missing is dropped with a warning carrying its install command.
     """
-    from ..enums import LoggerType
+    from ..core.enums import LoggerType
 
     if log_with is None:
         return []

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .errors import ConfigError
-from .nested import convert_outputs_to_fp32
+from ..core.errors import ConfigError
+from ..core.nested import convert_outputs_to_fp32
 
 #: The one table from a precision name to the dtype it computes in (None: full precision, nothing to cast).
 #: fp8 keeps everything but its matmuls (and FSDP's parameters) in bf16. Used by the policy below, by
@@ -36,7 +36,7 @@ class PrecisionPolicy:
     their own kind. Unlike Accelerate 1.15 (where fp16 on CPU silently trains in fp32), fp16 on CPU autocasts
     and scales for real, since torch supports both there; a device that cannot autocast to the dtype is an error.
 
-    `fp8` (an `hasten.fp8.Fp8Recipe`, fp8 runs only) converts the models' layers at `prepare`.
+    `fp8` (an `hasten.training.fp8.Fp8Recipe`, fp8 runs only) converts the models' layers at `prepare`.
     """
 
     mode: str = "no"
@@ -91,7 +91,7 @@ class PrecisionPolicy:
     @property
     def fp8_backend(self):
         """Accelerate's `FP8BackendType` of the run (NO unless fp8)."""
-        from .enums import FP8BackendType
+        from ..core.enums import FP8BackendType
 
         return FP8BackendType(self.fp8.backend) if self.fp8 is not None else FP8BackendType.NO
 
@@ -169,9 +169,9 @@ def get_grad_scaler(distributed_type=None, **kwargs):
     FSDP gets torch's `ShardedGradScaler`. Elsewhere the scaler is made for the device hasten runs on, so a
     CPU run gets a working CPU scaler (Accelerate 1.15 hands it a CUDA scaler that disables itself).
     """
-    from .availability import is_torch_version
-    from .enums import DistributedType
-    from .state import PartialState
+    from ..core.availability import is_torch_version
+    from ..core.enums import DistributedType
+    from ..state import PartialState
 
     device_type = PartialState().device.type
     if distributed_type == DistributedType.FSDP:
@@ -188,7 +188,7 @@ def get_mixed_precision_context_manager(native_amp: bool = False, autocast_kwarg
     (fp8 runs compute the rest in bf16); a do-nothing context when `native_amp` is False."""
     if not native_amp:
         return contextlib.nullcontext()
-    from .state import AcceleratorState
+    from ..state import AcceleratorState
 
     state = AcceleratorState()
     kwargs = autocast_kwargs.to_kwargs() if autocast_kwargs is not None else {}

@@ -1,8 +1,8 @@
-"""Accelerate's `utils.bnb` path; the code lives in `hasten.quantization` and `hasten.config.quantization`."""
+"""Accelerate's `utils.bnb` path; the code lives in `hasten.big_model.bnb` and `hasten.config.quantization`."""
 
 from ..big_modeling import dispatch_model, init_empty_weights  # noqa: F401
 from ..config.quantization import BnbQuantizationConfig  # noqa: F401
-from ..quantization import (  # noqa: F401
+from ..big_model.bnb import (  # noqa: F401
     get_keys_to_not_convert,
     get_parameter_device,
     get_quantized_model_device_map,

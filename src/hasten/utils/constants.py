@@ -1,4 +1,4 @@
-"""Accelerate's `utils.constants` path; the values live in `hasten.constants`."""
+"""Accelerate's `utils.constants` path; the values live in `hasten.core.constants`."""
 
-from ..constants import *  # noqa: F401,F403
-from ..constants import STR_OPERATION_TO_FUNC  # noqa: F401
+from ..core.constants import *  # noqa: F401,F403
+from ..core.constants import STR_OPERATION_TO_FUNC  # noqa: F401

@@ -1,10 +1,10 @@
-"""Accelerate's `utils.dataclasses` path; the classes live in `hasten.config.dataclasses` and `hasten.enums`."""
+"""Accelerate's `utils.dataclasses` path; the classes live in `hasten.config.dataclasses` and `hasten.core.enums`."""
 
 from ..config.dataclasses import *  # noqa: F401,F403
 from ..config.dataclasses import KwargsHandler  # noqa: F401
 from ..config.fp8 import AORecipeKwargs, FP8RecipeKwargs, MSAMPRecipeKwargs, TERecipeKwargs  # noqa: F401
-from ..enums import *  # noqa: F401,F403
-from ..operations import TensorInformation  # noqa: F401
+from ..core.enums import *  # noqa: F401,F403
+from ..distributed.operations import TensorInformation  # noqa: F401
 from ..config.fsdp import FullyShardedDataParallelPlugin  # noqa: F401,E402
 from ..parallelism_config import (  # noqa: F401,E402
     TorchContextParallelConfig, TorchTensorParallelConfig, TorchTensorParallelPlugin,

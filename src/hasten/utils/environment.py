@@ -1,6 +1,6 @@
-"""Accelerate's `utils.environment` path; the code lives in `hasten.environment` and `hasten.env_tools`."""
+"""Accelerate's `utils.environment` path; the code lives in `hasten.distributed.cluster` and `hasten.launch.machine`."""
 
-from ..env_tools import (  # noqa: F401
+from ..launch.machine import (  # noqa: F401
     CPUInformation,
     are_libraries_initialized,
     check_cuda_fp8_capability,
@@ -16,7 +16,7 @@ from ..env_tools import (  # noqa: F401
     purge_accelerate_environment,
     set_numa_affinity,
 )
-from ..environment import (  # noqa: F401
+from ..distributed.cluster import (  # noqa: F401
     get_int_from_env,
     parse_choice_from_env,
     parse_flag_from_env,

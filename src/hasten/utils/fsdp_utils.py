@@ -1,6 +1,6 @@
-"""Accelerate's `utils.fsdp_utils` path; the code lives in `hasten.fsdp_functions` and `hasten.backends`."""
+"""Accelerate's `utils.fsdp_utils` path; the code lives in `hasten.backends.fsdp.functions` and `hasten.backends`."""
 
-from ..fsdp_functions import (  # noqa: F401
+from ..backends.fsdp.functions import (  # noqa: F401
     disable_fsdp_ram_efficient_loading,
     enable_fsdp_ram_efficient_loading,
     ensure_weights_retied,

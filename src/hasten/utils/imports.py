@@ -1,4 +1,4 @@
-"""Accelerate's `utils.imports` path; the probes live in `hasten.availability`."""
+"""Accelerate's `utils.imports` path; the probes live in `hasten.core.availability`."""
 
-from ..availability import *  # noqa: F401,F403
-from ..availability import compare_versions, is_torch_version  # noqa: F401
+from ..core.availability import *  # noqa: F401,F403
+from ..core.availability import compare_versions, is_torch_version  # noqa: F401

@@ -1,6 +1,6 @@
 """Accelerate's `accelerate.utils.modeling` path: an index over hasten's rooms (no logic here)."""
 
-from ..device_map import (  # noqa: F401
+from ..big_model.device_map import (  # noqa: F401
     calculate_maximum_sizes,
     check_device_map,
     check_tied_parameters_in_config,
@@ -19,8 +19,8 @@ from ..device_map import (  # noqa: F401
     get_module_size_with_ties,
     infer_auto_device_map,
 )
-from ..precision import get_grad_scaler, get_mixed_precision_context_manager  # noqa: F401
-from ..modeling import (  # noqa: F401
+from ..training.precision import get_grad_scaler, get_mixed_precision_context_manager  # noqa: F401
+from ..big_model.loading import (  # noqa: F401
     align_module_device,
     get_non_persistent_buffers,
     get_state_dict_from_offload,
@@ -35,4 +35,4 @@ from ..modeling import (  # noqa: F401
     retie_parameters,
     set_module_tensor_to_device,
 )
-from ..offload import offload_weight, save_offload_index  # noqa: F401
+from ..big_model.offload import offload_weight, save_offload_index  # noqa: F401

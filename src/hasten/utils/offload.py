@@ -1,6 +1,6 @@
-"""Accelerate's `accelerate.utils.offload` path: an index over `hasten.offload` (no logic here)."""
+"""Accelerate's `accelerate.utils.offload` path: an index over `hasten.big_model.offload` (no logic here)."""
 
-from ..offload import (  # noqa: F401
+from ..big_model.offload import (  # noqa: F401
     OffloadedWeightsLoader,
     PrefixedDataset,
     extract_submodules_state_dict,

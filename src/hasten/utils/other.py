@@ -8,15 +8,15 @@ import socket
 
 import torch
 
-from ..checkpoint_functions import clean_state_dict_for_safetensors  # noqa: F401
-from ..compilation import (  # noqa: F401
+from ..checkpointing import clean_state_dict_for_safetensors  # noqa: F401
+from ..training.compilation import (  # noqa: F401
     compile_regions, compile_regions_deepspeed, compile_regions_fsdp2, get_module_children_bottom_up, has_compiled_regions,
 )
 from ..config.file import write_basic_config  # noqa: F401
-from ..env_tools import are_libraries_initialized, clear_environment, patch_environment  # noqa: F401
-from ..operations import wait_for_everyone  # noqa: F401
+from ..launch.machine import are_libraries_initialized, clear_environment, patch_environment  # noqa: F401
+from ..distributed.operations import wait_for_everyone  # noqa: F401
 from ..state import PartialState
-from ..tensor_parallel import get_model_tp_size, model_has_dtensor  # noqa: F401
+from ..distributed.tp_plan import get_model_tp_size, model_has_dtensor  # noqa: F401
 
 
 def is_port_in_use(port: int | None = None) -> bool:
@@ -80,7 +80,7 @@ def save(obj, f, save_on_each_node: bool = False, safe_serialization: bool = Fal
     else:
         write = lambda path: torch.save(obj, path)  # noqa: E731
     if isinstance(f, (str, os.PathLike)):
-        from ..checkpoint_io import atomic_write
+        from ..checkpoint.durable import atomic_write
 
         atomic_write(os.fspath(f), write)  # readers see the old file or the new one, never half of one
     else:

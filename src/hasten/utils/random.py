@@ -1,3 +1,3 @@
-"""Accelerate's `utils.random` path; the code lives in `hasten.rng`."""
+"""Accelerate's `utils.random` path; the code lives in `hasten.distributed.rng`."""
 
-from ..rng import set_seed, synchronize_rng_state, synchronize_rng_states  # noqa: F401
+from ..distributed.rng import set_seed, synchronize_rng_state, synchronize_rng_states  # noqa: F401

@@ -1,7 +1,7 @@
 """Accelerate's `utils.rich` path: importing it turns on rich's tracebacks (needs rich and
 HASTEN_ENABLE_RICH=1 or ACCELERATE_ENABLE_RICH=1)."""
 
-from ..availability import is_rich_available
+from ..core.availability import is_rich_available
 
 if not is_rich_available():
     raise ModuleNotFoundError(

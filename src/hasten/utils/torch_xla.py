@@ -1,3 +1,3 @@
-"""Accelerate's `utils.torch_xla` path; the code lives in `hasten.tpu` (TPU is not built: it refuses)."""
+"""Accelerate's `utils.torch_xla` path; the code lives in `hasten.launch.tpu` (TPU is not built: it refuses)."""
 
-from ..tpu import install_xla  # noqa: F401
+from ..launch.tpu import install_xla  # noqa: F401

@@ -1,4 +1,4 @@
-"""Accelerate's `utils.tqdm` path; the code lives in `hasten.progress`.
+"""Accelerate's `utils.tqdm` path; the code lives in `hasten.observe.progress`.
 
 Importing this module makes Python bind `hasten.utils.tqdm` to the module, shadowing the function of the same
 name; the module is therefore callable itself, so `hasten.utils.tqdm(iterable)` works either way.
@@ -7,7 +7,7 @@ name; the module is therefore callable itself, so `hasten.utils.tqdm(iterable)` 
 import sys
 import types
 
-from ..progress import tqdm
+from ..observe.progress import tqdm
 
 
 class _CallableModule(types.ModuleType):

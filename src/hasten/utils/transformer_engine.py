@@ -1,6 +1,6 @@
-"""Accelerate's `utils.transformer_engine` path; the code lives in `hasten.fp8.te`."""
+"""Accelerate's `utils.transformer_engine` path; the code lives in `hasten.training.fp8.te`."""
 
-from ..fp8.te import (  # noqa: F401
+from ..training.fp8.te import (  # noqa: F401
     apply_fp8_autowrap,
     contextual_fp8_autocast,
     convert_model,

@@ -1,3 +1,3 @@
-"""Accelerate's `utils.versions` path; the code lives in `hasten.availability`."""
+"""Accelerate's `utils.versions` path; the code lives in `hasten.core.availability`."""
 
-from ..availability import compare_versions, is_torch_version, torch_version  # noqa: F401
+from ..core.availability import compare_versions, is_torch_version, torch_version  # noqa: F401

@@ -21,12 +21,12 @@ import torch
 import torch.distributed as dist
 from torch.utils.weak import WeakIdKeyDictionary
 
-from ..config.deepspeed import AUTO, DummyOptim, DummyScheduler, _walk, get_active_deepspeed_plugin
-from ..errors import CheckpointError, ConfigError, NotSupportedYetError
-from ..precision import PrecisionPolicy
-from ..state import GradientState, collective_timeout
-from .base import Backend
-from .deepspeed_wrappers import DeepSpeedEngineWrapper, DeepSpeedOptimizerWrapper, DeepSpeedSchedulerWrapper
+from ...config.deepspeed import AUTO, DummyOptim, DummyScheduler, _walk, get_active_deepspeed_plugin
+from ...core.errors import CheckpointError, ConfigError, NotSupportedYetError
+from ...training.precision import PrecisionPolicy
+from ...state import GradientState, collective_timeout
+from ..base import Backend
+from .wrappers import DeepSpeedEngineWrapper, DeepSpeedOptimizerWrapper, DeepSpeedSchedulerWrapper
 
 INSTALL_HINT = 'DeepSpeed is not installed: pip install "hasten[deepspeed]"'
 MODEL_TAG = "pytorch_model"
@@ -61,7 +61,7 @@ def _ensure_process_group(state) -> None:
         return
     import atexit
 
-    from ..state import _destroy_default_group
+    from ...state import _destroy_default_group
 
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     atexit.register(_destroy_default_group)  # as FSDP's: also lets gloo's worker threads finish before exit
@@ -125,7 +125,7 @@ class DeepSpeedBackend(Backend):
         op = _CPU_JIT_OPTIMIZERS.get(kind)
         if op is None or (kind in ("adam", "adamw") and params.get("torch_adam")):
             return
-        from ..environment import parse_bool
+        from ...distributed.cluster import parse_bool
 
         try:
             allowed = parse_bool(os.environ.get(_ALLOW_JIT_VARIABLE) or "0")
@@ -350,7 +350,7 @@ class DeepSpeedBackend(Backend):
         owner = [pending["wrapped_optimizer"]] if "wrapped_optimizer" in pending else []
         if pending["ds_scheduler"] is not None:
             return DeepSpeedSchedulerWrapper(pending["lr_scheduler"], owner)
-        from ..scheduler import AcceleratedScheduler
+        from ...scheduler import AcceleratedScheduler
 
         return AcceleratedScheduler(scheduler, owner, step_with_optimizer=step_with_optimizer, split_batches=split_batches)
 

@@ -3,8 +3,8 @@ DeepSpeed scheduler, so the optimizer and scheduler wrappers only keep Accelerat
 
 from __future__ import annotations
 
-from ..optimizer import AcceleratedOptimizer
-from ..scheduler import AcceleratedScheduler
+from ...optimizer import AcceleratedOptimizer
+from ...scheduler import AcceleratedScheduler
 
 
 class DeepSpeedEngineWrapper:

@@ -18,9 +18,9 @@ import torch
 import torch.distributed as dist
 from torch.utils.weak import WeakIdKeyDictionary
 
-from ..errors import ConfigError
-from . import fsdp_checkpoint
-from .base import Backend
+from ...core.errors import ConfigError
+from . import checkpoint as fsdp_checkpoint
+from ..base import Backend
 
 
 def _plain(optimizer):
@@ -46,7 +46,7 @@ class FSDPBackend(Backend):
 
     def __init__(self, state, precision=None, ddp_kwargs=None, plugin=None):
         if plugin is None:
-            from ..config.fsdp import FullyShardedDataParallelPlugin
+            from ...config.fsdp import FullyShardedDataParallelPlugin
 
             plugin = FullyShardedDataParallelPlugin()
         super().__init__(state, precision=precision, ddp_kwargs=ddp_kwargs, plugin=plugin)
@@ -109,7 +109,7 @@ class FSDPBackend(Backend):
 
             layout = getattr(self.state, "parallelism_config", None)
             if layout is not None and layout.device_mesh is not None:  # the layout's FSDP view (2-D for HSDP)
-                from ..parallelism_config import fsdp_mesh
+                from ...parallelism_config import fsdp_mesh
 
                 self._mesh = fsdp_mesh(layout)
             else:
@@ -411,7 +411,7 @@ def _init_single_process_group() -> None:
     """A one-process group, so that a plain `python train.py` can run (and resume) FSDP models too."""
     import atexit
 
-    from ..state import _destroy_default_group
+    from ...state import _destroy_default_group
 
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     atexit.register(_destroy_default_group)  # also lets gloo's worker threads finish before the interpreter ends

@@ -19,9 +19,9 @@ import shutil
 import torch
 import torch.distributed as dist
 
-from ..constants import FSDP_MODEL_NAME as MODEL_NAME
-from ..constants import OPTIMIZER_NAME
-from ..errors import CheckpointError
+from ...core.constants import FSDP_MODEL_NAME as MODEL_NAME
+from ...core.constants import OPTIMIZER_NAME
+from ...core.errors import CheckpointError
 
 DCP_METADATA = ".metadata"
 

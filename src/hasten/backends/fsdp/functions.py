@@ -11,9 +11,9 @@ import os
 
 import torch
 
-from .backends import fsdp_checkpoint as checkpoint
-from .backends.fsdp_checkpoint import merge_fsdp_weights  # noqa: F401 - published here too
-from .errors import ConfigError, NotSupportedYetError
+from . import checkpoint
+from .checkpoint import merge_fsdp_weights  # noqa: F401 - published here too
+from ...core.errors import ConfigError, NotSupportedYetError
 
 # wrapper names that activation checkpointing and torch.compile insert into parameter names
 _WRAPPER_PARTS = ("_checkpoint_wrapped_module.", "_orig_mod.")
@@ -93,14 +93,14 @@ def fsdp2_switch_optimizer_parameters(optimizer: torch.optim.Optimizer, mapping:
 def get_fsdp2_grad_scaler(**kwargs):
     """A gradient scaler for FSDP2 (plain `torch.amp.GradScaler` on this process's device: FSDP2's gradients are
     DTensors, which it handles)."""
-    from .state import PartialState
+    from ...state import PartialState
 
     return torch.amp.GradScaler(PartialState().device.type, **kwargs)
 
 
 def _fsdp2_backend(accelerator, what: str):
     """The FSDP2 backend behind `accelerator`, or a one-line refusal."""
-    from .backends.fsdp import FSDPBackend
+    from .backend import FSDPBackend
 
     backend = getattr(accelerator, "_backend", None)
     if not isinstance(backend, FSDPBackend) or backend.version != 2:
@@ -127,8 +127,8 @@ def fsdp2_prepare_model(accelerator, model: torch.nn.Module) -> torch.nn.Module:
 def fsdp2_load_full_state_dict(accelerator, model: torch.nn.Module, full_sd: dict, cpu_offload: bool = False):
     """Load a whole state dict that only rank 0 needs to hold (`{}` elsewhere) into the FSDP2-sharded `model`:
     rank 0 broadcasts tensor by tensor and each process keeps its shard. Collective: every process calls it."""
-    from .backends.fsdp import load_full_state_dict
-    from .state import PartialState
+    from .backend import load_full_state_dict
+    from ...state import PartialState
 
     load_full_state_dict(model, full_sd, PartialState().device, cpu_offload=cpu_offload)
 
@@ -136,7 +136,7 @@ def fsdp2_load_full_state_dict(accelerator, model: torch.nn.Module, full_sd: dic
 def fsdp2_apply_ac(accelerator, model: torch.nn.Module) -> torch.nn.Module:
     """Activation checkpointing on the blocks `accelerator`'s FSDP plugin wraps (its auto_wrap_policy), in place;
     call it before sharding. Unlike Accelerate's wrapper modules, parameter names do not change."""
-    from .backends.fsdp import apply_activation_checkpointing
+    from .backend import apply_activation_checkpointing
 
     return apply_activation_checkpointing(model, _fsdp2_backend(accelerator, "fsdp2_apply_ac").plugin)
 

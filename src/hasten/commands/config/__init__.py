@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ...errors import ConfigError
+from ...core.errors import ConfigError
 from .cluster import get_cluster_input, questionnaire  # noqa: F401
 from .config import config_command, config_command_parser
 from .config_args import load_config_from_file  # noqa: F401

@@ -4,7 +4,7 @@ LOCAL_MACHINE configs."""
 
 from __future__ import annotations
 
-from ...errors import NotSupportedYetError
+from ...core.errors import NotSupportedYetError
 
 NOT_BUILT = ("Amazon SageMaker is not supported by hasten (it launches no SageMaker jobs); write a LOCAL_MACHINE "
              "config with `hasten config`, or use Accelerate for SageMaker")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from ...config import file as config_file
-from ...errors import ConfigError
+from ...core.errors import ConfigError
 
 description = "Re-check a config file and rewrite it in the current form (legacy keys rewritten)."
 

@@ -12,7 +12,7 @@ def _expect(condition: bool, what: str, rank: int, got) -> None:
 def check_ops(state) -> None:
     import torch
 
-    from hasten.operations import (
+    from hasten.distributed.operations import (
         broadcast, broadcast_object_list, copy_tensor_to_devices, gather, gather_object, pad_across_processes, reduce,
     )
 

@@ -27,8 +27,8 @@ def check_order_and_seed(accelerator) -> None:
 
     import torch
 
-    from hasten.operations import broadcast_object_list
-    from hasten.rng import set_seed
+    from hasten.distributed.operations import broadcast_object_list
+    from hasten.distributed.rng import set_seed
 
     rank = accelerator.process_index
     folder = [tempfile.mkdtemp(prefix="hasten-test-script-") if accelerator.is_main_process else None]

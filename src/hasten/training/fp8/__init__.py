@@ -19,7 +19,7 @@ from weakref import WeakKeyDictionary
 
 import torch
 
-from ..errors import ConfigError
+from ...core.errors import ConfigError
 
 CAPABILITY = (8, 9)
 _GPUS = "e.g. H100, H200, L4, L40S or RTX 4090"
@@ -49,7 +49,7 @@ def support_problem(device_type: str, capability=None, gpu_name: str | None = No
 
 
 def library_installed(backend: str) -> bool:
-    from .. import availability
+    from ...core import availability
 
     return availability.is_torchao_available() if backend == "AO" else availability.is_transformer_engine_available()
 
@@ -67,14 +67,14 @@ def check_support(device: torch.device, backend: str) -> None:
 
 
 def _fp8_rows():
-    from ..config import settings
+    from ...config import settings
 
     return [row for row in settings.SETTINGS if row.name.startswith("fp8_") and row.env and row.built]
 
 
 def _set_rows(rows):
     """The fp8 settings given by a flag, the file or a variable with a value other than the default."""
-    from ..config.resolve import runtime_value
+    from ...config.resolve import runtime_value
 
     given = []
     for row in rows:
@@ -116,8 +116,8 @@ def refuse_without_fp8(mixed_precision: str, handler) -> None:
 
 def choose_backend(handler) -> str:
     """'AO' or 'TE': the handler's library, else the fp8_backend setting, else the installed one (torchao first)."""
-    from ..config.fp8 import AORecipeKwargs
-    from ..config.resolve import runtime_value
+    from ...config.fp8 import AORecipeKwargs
+    from ...config.resolve import runtime_value
 
     if handler is not None:
         return "AO" if isinstance(handler, AORecipeKwargs) else "TE"
@@ -138,7 +138,7 @@ def recipe_for(mixed_precision: str, device, handler=None):
     check_support(device, backend)
     _check_unused(backend)
     if handler is None:
-        from ..config.fp8 import AORecipeKwargs, TERecipeKwargs
+        from ...config.fp8 import AORecipeKwargs, TERecipeKwargs
 
         handler = AORecipeKwargs() if backend == "AO" else TERecipeKwargs()
     return Fp8Recipe(backend, handler)

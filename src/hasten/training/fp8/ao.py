@@ -12,7 +12,7 @@ from typing import Callable, Optional
 
 import torch
 
-from ..availability import is_torchao_available
+from ...core.availability import is_torchao_available
 
 INSTALL_HINT = 'pip install "hasten[fp8]"'
 

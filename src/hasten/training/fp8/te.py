@@ -10,8 +10,8 @@ from types import MethodType
 
 import torch
 
-from ..availability import is_transformer_engine_available
-from ..errors import ConfigError
+from ...core.availability import is_transformer_engine_available
+from ...core.errors import ConfigError
 
 INSTALL_HINT = "pip install transformer_engine[pytorch] (needs CUDA), or use --fp8_backend ao (torchao)"
 

@@ -1,0 +1,1 @@
+"""Checkpoints: what save_state writes, the durable file layer (fsync, atomic commit, markers), reading back, async saving."""

@@ -1,0 +1,1 @@
+"""Foundations every other part uses: errors, enums, constants, nested-structure helpers, availability probes."""

@@ -1,0 +1,1 @@
+"""Runs that survive trouble: preemption, requeue, automatic resume, and the hang doctor with its report."""
