@@ -29,7 +29,8 @@ def _model():
 def worker(steps: int, rounds: int) -> None:
     import torch
 
-    from hasten import Accelerator, ProjectConfiguration, preemption
+    from hasten import Accelerator, ProjectConfiguration
+    from hasten.resilience import preemption
 
     workdir = tempfile.mkdtemp(prefix="hasten-preempt-bench-")
     accelerator = Accelerator(project_config=ProjectConfiguration(

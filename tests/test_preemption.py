@@ -13,7 +13,9 @@ import threading
 import pytest
 import torch
 
-from hasten import Accelerator, ProjectConfiguration, preemption
+from hasten import Accelerator, ProjectConfiguration
+
+from hasten.resilience import preemption
 from hasten.resilience.requeue import PREEMPTED_EXIT_CODE, all_preempted, exit_code_for_signal
 from launching import SCRIPTS, launch
 from test_auto_resume import SCRIPT, assert_same_finish

@@ -13,7 +13,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from hasten import Accelerator, hang_doctor
+from hasten import Accelerator
+from hasten.resilience import hang_doctor
 from hasten.utils import broadcast_object_list, gather, gather_object, reduce
 
 accelerator = Accelerator(cpu=True)

@@ -451,7 +451,7 @@ def has_offloaded_params(module) -> bool:
     """Whether `module` has an offloading `AlignDevicesHook`."""
     # hooks.py imports this module; a hook can only exist once hooks.py is loaded, so look it up instead of
     # importing it (tests/test_import_cycles.py keeps the package free of cycles).
-    hooks = sys.modules.get(f"{__package__}.hooks")
+    hooks = sys.modules.get("hasten.hooks")
     hook = getattr(module, "_hf_hook", None)
     return hooks is not None and isinstance(hook, hooks.AlignDevicesHook) and hook.offload
 

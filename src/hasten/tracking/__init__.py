@@ -14,7 +14,7 @@ _SOURCES = {
         "LOGGER_TYPE_TO_CLASS",
     ],
     ".session": ["filter_trackers", "TrackerSession"],
-    "..errors": ["TrackerError"],
+    "..core.errors": ["TrackerError"],
     ".tensorboard": ["TensorBoardTracker"],
     ".wandb": ["WandBTracker"],
     ".trackio": ["TrackioTracker"],
