@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from hasten import Accelerator
-from hasten.checkpoint import durable as io
+from hasten.checkpoint import fast_io
 from hasten.core.errors import CheckpointError, UnsafeCheckpointError
 from hasten.state import AcceleratorState, GradientState
 
@@ -32,8 +32,8 @@ def request_size(request, monkeypatch):
     """Run each read once as usual and once split into many small requests (a tensor over several requests,
     several tensors and zip headers in one, buffers-per-call limit reached)."""
     if request.param == "tiny requests":
-        monkeypatch.setattr(io, "REQUEST_BYTES", 96)
-        monkeypatch.setattr(io, "_IOV_MAX", 3)
+        monkeypatch.setattr(fast_io, "REQUEST_BYTES", 96)
+        monkeypatch.setattr(fast_io, "_IOV_MAX", 3)
     return request.param
 
 
@@ -108,8 +108,8 @@ def test_optimizer_state_round_trip(tmp_path, name, steps, request_size):
     path = tmp_path / "optimizer.bin"
     torch.save(saved, path)
 
-    assert io._plan_torch_file(str(path), {}) is not None  # the fast path reads it, not the fallback
-    loaded = io.load_object(str(path))
+    assert fast_io._plan_torch_file(str(path), {}) is not None  # the fast path reads it, not the fallback
+    loaded = fast_io.load_object(str(path))
     assert_same(torch.load(path, weights_only=True), loaded)
     if name in ("LBFGS-like ints", "Adam with int step"):  # not states today's torch optimizers step from
         return
@@ -135,8 +135,8 @@ def test_torch_files_keep_views_dtypes_and_numpy(tmp_path, request_size):
     payload["again"] = payload["base"]
     path = tmp_path / "mixed.bin"
     torch.save(payload, path)
-    assert io._plan_torch_file(str(path), {}) is not None
-    loaded = io.load_object(str(path))
+    assert fast_io._plan_torch_file(str(path), {}) is not None
+    loaded = fast_io.load_object(str(path))
     assert_same(torch.load(path, weights_only=False), loaded)
     # Views still share memory, and the same tensor twice is one object, as with torch.load.
     assert loaded["view"].untyped_storage().data_ptr() == loaded["base"].untyped_storage().data_ptr()
@@ -148,21 +148,21 @@ def test_torch_files_keep_views_dtypes_and_numpy(tmp_path, request_size):
 def test_files_the_fast_path_does_not_rebuild_fall_back_to_torch_load(tmp_path):
     legacy = tmp_path / "legacy.bin"  # torch.save's pre-1.6 format: not a zip
     torch.save({"w": torch.randn(3)}, legacy, _use_new_zipfile_serialization=False)
-    assert io._plan_torch_file(str(legacy), {}) is None
-    assert_same(torch.load(legacy, weights_only=True), io.load_object(str(legacy)))
+    assert fast_io._plan_torch_file(str(legacy), {}) is None
+    assert_same(torch.load(legacy, weights_only=True), fast_io.load_object(str(legacy)))
 
     sparse = tmp_path / "sparse.bin"
     torch.save({"s": torch.eye(3).to_sparse()}, sparse)
-    assert io._plan_torch_file(str(sparse), {}) is None
-    assert torch.equal(io.load_object(str(sparse))["s"].to_dense(), torch.eye(3))
+    assert fast_io._plan_torch_file(str(sparse), {}) is None
+    assert torch.equal(fast_io.load_object(str(sparse))["s"].to_dense(), torch.eye(3))
 
     parameter = tmp_path / "parameter.bin"
     torch.save({"p": torch.nn.Parameter(torch.ones(2))}, parameter)
-    loaded = io.load_object(str(parameter))["p"]
+    loaded = fast_io.load_object(str(parameter))["p"]
     assert type(loaded) is torch.nn.Parameter and torch.equal(loaded, torch.ones(2))
 
     # Options the fast path does not reproduce go to torch.load as given.
-    mmapped = io.load_object(str(sparse.with_name("legacy.bin")), {"weights_only": True})
+    mmapped = fast_io.load_object(str(sparse.with_name("legacy.bin")), {"weights_only": True})
     assert torch.equal(mmapped["w"], torch.load(legacy, weights_only=True)["w"])
 
 
@@ -177,17 +177,17 @@ def test_unsafe_and_damaged_torch_files_are_named(tmp_path, monkeypatch):
     path = tmp_path / "optimizer.bin"
     torch.save({"state": {0: {"exp_avg": torch.ones(3)}}, "evil": _Exploit()}, path)
     with pytest.raises(UnsafeCheckpointError, match="optimizer.bin"):
-        io.load_object(str(path))
+        fast_io.load_object(str(path))
     with pytest.raises(UnsafeCheckpointError):
-        io.prefetch([str(path)])  # skipped there; the load in its turn raises
-        io.load_object(str(path))
+        fast_io.prefetch([str(path)])  # skipped there; the load in its turn raises
+        fast_io.load_object(str(path))
     assert not mark.exists()
 
     torch.save({"w": torch.randn(1000)}, path)
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
     with pytest.raises(CheckpointError, match="optimizer.bin is corrupt"):
-        io.load_object(str(path))
+        fast_io.load_object(str(path))
 
 
 SAFETENSORS = {
@@ -201,7 +201,7 @@ SAFETENSORS = {
 def test_safetensors_round_trip(tmp_path, request_size):
     path = tmp_path / "model.safetensors"
     save_file(SAFETENSORS, path)
-    loaded = io.load_tensors(str(path))
+    loaded = fast_io.load_tensors(str(path))
     reference = load_file(path)
     assert set(loaded) == set(reference)
     for name, tensor in reference.items():
@@ -215,11 +215,11 @@ def test_safetensors_written_from_memory_equal_save_file_byte_for_byte(tmp_path,
                "c64": torch.randn(2, dtype=torch.complex64), "a_name": torch.ones(2, 2, dtype=torch.int32),
                "gewicht_ä.日本": torch.ones(1)}
     ours, theirs = tmp_path / "ours.safetensors", tmp_path / "theirs.safetensors"
-    io.save_tensors(tensors, str(ours))
+    fast_io.save_tensors(tensors, str(ours))
     save_file({k: v.contiguous() for k, v in tensors.items()}, theirs, metadata={"format": "pt"})
     assert ours.read_bytes() == theirs.read_bytes()
     # A dtype the writer does not know goes through safetensors itself.
-    io.save_tensors({"fnuz": torch.ones(2).to(torch.float8_e5m2fnuz)}, str(ours))
+    fast_io.save_tensors({"fnuz": torch.ones(2).to(torch.float8_e5m2fnuz)}, str(ours))
     assert torch.equal(load_file(ours)["fnuz"].float(), torch.ones(2))
 
 
@@ -230,7 +230,7 @@ def test_safetensors_read_into_the_model_itself(tmp_path, request_size):
     targets = model.state_dict()
     pointers = {k: v.data_ptr() for k, v in targets.items()}
     targets["2.bias"] = torch.zeros(5)  # a shape the file does not have: read into new memory instead
-    loaded = io.load_tensors(str(path), into=targets)
+    loaded = fast_io.load_tensors(str(path), into=targets)
     assert loaded["0.weight"] is targets["0.weight"] and loaded["0.weight"].data_ptr() == pointers["0.weight"]
     assert loaded["2.bias"].data_ptr() != pointers["2.bias"] and loaded["2.bias"].shape == (3,)
     reference = load_file(path)
@@ -245,42 +245,42 @@ def test_damaged_safetensors_are_named(tmp_path):
     for damaged in (data[:-4], data + b"\0" * 8, data[:6], b"\xff" * 8 + data[8:]):
         path.write_bytes(damaged)
         with pytest.raises(CheckpointError, match="model.safetensors is corrupt"):
-            io.load_tensors(str(path))
+            fast_io.load_tensors(str(path))
     os.remove(path)
     with pytest.raises(CheckpointError, match="model.safetensors is missing"):
-        io.load_tensors(str(path))
+        fast_io.load_tensors(str(path))
 
 
 def test_prefetched_reads_are_taken_over_and_released(tmp_path):
     first, second = tmp_path / "model.safetensors", tmp_path / "optimizer.bin"
     save_file({"w": torch.randn(64)}, first)
     torch.save({"state": {0: {"m": torch.randn(64)}}}, second)
-    queued = io.prefetch([str(first), str(second), str(tmp_path / "absent.bin")])
-    assert len(queued.pending) == 2 and len(io._prefetched) == 2
-    assert torch.equal(io.load_tensors(str(first))["w"], load_file(first)["w"])
-    assert_same(torch.load(second, weights_only=True), io.load_object(str(second)))
-    assert len(io._prefetched) == 0
+    queued = fast_io.prefetch([str(first), str(second), str(tmp_path / "absent.bin")])
+    assert len(queued.pending) == 2 and len(fast_io._prefetched) == 2
+    assert torch.equal(fast_io.load_tensors(str(first))["w"], load_file(first)["w"])
+    assert_same(torch.load(second, weights_only=True), fast_io.load_object(str(second)))
+    assert len(fast_io._prefetched) == 0
 
     # A file replaced after it was queued is read again, not served stale.
-    queued = io.prefetch([str(second)])
+    queued = fast_io.prefetch([str(second)])
     torch.save({"state": {0: {"m": torch.zeros(64)}}}, second)
-    assert torch.equal(io.load_object(str(second))["state"][0]["m"], torch.zeros(64))
+    assert torch.equal(fast_io.load_object(str(second))["state"][0]["m"], torch.zeros(64))
     # Queued reads nobody took are released with the handle.
-    queued = io.prefetch([str(first)])
-    assert len(io._prefetched) == 1
+    queued = fast_io.prefetch([str(first)])
+    assert len(fast_io._prefetched) == 1
     del queued
-    assert len(io._prefetched) == 0
+    assert len(fast_io._prefetched) == 0
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_reads_work_in_a_forked_child(tmp_path):
     path = tmp_path / "model.safetensors"
     save_file({"w": torch.arange(10.0)}, path)
-    io.load_tensors(str(path))  # the parent's reader threads exist now
+    fast_io.load_tensors(str(path))  # the parent's reader threads exist now
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child reports through its exit status
         try:
-            ok = torch.equal(io.load_tensors(str(path))["w"], torch.arange(10.0))
+            ok = torch.equal(fast_io.load_tensors(str(path))["w"], torch.arange(10.0))
         finally:
             os._exit(0 if ok else 1)
     _, status = os.waitpid(pid, 0)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from hasten import Accelerator, ProjectConfiguration
-from hasten.checkpoint import durable as checkpoint_io
+from hasten.checkpoint import fast_io, marker as markers
 from hasten.core.errors import CheckpointError, ConfigError, UnsafeCheckpointError
 from hasten.state import AcceleratorState, GradientState
 from launching import SCRIPTS, launch
@@ -223,7 +223,7 @@ def test_hooks_and_overwrite_of_a_shared_folder(tmp_path):
     (folder / "notes.txt").write_text("user file")  # a folder holding other things keeps them
     accelerator.save_state(folder)
     save_handle.remove()
-    saved = checkpoint_io.load_tensors(str(folder / "model.safetensors"))
+    saved = fast_io.load_tensors(str(folder / "model.safetensors"))
     assert all(not v.any() for v in saved.values())
     assert (folder / "notes.txt").read_text() == "user file"
     assert (folder / "extra" / "hook.txt").read_text() == "from the hook"
@@ -249,7 +249,7 @@ def test_a_failing_save_leaves_nothing_behind(tmp_path):
     with pytest.raises(CheckpointError, match="ZeroDivisionError"):
         accelerator.save_state(tmp_path / "ckpt")
     assert os.listdir(tmp_path) == ["ckpt"]  # no temporary folder left, the old checkpoint intact
-    assert checkpoint_io.is_complete(first)
+    assert markers.is_complete(first)
 
 
 def test_custom_object_count_must_match(tmp_path):
@@ -362,7 +362,7 @@ class Tied(torch.nn.Module):
 
 
 def test_parse_size():
-    from hasten.checkpoint.durable import parse_size
+    from hasten.checkpoint.sharding import parse_size
 
     assert parse_size("5MB") == 5 * 10**6
     assert parse_size("5MiB") == 5 * 2**20

@@ -15,7 +15,7 @@ import warnings
 import torch
 
 from .checkpoint import async_save as background
-from .checkpoint import durable as io
+from .checkpoint import durable, fast_io, sharding
 from .backends.base import numbered
 from .core.constants import MODEL_NAME, OPTIMIZER_NAME, RNG_STATE_NAME, SAFE_MODEL_NAME, SAMPLER_NAME, SCALER_NAME, SCHEDULER_NAME
 from .distributed.rng import capture_rng_states, restore_rng_states
@@ -34,7 +34,7 @@ def _is_writer(save_on_each_node: bool) -> bool:
 def clean_state_dict_for_safetensors(state_dict: dict) -> dict:
     """Drop later names of tensors that share memory (tied weights; safetensors refuses them, keeping the first
     name and warning once) and make every tensor contiguous. Returns a new dict; the input is left alone."""
-    kept = io.drop_aliases(state_dict)
+    kept = sharding.drop_aliases(state_dict)
     dropped = [name for name, value in state_dict.items() if isinstance(value, torch.Tensor) and name not in kept]
     if dropped:
         warnings.warn(f"removed shared tensors {dropped} while saving (they alias earlier entries); "
@@ -49,7 +49,7 @@ def clean_state_dict_for_safetensors(state_dict: dict) -> dict:
 
 
 def _write(path: str, writer) -> None:
-    io.atomic_write(path, writer)
+    durable.atomic_write(path, writer)
 
 
 def _rng_payload(step: int) -> dict:
@@ -73,19 +73,19 @@ def save_accelerator_state(output_dir: str, model_states: list, optimizers: list
         for i, state in enumerate(model_states):
             if safe_serialization:
                 tensors = clean_state_dict_for_safetensors(state)
-                _write(path(numbered(SAFE_MODEL_NAME, i, ".safetensors")), lambda p, t=tensors: io.save_tensors(t, p))
+                _write(path(numbered(SAFE_MODEL_NAME, i, ".safetensors")), lambda p, t=tensors: fast_io.save_tensors(t, p))
             else:
-                _write(path(numbered(MODEL_NAME, i, ".bin")), lambda p, s=state: io.save_object(s, p))
+                _write(path(numbered(MODEL_NAME, i, ".bin")), lambda p, s=state: durable.save_object(s, p))
         for stem, objects in ((OPTIMIZER_NAME, optimizers), (SCHEDULER_NAME, schedulers)):
             for i, obj in enumerate(objects):
-                _write(path(numbered(stem, i, ".bin")), lambda p, s=obj.state_dict(): io.save_object(s, p))
+                _write(path(numbered(stem, i, ".bin")), lambda p, s=obj.state_dict(): durable.save_object(s, p))
         for i, loader in enumerate(dataloaders):
             state_dict = getattr(loader, "state_dict", None)
             if callable(state_dict):
-                _write(path(numbered(SAMPLER_NAME, i, ".bin")), lambda p, s=state_dict(): io.save_object(s, p))
+                _write(path(numbered(SAMPLER_NAME, i, ".bin")), lambda p, s=state_dict(): durable.save_object(s, p))
         if scaler is not None:
-            _write(path(SCALER_NAME), lambda p: io.save_object(scaler.state_dict(), p))
-    _write(path(f"{RNG_STATE_NAME}_{process_index}.pkl"), lambda p: io.save_object(_rng_payload(step), p))
+            _write(path(SCALER_NAME), lambda p: durable.save_object(scaler.state_dict(), p))
+    _write(path(f"{RNG_STATE_NAME}_{process_index}.pkl"), lambda p: durable.save_object(_rng_payload(step), p))
     logger.info("saved state to %s", output_dir)
     return output_dir
 
@@ -117,25 +117,25 @@ def load_accelerator_state(input_dir: str, models: list, optimizers: list, sched
     for i, model in enumerate(models):
         safe = path(numbered(SAFE_MODEL_NAME, i, ".safetensors"))
         if os.path.isfile(safe):
-            state = io.fill_aliases(model, io.load_tensors(safe, device=location))
+            state = sharding.fill_aliases(model, fast_io.load_tensors(safe, device=location))
         else:
-            state = io.load_object(path(numbered(MODEL_NAME, i, ".bin")), load_kwargs, map_location=location)
+            state = fast_io.load_object(path(numbered(MODEL_NAME, i, ".bin")), load_kwargs, map_location=location)
         model.load_state_dict(state, **load_model_func_kwargs)
     for i, optimizer in enumerate(optimizers):
-        optimizer.load_state_dict(io.load_object(path(numbered(OPTIMIZER_NAME, i, ".bin")), load_kwargs, map_location=location))
+        optimizer.load_state_dict(fast_io.load_object(path(numbered(OPTIMIZER_NAME, i, ".bin")), load_kwargs, map_location=location))
     for i, scheduler in enumerate(schedulers):
-        scheduler.load_state_dict(io.load_object(path(numbered(SCHEDULER_NAME, i, ".bin")), load_kwargs))
+        scheduler.load_state_dict(fast_io.load_object(path(numbered(SCHEDULER_NAME, i, ".bin")), load_kwargs))
     for i, loader in enumerate(dataloaders):
         file = path(numbered(SAMPLER_NAME, i, ".bin"))
         if os.path.isfile(file) and callable(getattr(loader, "load_state_dict", None)):
-            loader.load_state_dict(io.load_object(file, load_kwargs))
+            loader.load_state_dict(fast_io.load_object(file, load_kwargs))
     if scaler is not None:
-        scaler.load_state_dict(io.load_object(path(SCALER_NAME), load_kwargs))
+        scaler.load_state_dict(fast_io.load_object(path(SCALER_NAME), load_kwargs))
     overrides = {}
     rng_file = path(f"{RNG_STATE_NAME}_{process_index}.pkl")
     if os.path.isfile(rng_file):
         # A missing file is allowed (a checkpoint from fewer processes); a corrupt one is an error, not a shrug.
-        payload = io.load_object(rng_file, load_kwargs)
+        payload = fast_io.load_object(rng_file, load_kwargs)
         if "step" in payload:
             overrides["step"] = payload["step"]
         restore_rng_states(payload)
@@ -148,7 +148,7 @@ def save_custom_state(obj, path: str, index: int = 0, save_on_each_node: bool = 
     """Write `obj.state_dict()` to `path/custom_checkpoint_<index>.pkl` (main process, or each node's local main)."""
     if _is_writer(save_on_each_node):
         target = os.path.join(os.fspath(path), f"custom_checkpoint_{index}.pkl")
-        _write(target, lambda p: io.save_object(obj.state_dict(), p))
+        _write(target, lambda p: durable.save_object(obj.state_dict(), p))
 
 
 def load_custom_state(obj, path: str, index: int = 0, load_kwargs: dict | None = None) -> None:
@@ -158,4 +158,4 @@ def load_custom_state(obj, path: str, index: int = 0, load_kwargs: dict | None =
     `load_kwargs={"weights_only": False}` when the state holds arbitrary Python objects.
     """
     file = os.path.join(os.fspath(path), f"custom_checkpoint_{index}.pkl")
-    obj.load_state_dict(io.load_object(file, load_kwargs, map_location="cpu"))
+    obj.load_state_dict(fast_io.load_object(file, load_kwargs, map_location="cpu"))

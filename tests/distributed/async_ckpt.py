@@ -22,8 +22,8 @@ import torch
 
 from hasten import Accelerator, ProjectConfiguration
 from hasten.checkpoint import async_save as background
-from hasten.checkpoint import durable as io
-from hasten.checkpoint.durable import MARKER_NAME
+from hasten.checkpoint import durable
+from hasten.checkpoint.marker import MARKER_NAME
 from hasten.checkpoint.folder import list_checkpoints, newest_checkpoint
 from hasten.core.errors import CheckpointError
 
@@ -226,8 +226,8 @@ def main_phase():
     train(*objects, range(9, 10))
     # The writer thread kills the process (SIGKILL) at its 2nd crash point: after its first file, which it cuts
     # to half its size first (checkpoint_io's test hook), while the main thread keeps training.
-    io._crash_counter[0] = 0
-    os.environ[io.CRASH_ENV] = "2"
+    durable._crash_counter[0] = 0
+    os.environ[durable.CRASH_ENV] = "2"
     say(f"KILL expected during the write of checkpoint_{acc.project_configuration.iteration}")
     acc.save_state(async_save=True)
     for step in range(10, 10**6):

@@ -69,7 +69,7 @@ def all_points(workdir):
     import torch._dynamo  # noqa: F401 - imported once here, not in every child (optimizers import it lazily)
     import safetensors.torch  # noqa: F401
 
-    from hasten.checkpoint import durable, layout  # noqa: F401
+    from hasten.checkpoint import durable, fast_io, layout, marker as markers, safe_load, sharding  # noqa: F401
 
     for mode in ("automatic", "fixed"):
         folder = os.path.join(workdir, mode)
@@ -80,7 +80,7 @@ def all_points(workdir):
             status = trial_in_child(folder, point, fixed)
             root = os.path.join(folder, "checkpoints")
             visible = sorted(n for n in os.listdir(root) if not n.startswith("."))
-            broken = [n for n in visible if not checkpoint_io.is_complete(os.path.join(root, n))]
+            broken = [n for n in visible if not markers.is_complete(os.path.join(root, n))]
             print(json.dumps({"mode": mode, "point": point, "status": status, "visible": visible, "broken": broken,
                               "hidden": sorted(set(os.listdir(root)) - set(visible))}), flush=True)
             if status != "killed" or point > 200:

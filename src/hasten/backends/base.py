@@ -27,7 +27,7 @@ import os
 
 import torch
 
-from ..checkpoint import durable as io
+from ..checkpoint import durable, fast_io, sharding
 from ..core.constants import MODEL_NAME, OPTIMIZER_NAME, SAFE_MODEL_NAME
 from ..core.errors import CheckpointError, ConfigError
 from ..optimizer import AcceleratedOptimizer
@@ -150,7 +150,7 @@ class Backend:
         """
         files = self._model_and_optimizer_files(models, optimizers, writer, safe_serialization, before_write)
         for name, write in files:
-            io.write_file(os.path.join(folder, name), write, rank, sync=False)
+            durable.write_file(os.path.join(folder, name), write, rank, sync=False)
         return [name for name, _ in files]
 
     def stage_model_and_optimizer(self, folder: str, models: list, optimizers: list, *, writer: bool = True,
@@ -187,14 +187,14 @@ class Backend:
         for i, state_dict in enumerate(weights):
             if safe_serialization:
                 name = numbered(SAFE_MODEL_NAME, i, ".safetensors")
-                tensors = stage(io.drop_aliases(state_dict), name)
-                files.append((name, lambda p, t=tensors: io.save_tensors(t, p)))
+                tensors = stage(sharding.drop_aliases(state_dict), name)
+                files.append((name, lambda p, t=tensors: fast_io.save_tensors(t, p)))
             else:
                 name = numbered(MODEL_NAME, i, ".bin")
-                files.append((name, lambda p, s=stage(state_dict, name): io.save_object(s, p)))
+                files.append((name, lambda p, s=stage(state_dict, name): durable.save_object(s, p)))
         for i, optimizer in enumerate(optimizers):
             name = numbered(OPTIMIZER_NAME, i, ".bin")
-            files.append((name, lambda p, s=stage(optimizer.state_dict(), name): io.save_object(s, p)))
+            files.append((name, lambda p, s=stage(optimizer.state_dict(), name): durable.save_object(s, p)))
         return files
 
     def load_model_and_optimizer(self, folder: str, models: list, optimizers: list, *, map_location="cpu",
@@ -205,14 +205,14 @@ class Backend:
         Every process calls it. `load_kwargs` go to `torch.load` for pickled files (weights_only unless the
         user opted out); `strict` to `load_state_dict`."""
         # Held until this returns: the optimizer (and .bin model) files are read while the models load.
-        queued = io.prefetch(_state_files(folder, len(models), len(optimizers)), load_kwargs, map_location)  # noqa: F841
+        queued = fast_io.prefetch(_state_files(folder, len(models), len(optimizers)), load_kwargs, map_location)  # noqa: F841
         for i, model in enumerate(models):
             safe_path = os.path.join(folder, numbered(SAFE_MODEL_NAME, i, ".safetensors"))
             bin_path = os.path.join(folder, numbered(MODEL_NAME, i, ".bin"))
             if os.path.isfile(safe_path):
-                state_dict = io.fill_aliases(model, io.load_tensors(safe_path, map_location, into=model.state_dict()))
+                state_dict = sharding.fill_aliases(model, fast_io.load_tensors(safe_path, map_location, into=model.state_dict()))
             elif os.path.isfile(bin_path):
-                state_dict = io.load_object(bin_path, map_location=map_location)
+                state_dict = fast_io.load_object(bin_path, map_location=map_location)
             else:
                 raise CheckpointError(f"checkpoint file {safe_path} is missing (nor is there {os.path.basename(bin_path)})")
             try:
@@ -221,7 +221,7 @@ class Backend:
                 raise CheckpointError(f"cannot load {os.path.basename(safe_path)} into model {i}: {error}") from None
         for i, optimizer in enumerate(optimizers):
             path = os.path.join(folder, numbered(OPTIMIZER_NAME, i, ".bin"))
-            optimizer.load_state_dict(io.load_object(path, load_kwargs, map_location))
+            optimizer.load_state_dict(fast_io.load_object(path, load_kwargs, map_location))
 
     def full_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict:
         """A complete, unsharded state dict for `save_model` / `get_state_dict`. Weights that big-model hooks

@@ -14,7 +14,7 @@ import sys
 
 import torch
 
-from ..checkpoint import durable as io
+from ..checkpoint import fast_io, sharding
 from .device_map import _device_of
 from ..core.errors import CheckpointError, NotSupportedYetError, OffloadError
 from .bnb_params import is_int8_parameter, is_quantized_parameter, place_quantized_parameter, quantize_int8
@@ -100,9 +100,9 @@ def _read(path: str) -> dict:
         mapped = _mapped(path)
         return {name: mapped.tensor(name) for name in mapped.keys()}
     try:
-        return io.load_object(path, {"mmap": True})
+        return fast_io.load_object(path, {"mmap": True})
     except CheckpointError:
-        return io.load_object(path)  # old (non-zip) .bin files cannot be mapped
+        return fast_io.load_object(path)  # old (non-zip) .bin files cannot be mapped
 
 
 def load_state_dict(checkpoint_file, device_map=None):
@@ -433,7 +433,7 @@ def load_checkpoint_in_model(model: torch.nn.Module, checkpoint, device_map=None
         # Tied weights are stored once; they are filled when their twin is loaded.
         tied_names = {name for group in tied for name in group if any(other in seen for other in group)}
         if device_map is None:
-            tied_names |= set(io.fill_aliases(model, {n: None for n in seen}))
+            tied_names |= set(sharding.fill_aliases(model, {n: None for n in seen}))
         missing = [n for n in missing if n not in tied_names]
     if strict and (missing or unexpected):
         raise CheckpointError(

@@ -45,9 +45,9 @@ import time
 
 import torch
 
-from . import folder as folders
-from . import durable as io
 from ..core.errors import CheckpointError, ConfigError
+from . import durable
+from . import folder as folders
 
 GATE_ENV = "HASTEN_TEST_ASYNC_WRITE_GATE"  # test-only, see the module docstring
 STAGE_GATE_ENV = "HASTEN_TEST_ASYNC_STAGE_GATE"  # test-only, see the module docstring
@@ -245,7 +245,7 @@ def start(temp: str, jobs: list, rank: int, finish, staged: Staged | None = None
                 _staged(event)
             _test_gate()
             for name, write in jobs:
-                io.write_file(os.path.join(temp, name), write, rank, sync=False)
+                durable.write_file(os.path.join(temp, name), write, rank, sync=False)
             for name, _ in jobs:
                 folders.make_durable(temp, name)
                 written.update(folders.sizes_under(temp, name))

@@ -16,8 +16,8 @@ import os
 import re
 import time
 
-from . import durable as io
 from ..core.errors import CheckpointError, ConfigError
+from . import durable, marker as markers
 
 logger = logging.getLogger(__name__)
 
@@ -59,12 +59,12 @@ def newest_checkpoint(root: str):
     Accelerate, which has no marker); damaged or half-written ones are skipped with a warning."""
     for path in reversed(list_checkpoints(root)):
         try:
-            marker = io.read_marker(path)
+            marker = markers.read_marker(path)
             if marker is None:
                 if os.path.isfile(os.path.join(path, ACCELERATE_SIGNATURE)):
                     return path
                 continue
-            io.verify_files(path, marker)
+            markers.verify_files(path, marker)
             return path
         except CheckpointError as error:
             logger.warning("skipping checkpoint %s: %s", path, error)
@@ -87,7 +87,7 @@ def sizes_under(folder: str, name: str) -> dict:
 def make_durable(folder: str, name: str) -> None:
     """fsync a file, or every file and folder under a folder, that some writer left in `folder`."""
     path = os.path.join(folder, name)
-    io.fsync_tree(path) if os.path.isdir(path) else io.fsync_file(path)
+    durable.fsync_tree(path) if os.path.isdir(path) else durable.fsync_file(path)
 
 
 # -- before a save ----------------------------------------------------------------------------------------------
@@ -96,28 +96,28 @@ def recover(target: str) -> None:
     parent, name = os.path.split(target)
     if not os.path.isdir(parent):
         return
-    olds = sorted(n for n in os.listdir(parent) if n.startswith(f".{name}{io.OLD_TAG}"))
+    olds = sorted(n for n in os.listdir(parent) if n.startswith(f".{name}{durable.OLD_TAG}"))
     for old in olds:
         old_path = os.path.join(parent, old)
-        if not os.path.exists(target) and io.is_complete(old_path):
+        if not os.path.exists(target) and markers.is_complete(old_path):
             os.rename(old_path, target)
-            io.fsync_dir(parent)
+            durable.fsync_dir(parent)
         else:
-            io.remove_tree(old_path)
+            durable.remove_tree(old_path)
 
 
 def _remove_stale_temps(parent: str) -> None:
     if not os.path.isdir(parent):
         return
     for name in os.listdir(parent):
-        if name.startswith(".") and io.TEMP_TAG in name:
+        if name.startswith(".") and durable.TEMP_TAG in name:
             path = os.path.join(parent, name)
-            io.remove_tree(path) if os.path.isdir(path) else os.remove(path)
+            durable.remove_tree(path) if os.path.isdir(path) else os.remove(path)
 
 
 def temp_for(target: str, token: str) -> str:
     parent, name = os.path.split(target)
-    return os.path.join(parent, f".{name}{io.TEMP_TAG}{token}")
+    return os.path.join(parent, f".{name}{durable.TEMP_TAG}{token}")
 
 
 def prepare_target(target: str, automatic: bool, token: str) -> str:
@@ -141,44 +141,44 @@ def prepare_target(target: str, automatic: bool, token: str) -> str:
 def commit(temp: str, target: str, files: dict, iteration, num_processes: int, rank: int) -> None:
     """Write the marker into `temp` (whose files are durable already) and put `temp` in `target`'s place."""
     marker = {
-        "format": io.MARKER_FORMAT, "version": 1, "complete": True, "iteration": iteration,
+        "format": markers.MARKER_FORMAT, "version": 1, "complete": True, "iteration": iteration,
         "num_processes": num_processes, "created": time.time(), "files": files,
     }
-    io.write_file(os.path.join(temp, io.MARKER_NAME), lambda p: io.save_json(marker, p), rank)
-    io.fsync_dir(temp)
+    durable.write_file(os.path.join(temp, markers.MARKER_NAME), lambda p: durable.save_json(marker, p), rank)
+    durable.fsync_dir(temp)
     parent = os.path.dirname(target)
     if not os.path.exists(target):
         os.rename(temp, target)
-        io.fsync_dir(parent)
-        io.crash_point(rank)
+        durable.fsync_dir(parent)
+        durable.crash_point(rank)
         return
     if _holds_only_a_checkpoint(target):
         # Replace a previous hasten checkpoint: move it aside, move the new one in, then delete the old one.
         # A crash between the two renames is repaired by `recover` on the next save or load.
-        old = os.path.join(parent, f".{os.path.basename(target)}{io.OLD_TAG}{os.path.basename(temp)[-12:]}")
+        old = os.path.join(parent, f".{os.path.basename(target)}{durable.OLD_TAG}{os.path.basename(temp)[-12:]}")
         os.rename(target, old)
-        io.crash_point(rank)
+        durable.crash_point(rank)
         os.rename(temp, target)
-        io.fsync_dir(parent)
-        io.crash_point(rank)
-        io.remove_tree(old)
+        durable.fsync_dir(parent)
+        durable.crash_point(rank)
+        durable.remove_tree(old)
         return
     # A folder that holds other things too (logs, configs): mark it incomplete, move the files in one by one,
     # then mark it complete. A crash in between leaves it marked incomplete, never half-loaded.
     pending = dict(marker, complete=False)
-    io.atomic_write(os.path.join(target, io.MARKER_NAME), lambda p: io.save_json(pending, p))
+    durable.atomic_write(os.path.join(target, markers.MARKER_NAME), lambda p: durable.save_json(pending, p))
     for name in sorted(os.listdir(temp)):
-        if name == io.MARKER_NAME:
+        if name == markers.MARKER_NAME:
             continue
         destination = os.path.join(target, name)
         if os.path.isdir(destination):
-            io.remove_tree(destination)
+            durable.remove_tree(destination)
         os.replace(os.path.join(temp, name), destination)
-        io.crash_point(rank)
-    io.fsync_dir(target)
-    os.replace(os.path.join(temp, io.MARKER_NAME), os.path.join(target, io.MARKER_NAME))
-    io.fsync_dir(target)
-    io.remove_tree(temp)
+        durable.crash_point(rank)
+    durable.fsync_dir(target)
+    os.replace(os.path.join(temp, markers.MARKER_NAME), os.path.join(target, markers.MARKER_NAME))
+    durable.fsync_dir(target)
+    durable.remove_tree(temp)
 
 
 def _holds_only_a_checkpoint(folder: str) -> bool:
@@ -187,12 +187,12 @@ def _holds_only_a_checkpoint(folder: str) -> bool:
     if not entries:
         return True
     try:
-        marker = io.read_marker(folder)
+        marker = markers.read_marker(folder)
     except CheckpointError:
         return False
     if marker is None:
         return False
-    listed = {name.split("/", 1)[0] for name in marker.get("files", {})} | {io.MARKER_NAME}
+    listed = {name.split("/", 1)[0] for name in marker.get("files", {})} | {markers.MARKER_NAME}
     return entries <= listed
 
 
@@ -202,8 +202,8 @@ def rotate(root: str, keep: str, total_limit: int, rank: int = 0) -> None:
     excess = len(others) + 1 - total_limit
     for path in others[:max(excess, 0)]:
         # Rename first so that a crash mid-delete leaves a hidden folder, not a half-deleted checkpoint.
-        doomed = os.path.join(root, f".{os.path.basename(path)}{io.TEMP_TAG}rotated")
+        doomed = os.path.join(root, f".{os.path.basename(path)}{durable.TEMP_TAG}rotated")
         os.rename(path, doomed)
-        io.crash_point(rank)
-        io.remove_tree(doomed)
-    io.fsync_dir(root)
+        durable.crash_point(rank)
+        durable.remove_tree(doomed)
+    durable.fsync_dir(root)

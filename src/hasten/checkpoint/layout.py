@@ -18,14 +18,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import async_save as background
-from . import folder as folders
-from . import durable as io
 from ..backends.base import numbered
 from ..core.constants import MODEL_NAME, RNG_STATE_NAME, SAFE_MODEL_NAME, SAMPLER_NAME, SCALER_NAME, SCHEDULER_NAME  # noqa: F401
 from ..core.errors import CheckpointError, ConfigError
 from ..distributed.operations import broadcast_object_list, gather_object
 from ..distributed.rng import capture_rng_states, restore_rng_states
+from . import async_save as background
+from . import durable, fast_io, marker as markers, sharding
+from . import folder as folders
 
 logger = logging.getLogger(__name__)
 
@@ -113,17 +113,17 @@ def _plan_files(contents: CheckpointContents, stage=_as_is) -> list:
 
     if contents.writer:
         for i, scheduler in enumerate(contents.schedulers):
-            add(numbered(SCHEDULER_NAME, i, ".bin"), io.save_object, scheduler.state_dict())
+            add(numbered(SCHEDULER_NAME, i, ".bin"), durable.save_object, scheduler.state_dict())
         if contents.scaler is not None:
-            add(SCALER_NAME, io.save_object, contents.scaler.state_dict())
+            add(SCALER_NAME, durable.save_object, contents.scaler.state_dict())
         for i, obj in enumerate(contents.custom_objects):
-            add(f"custom_checkpoint_{i}.pkl", io.save_object, obj.state_dict())
+            add(f"custom_checkpoint_{i}.pkl", durable.save_object, obj.state_dict())
     grads = {}
     for i, model in enumerate(contents.models):
         grads.update({f"{i}.{name}": g for name, g in _gradients(model).items()})
     if grads:
-        add(f"{GRADIENTS_NAME}_{contents.rank}.safetensors", io.save_tensors, grads)
-    add(f"{RNG_STATE_NAME}_{contents.rank}.pkl", io.save_object, {"step": int(contents.step), **capture_rng_states()})
+        add(f"{GRADIENTS_NAME}_{contents.rank}.safetensors", fast_io.save_tensors, grads)
+    add(f"{RNG_STATE_NAME}_{contents.rank}.pkl", durable.save_object, {"step": int(contents.step), **capture_rng_states()})
     return plan
 
 
@@ -136,7 +136,7 @@ def _loader_files(contents: CheckpointContents, stage=_as_is) -> list:
             continue
         name = numbered(SAMPLER_NAME, i, ".bin")
         payload = stage(states[0] if all(s == states[0] for s in states) else {"hasten_per_process": states}, name)
-        plan.append((name, lambda p, s=payload: io.save_object(s, p)))
+        plan.append((name, lambda p, s=payload: durable.save_object(s, p)))
     return plan
 
 
@@ -185,7 +185,7 @@ def _write_files(contents: CheckpointContents, temp: str, loader_plan: list, saf
     plan = _plan_files(contents) + loader_plan
     written = {}
     for name, write in plan:
-        written[name] = io.write_file(os.path.join(temp, name), write, contents.rank, sync=False)
+        written[name] = durable.write_file(os.path.join(temp, name), write, contents.rank, sync=False)
     # One flush pass after all writes: writing one file overlaps with the disk flushing the last.
     for name in list(names) + [name for name, _ in plan]:
         folders.make_durable(temp, name)
@@ -262,7 +262,7 @@ def _finish(commit: _Commit, problem, written: dict, gather) -> None:
     reports = gather((None if problem is None else _describe(problem), sorted(written)))
     if any(error for error, _ in reports):
         if commit.writer:
-            io.remove_tree(temp)
+            durable.remove_tree(temp)
         if problem is not None:
             raise CheckpointError(f"save_state({target}) failed on rank {commit.rank}: {_describe(problem)}") from problem
         _raise_failures([error for error, _ in reports], f"save_state({target})")
@@ -275,9 +275,9 @@ def _finish(commit: _Commit, problem, written: dict, gather) -> None:
             reported = {name for _, names in reports for name in names}
             files = folders.sizes_under(temp, "")
             if set(files) - reported:
-                io.fsync_tree(temp)
-            io.fsync_dir(temp)
-            io.crash_point(commit.rank)
+                durable.fsync_tree(temp)
+            durable.fsync_dir(temp)
+            durable.crash_point(commit.rank)
             folders.commit(temp, target, files, commit.iteration, commit.num_processes, commit.rank)
             if commit.total_limit is not None:
                 folders.rotate(os.path.dirname(target), target, commit.total_limit, commit.rank)
@@ -367,7 +367,7 @@ def _load_gradients(contents: CheckpointContents, folder: str) -> None:
     path = os.path.join(folder, f"{GRADIENTS_NAME}_{contents.rank}.safetensors")
     if not os.path.isfile(path):
         return
-    saved = io.load_tensors(path)
+    saved = fast_io.load_tensors(path)
     for i, model in enumerate(contents.models):
         for name, param in model.named_parameters():
             grad = saved.get(f"{i}.{name}")
@@ -384,7 +384,7 @@ def _load_loaders(contents: CheckpointContents, folder: str, load_kwargs) -> Non
         path = os.path.join(folder, numbered(SAMPLER_NAME, i, ".bin"))
         if not os.path.isfile(path) or not callable(getattr(loader, "load_state_dict", None)):
             continue  # Accelerate never writes this file; start the loader afresh
-        payload = io.load_object(path, load_kwargs)
+        payload = fast_io.load_object(path, load_kwargs)
         if isinstance(payload, dict) and "hasten_per_process" in payload:
             per_process = payload["hasten_per_process"]
             payload = per_process[min(contents.rank, len(per_process) - 1)]
@@ -397,7 +397,7 @@ def _load_rng(contents: CheckpointContents, folder: str, load_kwargs):
     if not os.path.isfile(path):
         logger.warning("no %s: random states were not restored (resuming on more processes?)", path)
         return None
-    payload = io.load_object(path, load_kwargs)  # an unsafe file raises; anything else is only logged
+    payload = fast_io.load_object(path, load_kwargs)  # an unsafe file raises; anything else is only logged
     step = None
     try:
         step = int(payload.get("step", 0))
@@ -430,9 +430,9 @@ def load_state(contents: CheckpointContents, input_dir=None, load_kwargs=None, *
     folder = _resolve_input(contents, input_dir)
     if folder is None:
         return None
-    marker = io.read_marker(folder)
+    marker = markers.read_marker(folder)
     if marker is not None:
-        io.verify_files(folder, marker)
+        markers.verify_files(folder, marker)
     map_location = _map_location(contents, load_model_func_kwargs.pop("map_location", None))
     load_kwargs = dict(load_kwargs or {})
     models = list(contents.models)
@@ -444,11 +444,11 @@ def load_state(contents: CheckpointContents, input_dir=None, load_kwargs=None, *
         **load_model_func_kwargs,
     )
     for i, scheduler in enumerate(contents.schedulers):
-        scheduler.load_state_dict(io.load_object(os.path.join(folder, numbered(SCHEDULER_NAME, i, ".bin")), load_kwargs))
+        scheduler.load_state_dict(fast_io.load_object(os.path.join(folder, numbered(SCHEDULER_NAME, i, ".bin")), load_kwargs))
     _load_loaders(contents, folder, load_kwargs)
     scaler_path = os.path.join(folder, SCALER_NAME)
     if contents.scaler is not None and os.path.isfile(scaler_path):
-        contents.scaler.load_state_dict(io.load_object(scaler_path, load_kwargs))
+        contents.scaler.load_state_dict(fast_io.load_object(scaler_path, load_kwargs))
     _load_gradients(contents, folder)
     step = _load_rng(contents, folder, load_kwargs)
 
@@ -459,7 +459,7 @@ def load_state(contents: CheckpointContents, input_dir=None, load_kwargs=None, *
             "object(s) are registered with register_for_checkpointing; register the same objects as when saving"
         )
     for index, obj in enumerate(contents.custom_objects):
-        obj.load_state_dict(io.load_object(os.path.join(folder, f"custom_checkpoint_{index}.pkl"), load_kwargs))
+        obj.load_state_dict(fast_io.load_object(os.path.join(folder, f"custom_checkpoint_{index}.pkl"), load_kwargs))
     _next_iteration(contents.project, folder, marker)
     return step
 
@@ -472,7 +472,7 @@ def save_model(contents: CheckpointContents, model, save_directory, max_shard_si
     if os.path.isfile(save_directory):
         logger.error("save_model: %s should be a directory, not a file", save_directory)
         return
-    max_bytes = io.parse_size(max_shard_size)
+    max_bytes = sharding.parse_size(max_shard_size)
     state_dict = contents.backend.full_state_dict(model, unwrap=True)  # collective for sharded backends
     # None: a backend that gathers onto the main process only (DeepSpeed ZeRO-3) has nothing here to write,
     # but this process still joins the barrier below.
@@ -491,14 +491,14 @@ def write_weights(state_dict: dict, save_directory: str, max_bytes: int, safe_se
 
     os.makedirs(save_directory, exist_ok=True)
     if safe_serialization:
-        state_dict = io.drop_aliases(state_dict)
+        state_dict = sharding.drop_aliases(state_dict)
         prefix, ext, index_name = SAFE_MODEL_NAME, ".safetensors", "model.safetensors.index.json"
-        write = io.save_tensors
+        write = fast_io.save_tensors
     else:
         state_dict = {k: v for k, v in state_dict.items() if isinstance(v, torch.Tensor)}
         prefix, ext, index_name = MODEL_NAME, ".bin", "pytorch_model.bin.index.json"
-        write = io.save_object
-    shards = io.split_into_shards(state_dict, max_bytes)
+        write = durable.save_object
+    shards = sharding.split_into_shards(state_dict, max_bytes)
     count = len(shards)
     names = [f"{prefix}{ext}"] if count == 1 else [f"{prefix}-{i + 1:05d}-of-{count:05d}{ext}" for i in range(count)]
     stale = re.compile(rf"^{re.escape(prefix)}-\d{{5}}-of-\d{{5}}{re.escape(ext)}$")
@@ -506,13 +506,13 @@ def write_weights(state_dict: dict, save_directory: str, max_bytes: int, safe_se
         if (stale.match(existing) and existing not in names) or (count == 1 and existing == index_name):
             os.remove(os.path.join(save_directory, existing))
     for name, keys in zip(names, shards):
-        io.atomic_write(os.path.join(save_directory, name), lambda p, k=keys: write({key: state_dict[key] for key in k}, p))
+        durable.atomic_write(os.path.join(save_directory, name), lambda p, k=keys: write({key: state_dict[key] for key in k}, p))
     if count > 1:
         index = {
-            "metadata": {"total_size": sum(io.tensor_bytes(t) for t in state_dict.values())},
+            "metadata": {"total_size": sum(sharding.tensor_bytes(t) for t in state_dict.values())},
             "weight_map": {key: name for name, keys in zip(names, shards) for key in keys},
         }
-        io.atomic_write(os.path.join(save_directory, index_name),
+        durable.atomic_write(os.path.join(save_directory, index_name),
                         lambda p: _write_text(p, json.dumps(index, indent=2, sort_keys=True) + "\n"))
     return names
 
