@@ -458,7 +458,8 @@ def test_two_processes_resume_exactly():
 def test_join_uneven_inputs_override_reaches_prepared_loaders_and_is_restored(caplog):
     """`join_uneven_inputs(even_batches=False)` switches the prepared map-style loaders' samplers for the block
     and restores them after; an iterable loader is named in a warning instead of being silently skipped."""
-    from hasten.data_loader import override_even_batches, prepare_data_loader
+    from hasten.data.metrics import override_even_batches
+    from hasten.data_loader import prepare_data_loader
 
     mapped = prepare_data_loader(torch.utils.data.DataLoader(list(range(10)), batch_size=2), num_processes=2,
                                  process_index=0)

@@ -434,7 +434,7 @@ class Accelerator:
         return operations.gather(tensor)
 
     def gather_for_metrics(self, input_data, use_gather_object: bool = False):
-        from .data_loader import gather_for_metrics
+        from .data.metrics import gather_for_metrics
 
         return gather_for_metrics(input_data, use_gather_object=use_gather_object)
 
@@ -498,7 +498,7 @@ class Accelerator:
             return
         from torch.distributed.algorithms.join import Join
 
-        from .data_loader import override_even_batches
+        from .data.metrics import override_even_batches
 
         saved = self.even_batches
         if even_batches is not None:

@@ -1,0 +1,228 @@
+"""The loaders' common base: iterate one batch ahead (to know the last batch), keep `end_of_dataloader` /
+`remainder` in the gradient state, and save/restore the position as plain data (`state_dict`)."""
+
+from __future__ import annotations
+
+import logging
+from contextlib import suppress
+
+import torch
+from torch.utils.data import BatchSampler, DataLoader
+
+from ..core.errors import ConfigError, NotSupportedYetError
+from ..state import GradientState
+from .samplers import (
+    ResumableIndexSampler,
+    SeedableRandomSampler,
+    set_epoch_through,
+)
+
+logger = logging.getLogger(__name__)
+
+
+# DataLoader arguments carried over to a prepared loader, with torch's defaults. The sampling arguments
+# (batch_size, shuffle, sampler, batch_sampler, drop_last) are rebuilt instead.
+LOADER_DEFAULTS = {
+    "num_workers": 0,
+    "collate_fn": None,
+    "pin_memory": False,
+    "timeout": 0,
+    "worker_init_fn": None,
+    "multiprocessing_context": None,
+    "generator": None,
+    "prefetch_factor": None,
+    "persistent_workers": False,
+    "pin_memory_device": "",
+    "in_order": True,
+}
+
+END = object()
+
+_STATE_VERSION = 1
+
+
+def get_sampler(dataloader):
+    """The sampler inside a loader's batch sampler (or inside its `sampler`, when that is a batch sampler)."""
+    holder = dataloader.sampler if isinstance(dataloader.sampler, BatchSampler) else dataloader.batch_sampler
+    return getattr(holder, "sampler", None)
+
+
+def innermost_batch_sampler(batch_sampler):
+    while hasattr(batch_sampler, "batch_sampler"):
+        batch_sampler = batch_sampler.batch_sampler
+    return batch_sampler
+
+
+class DataLoaderStateMixin:
+    """Where a prepared loader stands in its epoch, as `GradientState` reads it.
+
+    `end_of_dataloader` is True while the last batch of the pass is being used; `remainder` is how many samples
+    of the last (padded) global batch are real, or -1 when unknown.
+    """
+
+    end_of_dataloader = False
+    remainder = -1
+    _drop_last = False
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.end_of_dataloader = False
+        cls.remainder = -1
+
+    def reset(self) -> None:
+        self.end_of_dataloader = False
+        self.remainder = -1
+
+    def begin(self) -> None:
+        self.reset()
+        if not self._drop_last:
+            # A loader whose length or batch size is unknown keeps remainder -1 (no duplicate dropping).
+            with suppress(Exception):
+                self.remainder = self.total_dataset_length % self.total_batch_size
+        GradientState()._add_dataloader(self)
+
+    def end(self) -> None:
+        GradientState()._remove_dataloader(self)
+
+
+class ItselfAsBase:
+    """`loader.base_dataloader`: Accelerate wraps a separate DataLoader; a hasten loader is itself that DataLoader.
+    Like Accelerate's instance attribute, it is not there on the class (and holding it makes no reference cycle)."""
+
+    def __get__(self, loader, owner=None):
+        if loader is None:
+            raise AttributeError(f"base_dataloader is set on {owner.__name__} instances, not on the class")
+        return loader
+
+
+class ResumableLoader(DataLoaderStateMixin, DataLoader):
+    """Shared by the prepared loaders: epoch counter, set_epoch, sampler access and exact-resume state."""
+
+    def _init_resume(self, iteration: int, skip_batches: int) -> None:
+        self.gradient_state = GradientState()
+        self.iteration = iteration
+        self.skip_batches = skip_batches
+        self._in_epoch = False
+        self._batches_yielded = 0
+        self._pending_skip = 0
+        self._epoch_start_states = None
+
+    # torch reads `_index_sampler` once per iterator; returning our own wrapper lets a resumed pass skip whole
+    # batches at the index level, so the skipped samples are never loaded.
+    @property
+    def _index_sampler(self):
+        base = self.batch_sampler if self._auto_collation else self.sampler
+        wrapper = self.__dict__.get("_resumable_index_sampler")
+        if wrapper is None or wrapper.base is not base:
+            wrapper = ResumableIndexSampler(base)
+            self.__dict__["_resumable_index_sampler"] = wrapper
+        return wrapper
+
+    base_dataloader = ItselfAsBase()
+
+    @property
+    def total_dataset_length(self) -> int:
+        return getattr(self.dataset, "total_length", None) or len(self.dataset)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Set the epoch of this loader and of every batch sampler, sampler and dataset under it that has one."""
+        self.iteration = epoch
+        holder = self.sampler if isinstance(self.sampler, BatchSampler) else self.batch_sampler
+        set_epoch_through(holder, self.dataset, epoch, sampler=self.sampler if holder is None else None)
+
+    def get_sampler(self):
+        return get_sampler(self)
+
+    def set_sampler(self, sampler) -> None:
+        holder = self.sampler if isinstance(self.sampler, BatchSampler) else self.batch_sampler
+        innermost_batch_sampler(holder).sampler = sampler
+
+    def _generators(self) -> list:
+        """Every generator this loader draws from, in a fixed order, each once."""
+        found = []
+        sampler = get_sampler(self)
+        # A seedable sampler reseeds its generator every pass from (seed, epoch): nothing to save there.
+        sampler_generator = None if isinstance(sampler, SeedableRandomSampler) else getattr(sampler, "generator", None)
+        for generator in (self.generator, getattr(self, "synchronized_generator", None), sampler_generator):
+            if isinstance(generator, torch.Generator) and all(generator is not g for g in found):
+                found.append(generator)
+        return found
+
+    def _start_pass(self) -> int:
+        """Bookkeeping at the start of a pass; returns how many batches a resume asked to skip."""
+        self._epoch_start_states = [g.get_state() for g in self._generators()]
+        resume, self._pending_skip = self._pending_skip, 0
+        self._in_epoch = True
+        self._batches_yielded = resume
+        return resume
+
+    def _finish_pass(self) -> None:
+        self.iteration += 1
+        parent = self.__dict__.get("_skipped_from")
+        if parent is not None and parent.iteration == self.iteration - 1:
+            parent.iteration = self.iteration  # the source loader goes on with the next epoch
+        self._in_epoch = False
+        self._batches_yielded = 0
+
+    def state_dict(self) -> dict:
+        """This loader's position as plain JSON data: epoch, batches already yielded in it, and the states
+        that decide its shuffle (generators as they were at the start of the epoch, the seedable seed)."""
+        if self._in_epoch:
+            states, done = self._epoch_start_states, self._batches_yielded
+        else:
+            states, done = [g.get_state() for g in self._generators()], self._pending_skip
+        state = {
+            "version": _STATE_VERSION,
+            "epoch": self.iteration,
+            "batches_yielded": done,
+            "generator_states": [s.tolist() for s in states],
+        }
+        sampler = get_sampler(self)
+        if isinstance(sampler, SeedableRandomSampler):
+            state["sampler_seed"] = sampler.initial_seed
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume: the next pass continues epoch `state["epoch"]` at its first unseen batch, same order."""
+        generators = self._generators()
+        saved = state.get("generator_states", [])
+        if len(saved) != len(generators):
+            raise ConfigError(
+                f"This data loader state holds {len(saved)} generator state(s) but the loader uses "
+                f"{len(generators)}: it was saved from a loader built differently (shuffle, sampler or generator "
+                "changed). Prepare the loader the same way as in the run that saved it."
+            )
+        for generator, values in zip(generators, saved):
+            generator.set_state(torch.tensor(values, dtype=torch.uint8))
+        sampler = get_sampler(self)
+        if "sampler_seed" in state and isinstance(sampler, SeedableRandomSampler):
+            sampler.initial_seed = state["sampler_seed"]
+        self.iteration = int(state["epoch"])
+        self._pending_skip = int(state["batches_yielded"])
+        self._in_epoch = False
+        self._batches_yielded = 0
+
+
+def reject_unsupported(use_stateful_dataloader: bool, torch_device_mesh) -> None:
+    if use_stateful_dataloader:
+        raise NotSupportedYetError(
+            "use_stateful_dataloader=True (torchdata's StatefulDataLoader) is not supported by hasten yet. "
+            "hasten's prepared loaders resume exactly without it: use `loader.state_dict()` / "
+            "`loader.load_state_dict(...)` (or `Accelerator.save_state`) with use_stateful_dataloader=False."
+        )
+    if torch_device_mesh is not None:
+        raise NotSupportedYetError(
+            "Preparing a data loader for a torch device mesh (tensor/context parallelism) is not supported by "
+            "hasten yet; pass torch_device_mesh=None."
+        )
+
+
+def carried_kwargs(dataloader) -> dict:
+    return {name: getattr(dataloader, name, default) for name, default in LOADER_DEFAULTS.items()}
+
+
+def without_range(items, count: int, after: int = 0):
+    """`items` without the `count` items that follow the first `after` ones."""
+    for position, item in enumerate(items):
+        if not after <= position < after + count:
+            yield item
