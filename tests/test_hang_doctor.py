@@ -190,7 +190,7 @@ def test_odd_ones_out_takes_the_majority_and_rank_0_in_a_tie():
 def test_collective_timeout_setting_reaches_the_process_group_kwargs(monkeypatch):
     from datetime import timedelta
 
-    from hasten.state import collective_timeout
+    from hasten.distributed.bootstrap import collective_timeout
 
     monkeypatch.delenv("HASTEN_COLLECTIVE_TIMEOUT", raising=False)
     assert collective_timeout() == timedelta(seconds=1800)

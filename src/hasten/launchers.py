@@ -41,7 +41,7 @@ def _record_failure(record_dir: str, error: BaseException) -> None:
     import time
 
     from .distributed.cluster import parse_int
-    from .state import PEER_LOSS_MARKERS
+    from .resilience.error_file import PEER_LOSS_MARKERS
 
     message = (f"{type(error).__name__}: {error}".strip().splitlines() or [""])[0][:300]
     record = {

@@ -7,12 +7,10 @@ answers. Tests start over with `PartialState._reset_state()` / `AcceleratorState
 
 from __future__ import annotations
 
-import atexit
 import os
 import threading
 import weakref
 from contextlib import contextmanager
-from datetime import timedelta
 from functools import partial
 
 import torch
@@ -20,6 +18,7 @@ import torch
 from .distributed import cluster as environment
 from .core.enums import DistributedType, PrecisionType, TORCH_DISTRIBUTED_TYPES
 from .core.errors import ConfigError, StateResetError
+from .distributed.bootstrap import collective_timeout, init_process_group
 
 __all__ = ["PartialState", "AcceleratorState", "GradientState", "DistributedType", "is_initialized"]
 
@@ -77,193 +76,6 @@ class _SharedState:
         raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
 
 
-def _init_process_group(cluster: environment.ClusterInfo, backend: str, kwargs: dict) -> None:
-    """Join the job's process group, in a key space of its own for every torchelastic restart.
-
-    Measured with torch 2.13 + gloo: a restarted attempt that reuses the agent's store often reads the keys of
-    the attempt before it and fails or hangs; a per-attempt prefix made every restart work.
-    """
-    import torch.distributed as dist
-
-    timeout = collective_timeout(kwargs.pop("timeout", None))
-    if kwargs.get("init_method") is not None:
-        dist.init_process_group(backend, rank=cluster.rank, world_size=cluster.world_size, timeout=timeout, **kwargs)
-        if backend == "gloo":
-            dist.barrier()  # see _wait_for_every_process
-        return
-    addr = cluster.master_addr or "127.0.0.1"
-    port = cluster.master_port or 29500
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
-        store = dist.TCPStore(addr, port, cluster.world_size, is_master=False, timeout=timeout)
-    else:
-        store = dist.TCPStore(
-            addr, port, cluster.world_size, is_master=cluster.rank == 0, timeout=timeout, multi_tenant=True
-        )
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    store = dist.PrefixStore(f"hasten/attempt{attempt}/", store)
-    dist.init_process_group(
-        backend, store=store, rank=cluster.rank, world_size=cluster.world_size, timeout=timeout, **kwargs
-    )
-    _wait_for_every_process(store, cluster.world_size, timeout)
-    # A gloo group left alive at interpreter exit aborts the process about half the time with torch 2.13;
-    # tearing down what we set up makes a correct script exit 0 even if it never calls destroy_process_group.
-    atexit.register(_destroy_default_group)
-    _record_uncaught_errors()
-
-
-def collective_timeout(code=None) -> timedelta:
-    """The one collective timeout (gloo, NCCL, DeepSpeed and the hang doctor): `InitProcessGroupKwargs(timeout=)`
-    in code, else `HASTEN_COLLECTIVE_TIMEOUT` / `--collective_timeout` / the config file, else 1800 s."""
-    if isinstance(code, timedelta):
-        code = code.total_seconds()
-    return timedelta(seconds=float(_setting("collective_timeout", code)))
-
-
-def _wait_for_every_process(store, world_size: int, timeout) -> None:
-    """Return only once every process has finished joining the group.
-
-    gloo's `init_process_group` can return on one process while another is still connecting to it. Measured
-    with torch 2.13 on a loaded 2-core machine: a 2-process script that exits right after `Accelerator()` failed
-    in about 1 launch in 13 with `Gloo connectFullMesh failed with ... Connection closed by peer` on the late
-    process. A store barrier (no collective, so no device is touched) closes that window.
-    """
-    global _joins
-    if world_size <= 1:
-        return
-    _joins += 1  # a group made again in the same processes (after destroy_process_group) gets its own keys
-    if store.add(f"hasten/joined{_joins}", 1) == world_size:
-        store.set(f"hasten/all_joined{_joins}", "1")
-    store.wait([f"hasten/all_joined{_joins}"], timeout)
-
-
-_joins = 0
-
-
-# Substrings of the errors a rank sees when *another* rank died under it (gloo, NCCL, TCPStore).
-PEER_LOSS_MARKERS = (
-    "connection closed by peer", "connection reset by peer", "remote worker crash", "broken pipe",
-    "remote process exited", "communicator was aborted", "peer closed",
-)
-
-
-def _record_uncaught_errors() -> None:
-    """Under torchelastic, write an uncaught exception to the worker's error file with a precise time.
-
-    `hasten launch` reads these files to name the rank that failed *first*: when one rank dies, the others
-    fail a moment later inside a collective, and the exit order the agent observes is often the wrong way
-    round. torch's own `@record` writes the same file; a file it already wrote is left alone.
-    """
-    import sys
-
-    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
-    if not error_file or getattr(sys.excepthook, "_hasten_records", False):
-        return
-    previous = sys.excepthook
-
-    def excepthook(kind, value, tb):
-        try:
-            if not os.path.exists(error_file):
-                _write_error_file(error_file, kind, value, tb)
-        except Exception:  # noqa: BLE001 - never hide the user's error behind ours
-            pass
-        previous(kind, value, tb)
-
-    excepthook._hasten_records = True
-    sys.excepthook = excepthook
-
-
-def _write_error_file(path: str, kind, value, tb) -> None:
-    import json
-    import time
-    import traceback
-
-    now = time.time()
-    message = f"{kind.__name__}: {value}"
-    data = {
-        "message": {
-            "message": message,
-            "extraInfo": {
-                "py_callstack": "".join(traceback.format_exception(kind, value, tb)),
-                "timestamp": str(int(now)),
-                "hasten_time": repr(now),
-                "hasten_peer_loss": getattr(value, "hasten_peer_loss", None)
-                if getattr(value, "hasten_peer_loss", None) is not None
-                else any(m in message.lower() for m in PEER_LOSS_MARKERS),
-                # the hang doctor's report (debug mode), which `hasten launch` prints last
-                "hasten_report": getattr(value, "hasten_report", None),
-            },
-        }
-    }
-    with open(path, "w") as file:
-        json.dump(data, file)
-
-
-def _destroy_default_group() -> None:
-    """At interpreter exit: destroy the group hasten made, then let gloo's worker threads finish (see below)."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        try:
-            dist.destroy_process_group()
-        except Exception:  # noqa: BLE001 - best effort at exit
-            pass
-    wait_for_gloo_workers()
-
-
-GLOO_WORKER_THREAD = "pt_gloo_runloop"  # the name torch gives ProcessGroupGloo's worker threads (Linux)
-
-
-def wait_for_gloo_workers(timeout: float = 10.0) -> bool:
-    """Block, with the GIL released, until no gloo worker thread still has to drop a finished operation.
-
-    Why: a gloo worker thread drops its reference to each collective only after the caller was told it finished.
-    When that reference is the last one to a tensor made in Python, dropping it takes the GIL. If the interpreter
-    has begun finalizing by then, CPython ends the thread with pthread_exit, whose unwinding crosses a noexcept
-    destructor: `terminate called without an active exception`, SIGABRT. destroy_process_group does not stop
-    the threads while anything else (DDP, a device mesh, FSDP) still holds the group, and under load a worker
-    thread can wait long enough for a script that ends right after a collective to reach finalization first
-    (measured: 1 in 12 launches of a short DDP script on a loaded 2-core machine; 3 of 3 plain-torch runs with the
-    worker threads starved; see docs/launch.md).
-
-    Idle means: every worker thread is asleep and none woke up across a short sleep of ours (a thread waiting for
-    the GIL wakes up when we release it). Returns False if that was not seen within `timeout` seconds (or True at
-    once when there are no gloo worker threads, or the platform has no /proc).
-    """
-    import time
-
-    deadline = time.monotonic() + timeout
-    before = _gloo_worker_activity()
-    while before:
-        time.sleep(0.002)
-        after = _gloo_worker_activity()
-        if after == before and all(state == "S" for state, _ in after.values()):
-            return True
-        if time.monotonic() > deadline:
-            return False
-        before = after
-    return True
-
-
-def _gloo_worker_activity() -> dict:
-    """{thread id: (state letter, context switches so far)} of this process's gloo worker threads (Linux /proc)."""
-    activity = {}
-    try:
-        threads = os.listdir("/proc/self/task")
-    except OSError:
-        return activity
-    for tid in threads:
-        try:
-            with open(f"/proc/self/task/{tid}/status") as file:
-                fields = dict(line.split(":", 1) for line in file.read().splitlines() if ":" in line)
-        except OSError:  # the thread ended meanwhile
-            continue
-        if fields.get("Name", "").strip() != GLOO_WORKER_THREAD:
-            continue
-        switches = sum(int(fields.get(key, "0")) for key in ("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches"))
-        activity[tid] = (fields.get("State", "?").split()[0], switches)
-    return activity
-
-
 class PartialState(_SharedState):
     """Process and device information, without any training objects. Cheap to build anywhere."""
 
@@ -311,7 +123,7 @@ class PartialState(_SharedState):
 
             backend = environment.choose_backend(device_type, requested_backend)
             if not dist.is_initialized():
-                _init_process_group(cluster, backend, kwargs)
+                init_process_group(cluster, backend, kwargs)
             self.backend = dist.get_backend()
             if requested_backend and self.backend != requested_backend:
                 raise ConfigError(

@@ -14,10 +14,10 @@ import sys
 import torch
 
 from hasten import Accelerator
-from hasten.state import _gloo_worker_activity
+from hasten.distributed.bootstrap import gloo_worker_activity
 
 accelerator = Accelerator()
-workers = _gloo_worker_activity()
+workers = gloo_worker_activity()
 if sys.platform.startswith("linux"):
     # The exit hook finds gloo's worker threads by name; a torch that renames them would make it wait for nothing.
     assert len(workers) >= 1, f"no gloo worker threads found by name in {os.listdir('/proc/self/task')}"

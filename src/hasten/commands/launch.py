@@ -242,7 +242,7 @@ def _failure_facts(failure) -> tuple[int, float, str]:
     code = failure.exitcode
     when = float(extra.get("hasten_time", failure.timestamp))
     if extra:
-        from ..state import PEER_LOSS_MARKERS  # torch is loaded by now
+        from ..resilience.error_file import PEER_LOSS_MARKERS  # torch is loaded by now
 
         # Files written by torch's own `@record` (function launchers) carry no flag: read the message.
         lost_peer = extra.get("hasten_peer_loss") or any(m in message.lower() for m in PEER_LOSS_MARKERS)
@@ -270,7 +270,7 @@ def _describe_failures(error) -> str:
 
     The agent's own order is unreliable: when rank 1 dies, rank 0 often fails inside a collective and exits
     before rank 1 has finished dying. Error files written by hasten's workers say which error was a
-    consequence of losing a peer (see `hasten.state._record_uncaught_errors`).
+    consequence of losing a peer (see `hasten.resilience.error_file.record_uncaught_errors`).
     """
     failures = getattr(error, "failures", {}) or {}
     if not failures:

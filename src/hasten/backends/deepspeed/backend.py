@@ -24,7 +24,8 @@ from torch.utils.weak import WeakIdKeyDictionary
 from ...config.deepspeed import AUTO, DummyOptim, DummyScheduler, _walk, get_active_deepspeed_plugin
 from ...core.errors import CheckpointError, ConfigError, NotSupportedYetError
 from ...training.precision import PrecisionPolicy
-from ...state import GradientState, collective_timeout
+from ...distributed.bootstrap import collective_timeout
+from ...state import GradientState
 from ..base import Backend
 from .wrappers import DeepSpeedEngineWrapper, DeepSpeedOptimizerWrapper, DeepSpeedSchedulerWrapper
 
@@ -61,10 +62,10 @@ def _ensure_process_group(state) -> None:
         return
     import atexit
 
-    from ...state import _destroy_default_group
+    from ...distributed.bootstrap import destroy_default_group
 
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    atexit.register(_destroy_default_group)  # as FSDP's: also lets gloo's worker threads finish before exit
+    atexit.register(destroy_default_group)  # as FSDP's: also lets gloo's worker threads finish before exit
     for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
         os.environ.setdefault(name, value)
 

@@ -411,10 +411,10 @@ def _init_single_process_group() -> None:
     """A one-process group, so that a plain `python train.py` can run (and resume) FSDP models too."""
     import atexit
 
-    from ...state import _destroy_default_group
+    from ...distributed.bootstrap import destroy_default_group
 
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    atexit.register(_destroy_default_group)  # also lets gloo's worker threads finish before the interpreter ends
+    atexit.register(destroy_default_group)  # also lets gloo's worker threads finish before the interpreter ends
 
 
 def _named_tensors(model) -> dict:
