@@ -50,6 +50,7 @@ import time
 from collections import deque
 
 from ..core.errors import HangDetectedError
+from .call_sites import call_site, short, skip_prefixes, stack_lines
 from .hang_report import (DESCRIBE, TERMINAL, at, calls_at, divergence_headline, format_report, render, shown,
                           state_words)
 
@@ -71,71 +72,6 @@ _DOCTOR = None
 def active() -> bool:
     """Whether the doctor watches this process's collectives (debug mode in a distributed run)."""
     return _DOCTOR is not None
-
-
-# -- call sites and fingerprints -----------------------------------------------------------------------------
-
-_SKIP: tuple = ()
-
-
-def _skip_prefixes() -> tuple:
-    import contextlib
-
-    import torch
-
-    hasten_dir = os.path.dirname(os.path.abspath(__file__)) + os.sep
-    torch_dir = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
-    return (hasten_dir, torch_dir, contextlib.__file__, functools.__file__, threading.__file__)
-
-
-@functools.lru_cache(maxsize=4096)
-def _short(path: str) -> str:
-    marker = f"{os.sep}site-packages{os.sep}"
-    if marker in path:  # an installed library: `torch/distributed/distributed_c10d.py`
-        return path.rsplit(marker, 1)[1]
-    try:
-        relative = os.path.relpath(path)
-    except ValueError:
-        return path
-    return path if relative.startswith("..") else relative
-
-
-def _user_frame(frame):
-    skip = _SKIP or _skip_prefixes()
-    while frame is not None and frame.f_code.co_filename.startswith(skip):
-        frame = frame.f_back
-    return frame
-
-
-def call_site(depth: int = 1) -> str:
-    """`file:line` of the first caller (from `depth` frames up) outside hasten, torch and contextlib."""
-    try:
-        frame = sys._getframe(depth)
-    except ValueError:  # a shallower stack than the caller expected
-        frame = sys._getframe(1)
-    frame = _user_frame(frame)
-    if frame is None:
-        return "<unknown>"
-    return f"{_short(frame.f_code.co_filename)}:{frame.f_lineno}"
-
-
-def _stack_lines(frame, limit: int = 8) -> list:
-    """The user's frames of a stack, innermost last, as `file:line in function` (hasten/torch frames left out)."""
-    skip = _SKIP or _skip_prefixes()
-    lines = []
-    innermost = None
-    while frame is not None:
-        if innermost is None:
-            innermost = frame
-        if not frame.f_code.co_filename.startswith(skip):
-            lines.append(f"{_short(frame.f_code.co_filename)}:{frame.f_lineno} in {frame.f_code.co_name}")
-        frame = frame.f_back
-    lines.reverse()
-    lines = lines[-limit:]
-    if innermost is not None and innermost.f_code.co_filename.startswith(skip[1:]):
-        lines.append(f"(inside {_short(innermost.f_code.co_filename)}:{innermost.f_lineno} "
-                     f"in {innermost.f_code.co_name})")
-    return lines
 
 
 WRAPPED = tuple(DESCRIBE)  # the torch.distributed functions the doctor watches while it is on
@@ -366,7 +302,7 @@ class Doctor:
             status["stack"] = getattr(self, "final_stack", [])
         else:
             frame = sys._current_frames().get(self.main)
-            status["stack"] = _stack_lines(frame) if frame is not None else []
+            status["stack"] = stack_lines(frame) if frame is not None else []
             if entry is not None:
                 status["state"] = "collective"
                 status["entry"] = entry.as_list()
@@ -600,12 +536,12 @@ class Doctor:
         while tb is not None:
             frames.append(tb)
             tb = tb.tb_next
-        user = [t for t in frames if not t.tb_frame.f_code.co_filename.startswith(_SKIP or _skip_prefixes())]
+        user = [t for t in frames if not t.tb_frame.f_code.co_filename.startswith(skip_prefixes())]
         where = user[-1] if user else (frames[-1] if frames else None)
-        site = f" at {_short(where.tb_frame.f_code.co_filename)}:{where.tb_lineno}" if where else ""
+        site = f" at {short(where.tb_frame.f_code.co_filename)}:{where.tb_lineno}" if where else ""
         message = (str(value).strip().splitlines() or [""])[0][:200]
         self.error = f"{kind.__name__}: {message}{site}"
-        self.final_stack = [f"{_short(t.tb_frame.f_code.co_filename)}:{t.tb_lineno} in {t.tb_frame.f_code.co_name}"
+        self.final_stack = [f"{short(t.tb_frame.f_code.co_filename)}:{t.tb_lineno} in {t.tb_frame.f_code.co_name}"
                             for t in user[-8:]]
         self._leave_as("raised")
 
@@ -725,7 +661,7 @@ def _doctor_stores():
 
 def install(timeout: float, wait: float) -> None:
     """Start watching this process's collectives (the process group must exist). Idempotent."""
-    global _DOCTOR, _SKIP
+    global _DOCTOR
     import inspect
 
     import torch.distributed as dist
@@ -733,7 +669,7 @@ def install(timeout: float, wait: float) -> None:
 
     if _DOCTOR is not None or not dist.is_initialized() or dist.get_world_size() < 2:
         return
-    _SKIP = _skip_prefixes()
+    skip_prefixes()  # computed once, before any collective needs it
     store, watch_store, check_store = _doctor_stores()
     doctor = Doctor(store, watch_store, dist.get_rank(), dist.get_world_size(), float(timeout), float(wait),
                     check_store)
