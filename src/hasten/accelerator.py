@@ -16,6 +16,7 @@ from .config import accelerator_args
 from .resilience import auto_resume, preemption
 from .distributed import operations
 from .backends import backend_name_for, create_backend
+from .backends.unwrap import is_compiled
 from .training.compilation import compile_model
 from .config.dataclasses import (
     AutocastKwargs,
@@ -302,7 +303,7 @@ class Accelerator:
         model = self._backend.prepare_model(model, device_placement=device_placement, evaluation_mode=evaluation_mode)
         model = self.precision.wrap_prepared(model)
         plugin = self.state.dynamo_plugin
-        if plugin is not None and plugin.backend != DynamoBackend.NO and not _is_compiled(model):
+        if plugin is not None and plugin.backend != DynamoBackend.NO and not is_compiled(model):
             model = compile_model(model, plugin)
         model._is_accelerate_prepared = True
         self._models.append(model)
@@ -690,7 +691,3 @@ class _AccumulationStep:
         if preemption is not None and exc_info[0] is None and self.accelerator.gradient_state.sync_gradients:
             preemption.at_step_boundary()  # the step is complete: every rank agrees whether to checkpoint and stop
         return False
-
-
-def _is_compiled(model) -> bool:
-    return hasattr(torch, "_dynamo") and isinstance(model, torch._dynamo.eval_frame.OptimizedModule)

@@ -50,6 +50,11 @@ def _state_files(folder: str, num_models: int, num_optimizers: int) -> list:
     return paths + [os.path.join(folder, numbered(OPTIMIZER_NAME, i, ".bin")) for i in range(num_optimizers)]
 
 
+
+def inner_optimizer(optimizer):
+    """The torch optimizer inside hasten's `AcceleratedOptimizer` (or the optimizer itself, when given one)."""
+    return getattr(optimizer, "optimizer", optimizer)
+
 class Backend:
     """Single-process defaults; distributed backends override what differs."""
 

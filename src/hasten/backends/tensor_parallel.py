@@ -66,26 +66,6 @@ class TensorParallelBackend(FSDPBackend):
     def clip_grad_norm_(self, parameters, max_norm, norm_type=2.0):
         """Clip by the norm over every rank's pieces; DTensor gradients on different meshes (split layers, FSDP's
         shards, whole layers) are normed per mesh, then combined."""
-        from torch.distributed.tensor import DTensor
+        from ..distributed.grad_norm import clip_grad_norm_sharded_
 
-        params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
-        groups: dict = {}
-        for param in params:
-            if param.grad is not None:
-                key = param.grad.device_mesh if isinstance(param.grad, DTensor) else None
-                groups.setdefault(key, []).append(param.grad)
-        if not groups:
-            return torch.tensor(0.0)
-        norm_type = float(norm_type)
-        norms = []
-        for grads in groups.values():
-            norm = torch.nn.utils.get_total_norm(grads, norm_type)
-            norms.append((norm.full_tensor() if isinstance(norm, DTensor) else norm).float())
-        norms = torch.stack(norms)
-        total = norms.max() if norm_type == float("inf") else norms.norm(norm_type)
-        coefficient = min(1.0, float(max_norm) / (total.item() + 1e-6))
-        if coefficient < 1.0:
-            for grads in groups.values():
-                for grad in grads:
-                    grad.mul_(coefficient)
-        return total
+        return clip_grad_norm_sharded_(parameters, float(max_norm), float(norm_type))

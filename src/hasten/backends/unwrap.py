@@ -22,15 +22,28 @@ def _containers():
     return tuple(types)
 
 
-def _is_compiled(model) -> bool:
-    return isinstance(model, torch._dynamo.eval_frame.OptimizedModule) if hasattr(torch, "_dynamo") else False
+def is_compiled(model) -> bool:
+    """Whether `model` is what `torch.compile` returned (an `OptimizedModule` around the user's module)."""
+    return hasattr(torch, "_dynamo") and isinstance(model, torch._dynamo.eval_frame.OptimizedModule)
+
+
+def is_fsdp1(module) -> bool:
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    return isinstance(module, FullyShardedDataParallel)
+
+
+def is_fsdp2(module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(module, FSDPModule)
 
 
 def unwrap_model(model, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True, recursive: bool = False):
     """The user's own module inside any wrappers; optionally also undo hasten's mixed-precision forward."""
     containers = _containers()
     compiled = None
-    if _is_compiled(model):
+    if is_compiled(model):
         compiled = model
         model = model._orig_mod
     while isinstance(model, containers):

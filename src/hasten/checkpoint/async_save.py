@@ -174,7 +174,7 @@ stager = Stager()
 
 
 # -- the background process groups -----------------------------------------------------------------------------
-def _distributed() -> bool:
+def _group_exists() -> bool:
     import torch.distributed as dist
 
     return dist.is_available() and dist.is_initialized()
@@ -183,7 +183,7 @@ def _distributed() -> bool:
 def background_group(index: int):
     """The index-th gloo group reserved for background work (None without a process group). Creating one is
     a collective: call it from the main thread, in the same order on every rank."""
-    if not _distributed():
+    if not _group_exists():
         return None
     import torch.distributed as dist
 

@@ -140,3 +140,12 @@ def gloo_worker_activity() -> dict:
         switches = sum(int(fields.get(key, "0")) for key in ("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches"))
         activity[tid] = (fields.get("State", "?").split()[0], switches)
     return activity
+
+
+def init_single_process_group() -> None:
+    """A one-process gloo group, so that a plain `python train.py` can run (and resume) models whose engine needs
+    a group (FSDP, DeepSpeed)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    atexit.register(destroy_default_group)  # also lets gloo's worker threads finish before the interpreter ends

@@ -36,7 +36,7 @@ class CannotPadNestedTensorWarning(UserWarning):
 
 # -- collectives -----------------------------------------------------------------------------------------
 
-def _distributed(state: PartialState) -> bool:
+def _runs_distributed(state: PartialState) -> bool:
     return state.distributed_type in TORCH_DISTRIBUTED_TYPES and state.num_processes > 1
 
 
@@ -115,7 +115,7 @@ def _verify(operation: str, compare_shapes: bool = True):
         @wraps(function)
         def wrapper(data, *args, **kwargs):
             state = PartialState()
-            if state.debug and _distributed(state):
+            if state.debug and _runs_distributed(state):
                 from ..resilience import hang_doctor
 
                 with hang_doctor.watch(operation):
@@ -150,7 +150,7 @@ def _gather_one(tensor: torch.Tensor) -> torch.Tensor:
 @_verify("gather")
 def gather(tensor):
     """All-gather every tensor leaf and concatenate along the first dimension (identity in one process)."""
-    if not _distributed(PartialState()):
+    if not _runs_distributed(PartialState()):
         return tensor
     return recursively_apply(_gather_one, tensor, error_on_other_type=True)
 
@@ -160,7 +160,7 @@ def gather_object(object: Any):
     import torch.distributed as dist
 
     state = PartialState()
-    if not _distributed(state):
+    if not _runs_distributed(state):
         return object
     gathered = [None] * state.num_processes
     dist.all_gather_object(gathered, object)
@@ -177,7 +177,7 @@ def _broadcast_one(tensor: torch.Tensor, src: int) -> torch.Tensor:
 @_verify("broadcast")
 def broadcast(tensor, from_process: int = 0):
     """Broadcast every tensor leaf in place from `from_process`; returns the structure."""
-    if not _distributed(PartialState()):
+    if not _runs_distributed(PartialState()):
         return tensor
     return recursively_apply(_broadcast_one, tensor, src=from_process, error_on_other_type=True)
 
@@ -186,7 +186,7 @@ def broadcast_object_list(object_list: list, from_process: int = 0) -> list:
     """Broadcast a list of picklable objects in place from `from_process`."""
     import torch.distributed as dist
 
-    if _distributed(PartialState()):
+    if _runs_distributed(PartialState()):
         dist.broadcast_object_list(object_list, src=from_process)
     return object_list
 
@@ -200,7 +200,7 @@ def reduce(tensor, reduction: str = "mean", scale: float = 1.0):
 
     def _reduce_one(t):
         out = t.clone()
-        if not _distributed(state):
+        if not _runs_distributed(state):
             return out
         dist.all_reduce(out, op=dist.ReduceOp.MAX if reduction == "max" else dist.ReduceOp.SUM)
         if reduction == "mean":
@@ -238,7 +238,7 @@ def pad_across_processes(tensor, dim: int = 0, pad_index: int = 0, pad_first: bo
         warnings.warn("pad_across_processes cannot pad a nested tensor; it is returned unchanged (pad its components, "
                       "or convert it with `torch.nested.to_padded_tensor`, first)", CannotPadNestedTensorWarning,
                       stacklevel=3)
-    if not _distributed(PartialState()):
+    if not _runs_distributed(PartialState()):
         return tensor
     return recursively_apply(_pad_one, tensor, error_on_other_type=True)
 
@@ -256,7 +256,7 @@ def _has_nested_tensor(data) -> bool:
 def copy_tensor_to_devices(tensor=None):
     """Share a tensor that exists on exactly one rank (others pass None) with every rank."""
     state = PartialState()
-    if not _distributed(state):
+    if not _runs_distributed(state):
         return tensor
     descriptions = gather_object([None if tensor is None else (tuple(tensor.shape), tensor.dtype)])
     owners = [i for i, d in enumerate(descriptions) if d is not None]

@@ -55,7 +55,9 @@ def get_pretty_name(obj) -> str:
 
 
 def is_compiled_module(module) -> bool:
-    return hasattr(torch, "_dynamo") and isinstance(module, torch._dynamo.eval_frame.OptimizedModule)
+    from ..backends.unwrap import is_compiled
+
+    return is_compiled(module)
 
 
 def extract_model_from_parallel(model, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True, recursive: bool = False):

@@ -26,7 +26,7 @@ from ...core.errors import CheckpointError, ConfigError, NotSupportedYetError
 from ...training.precision import PrecisionPolicy
 from ...distributed.bootstrap import collective_timeout
 from ...state import GradientState
-from ..base import Backend
+from ..base import Backend, inner_optimizer
 from .wrappers import DeepSpeedEngineWrapper, DeepSpeedOptimizerWrapper, DeepSpeedSchedulerWrapper
 
 INSTALL_HINT = 'DeepSpeed is not installed: pip install "hasten[deepspeed]"'
@@ -60,18 +60,11 @@ def _ensure_process_group(state) -> None:
     """DeepSpeed needs a process group; a plain `python train.py` gets a one-process one (no MPI lookup)."""
     if dist.is_initialized():
         return
-    import atexit
+    from ...distributed.bootstrap import init_single_process_group
 
-    from ...distributed.bootstrap import destroy_default_group
-
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    atexit.register(destroy_default_group)  # as FSDP's: also lets gloo's worker threads finish before exit
+    init_single_process_group()
     for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
         os.environ.setdefault(name, value)
-
-
-def _plain(optimizer):
-    return getattr(optimizer, "optimizer", optimizer)
 
 
 class DeepSpeedBackend(Backend):
@@ -251,7 +244,7 @@ class DeepSpeedBackend(Backend):
     @staticmethod
     def _optimizer_values(plugin, optimizer, scheduler, num_processes, split_batches, put) -> None:
         config = plugin.deepspeed_config
-        optimizer = _plain(optimizer) if optimizer is not None else None
+        optimizer = inner_optimizer(optimizer) if optimizer is not None else None
         if optimizer is not None:
             if "optimizer" in config and not isinstance(optimizer, DummyOptim):
                 raise ConfigError(
@@ -281,7 +274,7 @@ class DeepSpeedBackend(Backend):
             if not isinstance(optimizer, DummyOptim) and optimizer is not None:
                 raise ConfigError("DummyScheduler goes with DummyOptim; with a torch optimizer pass a torch scheduler")
             if scheduler.lr_scheduler_callable is None:
-                lr = _plain(scheduler.optimizer).defaults["lr"]
+                lr = inner_optimizer(scheduler.optimizer).defaults["lr"]
                 put("scheduler.params.warmup_min_lr", 0, "the default for \"auto\" (0)")
                 put("scheduler.params.warmup_max_lr", lr, f"the optimizer's lr ({lr})")
                 put("scheduler.params.warmup_num_steps", max(1, scheduler.warmup_num_steps), "DummyScheduler")
@@ -307,7 +300,7 @@ class DeepSpeedBackend(Backend):
         kwargs = {"model": model, "config": config}
         ds_scheduler = None
         if optimizer is not None:
-            inner = _plain(optimizer)
+            inner = inner_optimizer(optimizer)
             if isinstance(inner, DummyOptim):
                 kwargs["model_parameters"] = inner.param_groups
                 if isinstance(scheduler, DummyScheduler) and scheduler.lr_scheduler_callable is not None:
@@ -509,7 +502,7 @@ def _op_is_built(op: str) -> bool:
 def map_pytorch_optim_to_deepspeed(optimizer):
     """DeepSpeed's CPU implementation of a torch optimizer, used with ZeRO-Offload: torch's Adagrad becomes
     `DeepSpeedCPUAdagrad`, anything else `DeepSpeedCPUAdam` (in AdamW mode for `torch.optim.AdamW`)."""
-    optimizer = _plain(optimizer)
+    optimizer = inner_optimizer(optimizer)
     defaults = {k: v for k, v in optimizer.defaults.items() if k in ("lr", "weight_decay")}
     if isinstance(optimizer, torch.optim.Adagrad):
         from deepspeed.ops.adagrad import DeepSpeedCPUAdagrad

@@ -20,24 +20,22 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from ...core.errors import ConfigError
 from . import checkpoint as fsdp_checkpoint
-from ..base import Backend
+from ...distributed.bootstrap import init_single_process_group
+from ...distributed.grad_norm import clip_grad_norm_sharded_
+from ..base import Backend, inner_optimizer
+from ..unwrap import is_fsdp1, is_fsdp2
 
 
-def _plain(optimizer):
-    """The torch optimizer inside hasten's `AcceleratedOptimizer` (or the optimizer itself)."""
-    return getattr(optimizer, "optimizer", optimizer)
+def _ignored_modules(model, ignored) -> list:
+    """The plugin's `ignored_modules` as modules: given as modules, or as a regex every full name must match."""
+    if ignored is None:
+        return []
+    if isinstance(ignored, str):
+        import re
 
-
-def _is_fsdp2(module) -> bool:
-    from torch.distributed.fsdp import FSDPModule
-
-    return isinstance(module, FSDPModule)
-
-
-def _is_fsdp1(module) -> bool:
-    from torch.distributed.fsdp import FullyShardedDataParallel
-
-    return isinstance(module, FullyShardedDataParallel)
+        pattern = re.compile(ignored)
+        return [module for name, module in model.named_modules() if pattern.fullmatch(name)]
+    return list(ignored)
 
 
 class FSDPBackend(Backend):
@@ -79,7 +77,7 @@ class FSDPBackend(Backend):
             if model not in self._prepared and not getattr(model, "_is_accelerate_prepared", False):
                 self._prepared[model] = self._shard(model)
         for optimizer in optimizers:
-            self._repoint(_plain(optimizer))
+            self._repoint(inner_optimizer(optimizer))
 
     def prepare_model(self, model, device_placement, evaluation_mode):
         if model not in self._prepared:
@@ -105,7 +103,7 @@ class FSDPBackend(Backend):
             from torch.distributed.device_mesh import init_device_mesh
 
             if not dist.is_initialized():
-                _init_single_process_group()
+                init_single_process_group()
 
             layout = getattr(self.state, "parallelism_config", None)
             if layout is not None and layout.device_mesh is not None:  # the layout's FSDP view (2-D for HSDP)
@@ -140,15 +138,7 @@ class FSDPBackend(Backend):
         return sharded
 
     def _ignored_params(self, model) -> set:
-        ignored = self.plugin.ignored_modules
-        if ignored is None:
-            return set()
-        if isinstance(ignored, str):
-            import re
-
-            pattern = re.compile(ignored)
-            ignored = [m for name, m in model.named_modules() if pattern.fullmatch(name)]
-        return {p for module in ignored for p in module.parameters()}
+        return {p for module in _ignored_modules(model, self.plugin.ignored_modules) for p in module.parameters()}
 
     def _shard_fsdp2(self, model, ram_efficient: bool):
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -232,12 +222,7 @@ class FSDPBackend(Backend):
                 policy = None
         if plugin.activation_checkpointing:
             _apply_activation_checkpointing(model, plugin.wrap_predicate(model), composable=False)
-        ignored = plugin.ignored_modules
-        if isinstance(ignored, str):
-            import re
-
-            pattern = re.compile(ignored)
-            ignored = [m for name, m in model.named_modules() if pattern.fullmatch(name)]
+        ignored = _ignored_modules(model, plugin.ignored_modules) or None
         old_params = list(model.parameters())
         wrapped = FullyShardedDataParallel(
             model,
@@ -295,25 +280,25 @@ class FSDPBackend(Backend):
 
     def owner_of(self, optimizer):
         """The sharded model whose parameters `optimizer` updates."""
-        params = {id(p) for group in _plain(optimizer).param_groups for p in group["params"]}
+        params = {id(p) for group in inner_optimizer(optimizer).param_groups for p in group["params"]}
         for root in self._roots:
             if any(id(p) in params for p in root.parameters()):
                 return root
         raise ConfigError(
-            f"{type(_plain(optimizer)).__name__} updates no parameter of a model prepared with FSDP; pass the model "
+            f"{type(inner_optimizer(optimizer)).__name__} updates no parameter of a model prepared with FSDP; pass the model "
             "to prepare() as well"
         )
 
     # -- the training step ----------------------------------------------------------------------------------
     @contextlib.contextmanager
     def _gradient_sync(self, model, enabled: bool):
-        if _is_fsdp2(model):
+        if is_fsdp2(model):
             model.set_requires_gradient_sync(enabled)
             try:
                 yield
             finally:
                 model.set_requires_gradient_sync(not enabled)
-        elif _is_fsdp1(model) and not enabled:
+        elif is_fsdp1(model) and not enabled:
             with model.no_sync():
                 yield
         else:
@@ -332,9 +317,9 @@ class FSDPBackend(Backend):
         if self.version == 1:
             ids = {id(p) for p in params}
             for root in self._roots:
-                if _is_fsdp1(root) and ids == {id(p) for p in root.parameters()}:
+                if is_fsdp1(root) and ids == {id(p) for p in root.parameters()}:
                     return root.clip_grad_norm_(max_norm, norm_type)
-        return _clip_sharded_grad_norm(params, float(max_norm), float(norm_type), self.version == 1)
+        return clip_grad_norm_sharded_(params, float(max_norm), float(norm_type), local_shards=self.version == 1)
 
     # -- checkpoints ----------------------------------------------------------------------------------------
     def full_state_dict(self, model, unwrap=True):
@@ -355,7 +340,7 @@ class FSDPBackend(Backend):
         sharded = fsdp_checkpoint.is_sharded(self.plugin)
         written = [fsdp_checkpoint.save_model(model, folder, index, sharded) for index, model in enumerate(models)]
         written += [
-            fsdp_checkpoint.save_optimizer(self.owner_of(optimizer), _plain(optimizer), folder, index, sharded)
+            fsdp_checkpoint.save_optimizer(self.owner_of(optimizer), inner_optimizer(optimizer), folder, index, sharded)
             for index, optimizer in enumerate(optimizers)
         ]
         return [name for name in written if name is not None]
@@ -370,7 +355,7 @@ class FSDPBackend(Backend):
             before_write([])
         sharded = fsdp_checkpoint.is_sharded(self.plugin)
         pairs = [(fsdp_checkpoint.MODEL_NAME, index, model, None) for index, model in enumerate(models)]
-        pairs += [(fsdp_checkpoint.OPTIMIZER_NAME, index, self.owner_of(optimizer), _plain(optimizer))
+        pairs += [(fsdp_checkpoint.OPTIMIZER_NAME, index, self.owner_of(optimizer), inner_optimizer(optimizer))
                   for index, optimizer in enumerate(optimizers)]
         files = []
         for stem, index, model, optimizer in pairs:
@@ -391,7 +376,7 @@ class FSDPBackend(Backend):
         for index, model in enumerate(models):
             fsdp_checkpoint.load_model(model, folder, index)
         for index, optimizer in enumerate(optimizers):
-            fsdp_checkpoint.load_optimizer(self.owner_of(optimizer), _plain(optimizer), folder, index)
+            fsdp_checkpoint.load_optimizer(self.owner_of(optimizer), inner_optimizer(optimizer), folder, index)
 
 
 def _on_any_rank(flag: bool) -> bool:
@@ -405,16 +390,6 @@ def _can_be_unit(module) -> bool:
     """fully_shard needs a module that runs (not a ModuleList/ModuleDict container) and has parameters."""
     has_forward = type(module).forward is not torch.nn.Module.forward
     return has_forward and any(True for _ in module.parameters())
-
-
-def _init_single_process_group() -> None:
-    """A one-process group, so that a plain `python train.py` can run (and resume) FSDP models too."""
-    import atexit
-
-    from ...distributed.bootstrap import destroy_default_group
-
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    atexit.register(destroy_default_group)  # also lets gloo's worker threads finish before the interpreter ends
 
 
 def _named_tensors(model) -> dict:
@@ -500,32 +475,3 @@ def _apply_activation_checkpointing(model, predicate, composable: bool) -> None:
         check_fn=lambda m: id(m) in chosen,
     )
 
-
-def _clip_sharded_grad_norm(params, max_norm: float, norm_type: float, flat_shards: bool):
-    """`clip_grad_norm_` where gradients are DTensor shards (FSDP2) or flat-parameter shards (FSDP1)."""
-    from torch.distributed.tensor import DTensor
-
-    grads = [p.grad for p in params if p.grad is not None]
-    if not grads:
-        return torch.tensor(0.0)
-    sharded = [g for g in grads if isinstance(g, DTensor)]
-    local = [g for g in grads if not isinstance(g, DTensor)]
-    parts = []
-    if sharded:
-        norm = torch.nn.utils.get_total_norm(sharded, norm_type)
-        parts.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
-    if local:
-        norm = torch.nn.utils.get_total_norm(local, norm_type)
-        if flat_shards and dist.is_initialized():  # FSDP1 shards: every element lives on exactly one process
-            norm = norm.clone()
-            if norm_type == float("inf"):
-                dist.all_reduce(norm, op=dist.ReduceOp.MAX)
-            else:
-                norm = norm ** norm_type
-                dist.all_reduce(norm)
-                norm = norm ** (1.0 / norm_type)
-        parts.append(norm)
-    parts = torch.stack([p.float() for p in parts])
-    total = parts.max() if norm_type == float("inf") else parts.norm(norm_type)
-    torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
-    return total

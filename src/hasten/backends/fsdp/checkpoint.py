@@ -22,6 +22,7 @@ import torch.distributed as dist
 from ...core.constants import FSDP_MODEL_NAME as MODEL_NAME
 from ...core.constants import OPTIMIZER_NAME
 from ...core.errors import CheckpointError
+from ..unwrap import is_fsdp1
 
 DCP_METADATA = ".metadata"
 
@@ -69,17 +70,11 @@ def _fsdp1_full_context(model):
     )
 
 
-def _is_fsdp1(model) -> bool:
-    from torch.distributed.fsdp import FullyShardedDataParallel
-
-    return isinstance(model, FullyShardedDataParallel)
-
-
 def full_model_state_dict(model) -> dict:
     """The whole model (unsharded names, e.g. `layers.0.weight`) on the main process; `{}` on the others."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    if _is_fsdp1(model):
+    if is_fsdp1(model):
         with _fsdp1_full_context(model):
             state = model.state_dict()
         return state if _rank() == 0 else {}
@@ -96,7 +91,7 @@ def load_full_model_state_dict(model, state_dict: dict, strict: bool = True):
 def full_optimizer_state_dict(model, optimizer) -> dict:
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-    if _is_fsdp1(model):
+    if is_fsdp1(model):
         from torch.distributed.fsdp import FullyShardedDataParallel
 
         with _fsdp1_full_context(model):

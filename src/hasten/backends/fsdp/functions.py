@@ -11,6 +11,7 @@ import os
 
 import torch
 
+from ..base import inner_optimizer
 from . import checkpoint
 from .checkpoint import merge_fsdp_weights  # noqa: F401 - published here too
 from ...core.errors import ConfigError, NotSupportedYetError
@@ -40,18 +41,14 @@ def load_fsdp_model(fsdp_plugin, accelerator, model, input_dir, model_index: int
 
 def save_fsdp_optimizer(fsdp_plugin, accelerator, optimizer, model, output_dir, optimizer_index: int = 0):
     os.makedirs(output_dir, exist_ok=True)
-    return checkpoint.save_optimizer(model, _plain(optimizer), os.fspath(output_dir), optimizer_index,
+    return checkpoint.save_optimizer(model, inner_optimizer(optimizer), os.fspath(output_dir), optimizer_index,
                                      checkpoint.is_sharded(fsdp_plugin))
 
 
 def load_fsdp_optimizer(fsdp_plugin, accelerator, optimizer, model, input_dir, optimizer_index: int = 0,
                         adapter_only: bool = False):
     _refuse_adapter_only(adapter_only)
-    checkpoint.load_optimizer(model, _plain(optimizer), os.fspath(input_dir), optimizer_index)
-
-
-def _plain(optimizer):
-    return getattr(optimizer, "optimizer", optimizer)  # an AcceleratedOptimizer's inner torch optimizer
+    checkpoint.load_optimizer(model, inner_optimizer(optimizer), os.fspath(input_dir), optimizer_index)
 
 
 def enable_fsdp_ram_efficient_loading() -> None:
