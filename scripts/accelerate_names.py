@@ -2,7 +2,7 @@
 
 Run once, with accelerate==1.15.0 installed (the `bench` extra), to regenerate the checked-in list:
 
-    .venv/bin/python scripts/accelerate_names.py > tests/data/accelerate_public_names.txt
+    .venv/bin/python scripts/accelerate_names.py > tests/fixtures/accelerate_public_names.txt
 
 Only names are read, from the source files' syntax trees; nothing of Accelerate is imported, so
 names bound under a condition (`if is_deepspeed_available(): from .deepspeed import ...`) count too.

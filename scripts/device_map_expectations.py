@@ -1,4 +1,4 @@
-"""Print the device maps Accelerate computes for the cases in tests/test_device_map.py (`CASES`), as the
+"""Print the device maps Accelerate computes for the cases in tests/big_model/test_device_map.py (`CASES`), as the
 literal expectations that test holds. Needs `pip install accelerate==1.15.0` (the `bench` extra); run it
 again when cases are added:
 

@@ -1,6 +1,6 @@
 """Write docs/settings.md from the settings table (hasten.config.settings): `python scripts/settings_doc.py`.
 
-tests/test_settings_table.py checks that the page matches the table, so the page cannot drift from the code.
+tests/config/test_settings.py checks that the page matches the table, so the page cannot drift from the code.
 """
 
 from __future__ import annotations

@@ -7,7 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-SCRIPTS = Path(__file__).parent / "distributed"
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+SCRIPTS = TESTS / "workers"  # the scripts the distributed tests launch
+FIXTURES = TESTS / "fixtures"
 
 
 def launch(script, *script_args, num_processes: int = 2, flags=(), env=None, timeout: float = 180, check=True):

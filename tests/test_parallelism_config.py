@@ -219,7 +219,7 @@ def test_the_config_file_block_reaches_the_run(tmp_path):
     path = tmp_path / "config.yaml"
     path.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_CPU\nnum_processes: 2\n"
                     "parallelism_config:\n  parallelism_config_tp_size: 2\n")
-    # was accepted and silently ignored; now it reaches the processes (tests/distributed/tp_layouts.py trains with it)
+    # was accepted and silently ignored; now it reaches the processes (tests/workers/tp_layouts.py trains with it)
     assert _plan("--config_file", str(path)).env["PARALLELISM_CONFIG_TP_SIZE"] == "2"
     path.write_text(path.read_text().replace("tp_size", "dp_shard_size"))
     assert _plan("--config_file", str(path)).env["PARALLELISM_CONFIG_DP_SHARD_SIZE"] == "2"
@@ -227,6 +227,6 @@ def test_the_config_file_block_reaches_the_run(tmp_path):
 
 def test_layouts_on_two_processes():
     """dp_shard=2 (from the launch flag) trains with FSDP2, dp_replicate=2 with DDP, both equal to one process;
-    rank properties read the mesh; CP on CPU refused in one line (tests/distributed/parallelism_layouts.py)."""
+    rank properties read the mesh; CP on CPU refused in one line (tests/workers/parallelism_layouts.py)."""
     result = launch("parallelism_layouts.py", flags=("--parallelism_config_dp_shard_size", "2"), timeout=300)
     assert result.stdout.count("parallelism layout checks passed") == 2, result.stdout

@@ -1,6 +1,6 @@
 """Every public name of Accelerate 1.15.0 exists in hasten at the same path (accelerate -> hasten).
 
-The list is tests/data/accelerate_public_names.txt, written by scripts/accelerate_names.py. Names that are
+The list is tests/fixtures/accelerate_public_names.txt, written by scripts/accelerate_names.py. Names that are
 not built yet are listed below, grouped by the issue that builds them; an entry is a bare name (every path of
 that name), a `module:name`, or a module (the module and every name in it). The test fails when a listed
 name is missing from hasten, and also when a name on the not-built list has become importable: then take it
@@ -14,8 +14,9 @@ import warnings
 from pathlib import Path
 
 import pytest
+from launching import FIXTURES
 
-NAMES_FILE = Path(__file__).parent / "data" / "accelerate_public_names.txt"
+NAMES_FILE = FIXTURES / "accelerate_public_names.txt"
 
 NOT_BUILT = {
     "no issue yet (Megatron-LM, SageMaker)": [

@@ -1,4 +1,4 @@
-"""Every registered backend keeps one contract (tests/distributed/backend_contract.py): the same small training
+"""Every registered backend keeps one contract (tests/workers/backend_contract.py): the same small training
 run gives plain PyTorch's weights, clip_grad_norm_ returns torch's total norm, save_state/load_state resumes
 identically, unwrap_model gives the user's module back.
 
@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from hasten.backends import REGISTRY
-from launching import launch
+from launching import FIXTURES, launch
 
 # DeepSpeed: the contract script passes no DataLoader, so the config names the micro-batch (and the clipping the
 # script asks for: DeepSpeed clips inside its step); the stage comes from the flag.
-DEEPSPEED = ["--use_deepspeed", "--deepspeed_config_file", str(Path(__file__).parent / "data" / "deepspeed_contract.json")]
+DEEPSPEED = ["--use_deepspeed", "--deepspeed_config_file", str(FIXTURES / "deepspeed_contract.json")]
 FSDP = ["--use_fsdp", "--fsdp_auto_wrap_policy", "TRANSFORMER_BASED_WRAP",
         "--fsdp_transformer_layer_cls_to_wrap", "Block", "--fsdp_state_dict_type", "SHARDED_STATE_DICT"]
 

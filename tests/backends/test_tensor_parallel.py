@@ -1,5 +1,5 @@
 """Tensor parallelism: the plans (automatic, the model's, the user's) in this process; training, checkpoints across
-layouts and the rank properties in real processes (tests/distributed/tp_layouts.py, tp_grid.py, tp_resume_one.py)."""
+layouts and the rank properties in real processes (tests/workers/tp_layouts.py, tp_grid.py, tp_resume_one.py)."""
 
 from __future__ import annotations
 

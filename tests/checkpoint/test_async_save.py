@@ -1,6 +1,6 @@
 """Asynchronous `save_state(async_save=True)`: staging, the background commit, errors, crashes, resume.
 
-The launched script (tests/distributed/async_ckpt.py) does most checks in real processes; the tests here run
+The launched script (tests/workers/async_ckpt.py) does most checks in real processes; the tests here run
 one process in-process for what needs no process group.
 """
 
@@ -11,7 +11,7 @@ import os
 import pytest
 import torch
 
-from launching import launch
+from launching import REPO, launch
 
 from hasten import Accelerator, ProjectConfiguration
 from hasten.checkpoint import async_save as background
@@ -285,7 +285,7 @@ def test_benchmark_prints_blocking_times(tmp_path):
     import sys
     from pathlib import Path
 
-    repo = Path(__file__).resolve().parent.parent
+    repo = REPO
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HASTEN_", "ACCELERATE_"))}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(repo), env.get("PYTHONPATH", "")) if p)
     out = subprocess.run([sys.executable, "-m", "benchmarks.async_checkpoint", "--quick", "--size-mb", "2", "--dir",

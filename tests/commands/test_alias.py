@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 
 from hasten.commands import alias
+from launching import SCRIPTS
 
-DISTRIBUTED = Path(__file__).parent / "distributed"
+DISTRIBUTED = SCRIPTS
 
 
 def make_venv(path: Path):

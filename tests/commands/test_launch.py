@@ -6,8 +6,9 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from launching import SCRIPTS
 
-SCRIPT = Path(__file__).parent / "distributed" / "config_two_machines.py"
+SCRIPT = SCRIPTS / "config_two_machines.py"
 
 
 def free_port():

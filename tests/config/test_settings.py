@@ -20,6 +20,7 @@ from hasten.core.enums import DynamoBackend, PrecisionType
 from hasten.core.errors import ConfigError, NotBuiltError
 from hasten.parallelism_config import ParallelismConfig, TorchContextParallelConfig
 from hasten.state import AcceleratorState
+from launching import REPO
 
 OWNERS = {"Accelerator": Accelerator, "TorchDynamoPlugin": TorchDynamoPlugin,
           "FullyShardedDataParallelPlugin": FullyShardedDataParallelPlugin, "DeepSpeedPlugin": DeepSpeedPlugin,
@@ -322,7 +323,7 @@ def test_docs_settings_page_is_generated_from_the_table():
     import importlib.util
     import pathlib
 
-    script = pathlib.Path(__file__).resolve().parent.parent / "scripts" / "settings_doc.py"
+    script = REPO / "scripts" / "settings_doc.py"
     spec = importlib.util.spec_from_file_location("settings_doc", script)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

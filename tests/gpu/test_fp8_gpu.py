@@ -1,6 +1,6 @@
 """fp8 training on a GPU that can run it (compute capability >= 8.9, torchao installed); skipped elsewhere.
 
-tests/distributed/fp8_train.py trains a small transformer ~100 steps in bf16 and then in fp8 (torchao) from the same
+tests/workers/fp8_train.py trains a small transformer ~100 steps in bf16 and then in fp8 (torchao) from the same
 seed and data, and fails unless fp8's loss, averaged over each window of 10 steps, stays within 10% (+0.05 nats) of
 bf16's; the step-time ratio is printed
 (`pytest -s`).

@@ -1,6 +1,6 @@
 """`ProfileKwargs` + `Accelerator.profile()` end to end in one process: the Chrome trace, the TensorBoard trace
 through `on_trace_ready`, the schedule, and each recording option reaching torch's profiler.
-(The two-process run, where each rank writes its own trace, is in tests/test_step_breakdown.py.)"""
+(The two-process run, where each rank writes its own trace, is in tests/observe/test_step_timer.py.)"""
 
 from __future__ import annotations
 

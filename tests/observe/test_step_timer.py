@@ -16,6 +16,7 @@ from hasten import Accelerator
 from hasten.data_loader import DataLoaderShard
 from hasten.state import AcceleratorState, GradientState
 from hasten.observe.step_timer import StepTimer, summarize
+from launching import REPO
 
 
 @pytest.fixture(autouse=True)
@@ -219,7 +220,7 @@ def test_overhead_benchmark_runs():
     import sys
     from pathlib import Path
 
-    repo = Path(__file__).resolve().parent.parent
+    repo = REPO
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HASTEN_", "ACCELERATE_"))}
     result = subprocess.run([sys.executable, "benchmarks/step_breakdown.py", "--quick"], cwd=repo, env=env,
                             capture_output=True, text=True, timeout=300)

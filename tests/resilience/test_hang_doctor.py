@@ -1,6 +1,6 @@
 """Debug mode's hang doctor (hasten.resilience.hang_doctor): injected deadlocks end within seconds with one report.
 
-Each case of tests/distributed/hang_cases.py is a real 2-process gloo launch under `hasten launch --debug` with
+Each case of tests/workers/hang_cases.py is a real 2-process gloo launch under `hasten launch --debug` with
 the DEFAULT collective timeout (30 minutes), except the sleeping rank (10 s). The launch's own timeout is the
 failure mode: without the doctor every case would hang. The report must be the last lines of the launcher's
 output and name the right rank and the right `file:line`s (found by the `SITE:` markers in the script).
@@ -56,8 +56,8 @@ def test_rank_skips_a_barrier():
     summary, report = run_case("skip-barrier")
     first = headline(report)
     assert first.startswith("rank 1 diverged at collective #2 of the default group"), report
-    assert f"it calls reduce() at tests/distributed/{site('skip-barrier-reduce')}" in first
-    assert f"rank 0 calls barrier() at tests/distributed/{site('skip-barrier-wait')}" in first
+    assert f"it calls reduce() at tests/workers/{site('skip-barrier-reduce')}" in first
+    assert f"rank 0 calls barrier() at tests/workers/{site('skip-barrier-wait')}" in first
     # where each rank's Python stack is
     assert re.search(r"rank 0: .*barrier\(\)", report) and re.search(r"rank 1: .*reduce\(\)", report), report
     assert f"{site('skip-barrier-wait')} in skip_barrier" in report
@@ -69,40 +69,40 @@ def test_rank_conditional_collective():
     _, report = run_case("conditional")
     first = headline(report)
     assert first.startswith("rank 1 diverged"), report
-    assert f"it calls gather() at tests/distributed/{site('conditional-gather')}" in first
-    assert f"rank 0 calls barrier() at tests/distributed/{site('conditional-wait')}" in first
+    assert f"it calls gather() at tests/workers/{site('conditional-gather')}" in first
+    assert f"rank 0 calls barrier() at tests/workers/{site('conditional-wait')}" in first
 
 
 def test_mismatched_shapes_in_gather():
     summary, report = run_case("shapes")
     assert "`gather` got tensors whose shapes and dtypes differ" in report and "rank 1 differs" in report
-    assert f"rank 0: [1, 2] float32 on cpu at tests/distributed/{site('shapes')}" in report
-    assert f"rank 1: [2, 2] float32 on cpu at tests/distributed/{site('shapes')}" in report
+    assert f"rank 0: [1, 2] float32 on cpu at tests/workers/{site('shapes')}" in report
+    assert f"rank 1: [2, 2] float32 on cpu at tests/workers/{site('shapes')}" in report
     assert "rank 1 (local rank 1) failed: DistributedOperationException" in summary
 
 
 def test_mismatched_dtypes_in_reduce():
     _, report = run_case("dtypes")
     assert "`reduce` got tensors whose shapes and dtypes differ" in report and "rank 1 differs" in report
-    assert f"rank 1: [2] float64 on cpu at tests/distributed/{site('dtypes')}" in report
+    assert f"rank 1: [2] float64 on cpu at tests/workers/{site('dtypes')}" in report
 
 
 def test_one_rank_skips_part_of_evaluation():
     _, report = run_case("skip-eval")
     first = headline(report)
     assert first.startswith("rank 1 diverged at collective #4"), report
-    assert f"it calls barrier() at tests/distributed/{site('eval-wait')}" in first
-    assert f"rank 0 calls gather() at tests/distributed/{site('eval-gather')}" in first
+    assert f"it calls barrier() at tests/workers/{site('eval-wait')}" in first
+    assert f"rank 0 calls gather() at tests/workers/{site('eval-gather')}" in first
 
 
 def test_rank_sleeps_past_the_timeout():
     """The one case that waits for the timeout (10 s here): the report comes within the timeout + 5 s."""
     _, report = run_case("sleeps", env={"HASTEN_COLLECTIVE_TIMEOUT": "10"})
     first = headline(report)
-    assert f"barrier() at tests/distributed/{site('sleep-wait')} timed out on rank 0" in first, report
+    assert f"barrier() at tests/workers/{site('sleep-wait')} timed out on rank 0" in first, report
     assert "the collective timeout is 10s" in first
     assert "rank 1 never arrived (it is running Python code at " \
-           f"tests/distributed/{site('sleep')} in sleeps)" in first
+           f"tests/workers/{site('sleep')} in sleeps)" in first
     # the 10 s setting, not the 30-minute default, ended it (no tighter bound: the machine may be loaded)
     assert 10 <= int(re.search(r"timed out on rank 0 after (\d+)s", first).group(1)) < 60, first
 
@@ -111,16 +111,16 @@ def test_broadcast_against_all_reduce():
     _, report = run_case("broadcast-vs-all-reduce", may_run_ahead=True)
     first = headline(report)
     assert first.startswith("rank 1 diverged"), report
-    assert f"it calls all_reduce(float32[4] op=SUM) at tests/distributed/{site('all-reduce')}" in first
-    assert f"rank 0 calls broadcast() at tests/distributed/{site('broadcast')}" in first
+    assert f"it calls all_reduce(float32[4] op=SUM) at tests/workers/{site('all-reduce')}" in first
+    assert f"rank 0 calls broadcast() at tests/workers/{site('broadcast')}" in first
 
 
 def test_users_own_all_reduce_with_mismatched_shapes():
     _, report = run_case("user-all-reduce", may_run_ahead=True)
     first = headline(report)
     assert first.startswith("rank 1 diverged"), report
-    assert f"it calls all_reduce(float32[4] op=SUM) at tests/distributed/{site('user-all-reduce')}" in first
-    assert f"rank 0 calls all_reduce(float32[3] op=SUM) at tests/distributed/{site('user-all-reduce')}" in first
+    assert f"it calls all_reduce(float32[4] op=SUM) at tests/workers/{site('user-all-reduce')}" in first
+    assert f"rank 0 calls all_reduce(float32[3] op=SUM) at tests/workers/{site('user-all-reduce')}" in first
     assert "(same collective, different tensors)" in first
 
 
@@ -130,15 +130,15 @@ def test_rank_returns_early():
     assert "rank 0 (local rank 0) was stopped by debug mode's hang doctor (report below)" in summary, summary
     first = headline(report)
     assert first.startswith("rank 1 returned from its script"), report
-    assert f"while rank 0 waits in barrier() at tests/distributed/{site('exit-wait')}" in first
+    assert f"while rank 0 waits in barrier() at tests/workers/{site('exit-wait')}" in first
     assert "which rank 1 never reached" in first
 
 
 def test_rank_raises_while_the_other_waits():
     summary, report = run_case("raises")
     first = headline(report)
-    assert first.startswith(f"rank 1 raised ValueError: rank 1 fails on purpose at tests/distributed/{site('raise')}"), report
-    assert f"while rank 0 waits in barrier() at tests/distributed/{site('raise-wait')}" in first
+    assert first.startswith(f"rank 1 raised ValueError: rank 1 fails on purpose at tests/workers/{site('raise')}"), report
+    assert f"while rank 0 waits in barrier() at tests/workers/{site('raise-wait')}" in first
     assert summary.startswith("hasten launch: rank 1 (local rank 1) failed: ValueError"), summary
 
 

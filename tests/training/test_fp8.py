@@ -3,14 +3,14 @@
 fp8 matmuls need a CUDA GPU with compute capability >= 8.9; on any other machine every way of asking for fp8 must end
 in one line naming the device and what is needed. The conversion logic (which Linear layers become fp8) is tested on
 module trees; with torchao installed, its CPU emulation also runs the converted layers. GPU runs are in
-tests/test_fp8_gpu.py.
+tests/gpu/test_fp8_gpu.py.
 """
 
 import warnings
 
 import pytest
 import torch
-from launching import launch
+from launching import REPO, launch
 
 from hasten import Accelerator
 from hasten.core.availability import is_torchao_available, is_transformer_engine_available
@@ -344,7 +344,7 @@ def test_benchmark_says_why_it_cannot_run_here():
     import sys
     from pathlib import Path
 
-    script = Path(__file__).resolve().parent.parent / "benchmarks" / "fp8_vs_bf16.py"
+    script = REPO / "benchmarks" / "fp8_vs_bf16.py"
     result = subprocess.run([sys.executable, str(script), "--quick"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
     assert "needs a CUDA GPU with compute capability >= 8.9" in result.stderr and "Traceback" not in result.stderr

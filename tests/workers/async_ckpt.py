@@ -1,6 +1,6 @@
 """Asynchronous save_state in real processes: `async_ckpt.py MODE ROOT PHASE`, MODE `plain` (1 process or
 DDP) or `fsdp` (FSDP2, sharded through DCP's async_save), PHASE `main` then `resume`. Run by
-tests/test_async_checkpoint.py, which launches each phase and checks what it left on disk.
+tests/checkpoint/test_async_save.py, which launches each phase and checks what it left on disk.
 
 main:   an async and a sync save of the same state; training goes on while the async one is held open by the
         test-only gate (HASTEN_TEST_ASYNC_WRITE_GATE) and its marker appears only after the gate opens; both

@@ -1,4 +1,4 @@
-"""The contract every backend keeps, checked in real processes (run by tests/test_backend_contract.py).
+"""The contract every backend keeps, checked in real processes (run by tests/backends/test_contract.py).
 
     backend_contract.py BACKEND WORKDIR
 

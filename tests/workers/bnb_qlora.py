@@ -1,6 +1,6 @@
 """QLoRA on N processes (DDP over gloo): a 4-bit frozen base loaded on every rank, trainable low-rank adapters.
 
-Run through `hasten launch` (see tests/test_bnb.py). Prints `CHECKS-PASSED <rank> <count>`.
+Run through `hasten launch` (see tests/big_model/test_bnb.py). Prints `CHECKS-PASSED <rank> <count>`.
 """
 
 import sys

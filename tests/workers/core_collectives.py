@@ -1,6 +1,6 @@
 """Every collective of hasten.distributed.operations on N processes (N = 1 checks the single-process fallbacks).
 
-Run through `hasten launch` (see tests/test_operations.py). With `--debug`, also checks that mismatched
+Run through `hasten launch` (see tests/distributed/test_operations.py). With `--debug`, also checks that mismatched
 inputs raise DistributedOperationException naming the differing rank, and that the ranks stay in step after.
 Prints one `CHECKS-PASSED <rank> <count>` line per process.
 """

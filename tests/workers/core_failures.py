@@ -1,4 +1,4 @@
-"""Ways a launched run can end, chosen by argv[1]; used by tests/test_launch_core.py.
+"""Ways a launched run can end, chosen by argv[1]; used by tests/commands/test_launch_core.py.
 
 crash          rank 1 raises after the group is up; rank 0 is waiting in a barrier.
 killed         rank 1 is killed by SIGKILL (as by the OOM killer): no Python error anywhere on rank 1.

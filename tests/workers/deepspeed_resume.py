@@ -1,4 +1,4 @@
-"""DeepSpeed checkpoints across launches (run by tests/test_deepspeed.py):
+"""DeepSpeed checkpoints across launches (run by tests/backends/test_deepspeed.py):
 
     deepspeed_resume.py WORKDIR train    6 steps, save_state after step 3 (checkpoint_0); write the expected rest
     deepspeed_resume.py WORKDIR crash    load checkpoint_0, 1 step, save checkpoint_1 (the caller SIGKILLs it midway)

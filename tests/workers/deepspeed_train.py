@@ -1,4 +1,4 @@
-"""DeepSpeed training checks in real processes (run by tests/test_deepspeed.py through `hasten launch`).
+"""DeepSpeed training checks in real processes (run by tests/backends/test_deepspeed.py through `hasten launch`).
 
     deepspeed_train.py WORKDIR
 Prints one `OK <check>` line per check that passed; any failure raises (the launch exits non-zero).

@@ -1,5 +1,5 @@
 """A script that ends right after a collective, with gloo's worker threads starved of CPU (run by
-tests/test_exit_abort.py).
+tests/distributed/test_bootstrap.py).
 
 Its prepared model keeps the process group alive past `end_training()`, as DDP does, so gloo's worker threads
 live on into interpreter exit. Starving those threads (lowest priority, one CPU) makes the race that load causes

@@ -1,6 +1,6 @@
 """fp8 (torchao) training tracks bf16 on a small transformer, and how long a step takes in each (GPU, cc >= 8.9).
 
-Launched by tests/test_fp8_gpu.py (plain, or with --use_fsdp --fsdp_version 2). The same model, data and seed train
+Launched by tests/gpu/test_fp8_gpu.py (plain, or with --use_fsdp --fsdp_version 2). The same model, data and seed train
 `steps` steps in bf16, then in fp8; the main process prints one JSON line with both loss curves and step times, and
 checks that fp8 tracked bf16: in every window of 10 steps, fp8's mean loss within 10% (+0.05 nats) of bf16's, and
 both runs end below half their first loss.

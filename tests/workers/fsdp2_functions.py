@@ -1,5 +1,5 @@
 """Accelerate's FSDP2 helper functions on 2 processes: fsdp2_apply_ac, fsdp2_prepare_model,
-fsdp2_load_full_state_dict. Run by tests/test_surface_leftovers.py."""
+fsdp2_load_full_state_dict. Run by tests/utils/test_surface_leftovers.py."""
 
 import torch
 from torch.distributed.fsdp import FSDPModule, fully_shard

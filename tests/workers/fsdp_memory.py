@@ -1,6 +1,6 @@
 """cpu_ram_efficient_loading: rank 0 builds the real model, the others build it on the meta device; after
 prepare every process holds only its shard, and the processes other than rank 0 never hold more than their
-shard. Run by tests/test_fsdp.py on 2 processes; prints the measured numbers."""
+shard. Run by tests/backends/test_fsdp.py on 2 processes; prints the measured numbers."""
 
 import contextlib
 import os

@@ -1,7 +1,7 @@
 """Sharded checkpoints across process counts: `save2 DIR` (2 processes), `load1 DIR` (1), `load2 DIR` (2).
 
 save2 trains 3 steps, saves, and records the losses of the next 3; load1 resumes that checkpoint on one process
-and must see the same losses, then saves again; load2 resumes that one on two processes. Run by tests/test_fsdp.py.
+and must see the same losses, then saves again; load2 resumes that one on two processes. Run by tests/backends/test_fsdp.py.
 """
 
 import importlib.util

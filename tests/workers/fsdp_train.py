@@ -1,5 +1,5 @@
 """FSDP2 and FSDP1 training against DDP and a single-process reference, fp32 and bf16; accumulation,
-clipping, optimizers built before/after prepare, state dicts. Run by tests/test_fsdp.py on 2 processes."""
+clipping, optimizers built before/after prepare, state dicts. Run by tests/backends/test_fsdp.py on 2 processes."""
 
 import torch
 from torch.distributed.tensor import DTensor

@@ -1,6 +1,6 @@
 """Injected deadlocks for debug mode's hang doctor, one per launch: argv[1] names the case.
 
-Run under `hasten launch --debug` by tests/test_hang_doctor.py, which finds each call site by the `SITE:` marker
+Run under `hasten launch --debug` by tests/resilience/test_hang_doctor.py, which finds each call site by the `SITE:` marker
 on its line and checks that the report names the right rank and lines. Every case would hang for the whole
 collective timeout (30 minutes by default) without the doctor.
 """

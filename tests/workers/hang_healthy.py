@@ -1,6 +1,6 @@
 """A correct run under the hang doctor: nothing may be reported, and the doctor is there only in debug mode.
 
-Run by tests/test_hang_doctor.py with and without `--debug`. Checks, on two processes:
+Run by tests/resilience/test_hang_doctor.py with and without `--debug`. Checks, on two processes:
 - debug off: torch.distributed's functions are torch's own, hasten.resilience.hang_doctor is not active;
 - debug on: they are the doctor's wrappers, old store keys are deleted, every collective gets checked, and none of these legitimate patterns is reported: a rank that is
   slow (past the doctor's wait) to reach a barrier, the same collective called from different lines, object

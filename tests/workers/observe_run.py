@@ -1,4 +1,4 @@
-"""Launched on 2 processes: the observability tools in one DDP run (tests/test_step_breakdown.py reads the output).
+"""Launched on 2 processes: the observability tools in one DDP run (tests/observe/test_step_timer.py reads the output).
 
 Usage: observe_run.py OUT_DIR. Rank 1's dataset sleeps 30 ms per sample, so rank 1 is the straggler. Writes:
 OUT_DIR/run/metrics.jsonl (the jsonl tracker, main process), OUT_DIR/trace/profile_<rank>.json (Chrome traces),

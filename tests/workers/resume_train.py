@@ -1,5 +1,5 @@
-"""A run that is killed, preempted or left alone, and resumes by itself (issue 17, tests/test_auto_resume.py and
-tests/test_preemption.py).
+"""A run that is killed, preempted or left alone, and resumes by itself (issue 17, tests/resilience/test_auto_resume.py and
+tests/resilience/test_preemption.py).
 
     resume_train.py WORKDIR RESUME EVENT
 RESUME: `flag` (ProjectConfiguration(automatic_resume=True), no resume code at all) or `call`

@@ -1,6 +1,6 @@
 """Issue 15's names on 2 real processes: test_launch, tqdm on the main process only, are_the_same_tensors,
 standalone checkpoint functions (shared files once, RNG files per process) and the FSDP helper functions
-(sharded and full state dicts round-trip, merge_fsdp_weights). Run by tests/test_surface_distributed.py."""
+(sharded and full state dicts round-trip, merge_fsdp_weights). Run by tests/utils/test_surface_distributed.py."""
 
 import io
 import os

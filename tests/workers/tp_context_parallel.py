@@ -1,4 +1,4 @@
-"""cp_size=2 on 2 CUDA GPUs (tests/test_parallelism_tp.py skips it elsewhere): inside maybe_context_parallel each rank
+"""cp_size=2 on 2 CUDA GPUs (tests/backends/test_tensor_parallel.py skips it elsewhere): inside maybe_context_parallel each rank
 holds half of the sequence and causal SDPA over the group equals attention over the whole sequence."""
 
 import torch

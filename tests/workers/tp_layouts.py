@@ -1,4 +1,4 @@
-"""Tensor parallelism on 2 processes, launched by tests/test_parallelism_tp.py with a config file whose
+"""Tensor parallelism on 2 processes, launched by tests/backends/test_tensor_parallel.py with a config file whose
 `parallelism_config:` block says tp_size 2 (Accelerate accepts that block and ignores it).
 
 - TP=2 on a plain PyTorch transformer (tp_common.TinyGPT: no tp_plan attribute) matches one process (TOL);
