@@ -1,9 +1,8 @@
-"""Accelerate's `utils.ao` path; the code lives in `hasten.training.fp8.ao`."""
+"""Accelerate's `utils.ao` path. The module is `hasten.training.fp8.ao` itself (not a copy of its names), so
+`mock.patch("hasten.utils.ao.X")` and pickles naming this path reach the code that runs."""
 
-from ..training.fp8.ao import (  # noqa: F401
-    convert_model_to_fp8_ao,
-    filter_first_and_last_linear_layers,
-    filter_linear_layers,
-    find_first_last_linear_layers,
-    has_ao_layers,
-)
+import sys
+
+from ..training.fp8 import ao
+
+sys.modules[__name__] = ao

@@ -1,4 +1,8 @@
-"""Accelerate's `utils.constants` path; the values live in `hasten.core.constants`."""
+"""Accelerate's `utils.constants` path. The module is `hasten.core.constants` itself (not a copy of its names), so
+`mock.patch("hasten.utils.constants.X")` and pickles naming this path reach the code that runs."""
 
-from ..core.constants import *  # noqa: F401,F403
-from ..core.constants import STR_OPERATION_TO_FUNC  # noqa: F401
+import sys
+
+from ..core import constants
+
+sys.modules[__name__] = constants

@@ -1,4 +1,8 @@
-"""Accelerate's `utils.imports` path; the probes live in `hasten.core.availability`."""
+"""Accelerate's `utils.imports` path. The module is `hasten.core.availability` itself (not a copy of its names), so
+`mock.patch("hasten.utils.imports.X")` and pickles naming this path reach the code that runs."""
 
-from ..core.availability import *  # noqa: F401,F403
-from ..core.availability import compare_versions, is_torch_version  # noqa: F401
+import sys
+
+from ..core import availability
+
+sys.modules[__name__] = availability

@@ -1,3 +1,8 @@
-"""Accelerate's `utils.memory` path; the code lives in `hasten.training.memory`."""
+"""Accelerate's `utils.memory` path. The module is `hasten.training.memory` itself (not a copy of its names), so
+`mock.patch("hasten.utils.memory.X")` and pickles naming this path reach the code that runs."""
 
-from ..training.memory import clear_device_cache, find_executable_batch_size, release_memory, should_reduce_batch_size  # noqa: F401
+import sys
+
+from ..training import memory
+
+sys.modules[__name__] = memory

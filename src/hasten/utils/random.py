@@ -1,3 +1,8 @@
-"""Accelerate's `utils.random` path; the code lives in `hasten.distributed.rng`."""
+"""Accelerate's `utils.random` path. The module is `hasten.distributed.rng` itself (not a copy of its names), so
+`mock.patch("hasten.utils.random.X")` and pickles naming this path reach the code that runs."""
 
-from ..distributed.rng import set_seed, synchronize_rng_state, synchronize_rng_states  # noqa: F401
+import sys
+
+from ..distributed import rng
+
+sys.modules[__name__] = rng

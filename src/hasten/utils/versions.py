@@ -1,3 +1,8 @@
-"""Accelerate's `utils.versions` path; the code lives in `hasten.core.availability`."""
+"""Accelerate's `utils.versions` path. The module is `hasten.core.availability` itself (not a copy of its names), so
+`mock.patch("hasten.utils.versions.X")` and pickles naming this path reach the code that runs."""
 
-from ..core.availability import compare_versions, is_torch_version, torch_version  # noqa: F401
+import sys
+
+from ..core import availability
+
+sys.modules[__name__] = availability
