@@ -574,9 +574,9 @@ class Accelerator:
 
     def save_state(self, output_dir=None, safe_serialization: bool = True, async_save: bool = False,
                    **save_model_func_kwargs):
-        from .checkpoint import layout as checkpointing
+        from .checkpoint import layout
 
-        return checkpointing.save_state(self._checkpoint_contents(), output_dir, safe_serialization=safe_serialization,
+        return layout.save_state(self._checkpoint_contents(), output_dir, safe_serialization=safe_serialization,
                                         async_save=async_save, **save_model_func_kwargs)
 
     def wait_for_checkpoint(self):
@@ -586,18 +586,18 @@ class Accelerator:
         wait()
 
     def load_state(self, input_dir=None, load_kwargs=None, **load_model_func_kwargs):
-        from .checkpoint import layout as checkpointing
+        from .checkpoint import layout
 
         self._auto_resume = None  # an explicit load replaces the automatic one
-        step = checkpointing.load_state(self._checkpoint_contents(), input_dir, load_kwargs=load_kwargs,
+        step = layout.load_state(self._checkpoint_contents(), input_dir, load_kwargs=load_kwargs,
                                         **load_model_func_kwargs)
         if step is not None:
             self.step = step
 
     def save_model(self, model, save_directory, max_shard_size="10GB", safe_serialization: bool = True):
-        from .checkpoint import layout as checkpointing
+        from .checkpoint import layout
 
-        return checkpointing.save_model(self._checkpoint_contents(), model, save_directory,
+        return layout.save_model(self._checkpoint_contents(), model, save_directory,
                                         max_shard_size=max_shard_size, safe_serialization=safe_serialization)
 
     def save(self, obj, f, safe_serialization: bool = False):

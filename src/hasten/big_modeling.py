@@ -6,8 +6,8 @@ The usual path (see docs/big_models.md):
         model = build_model()                       # parameters on `meta`: no memory, no init time
     model = load_checkpoint_and_dispatch(model, "checkpoint/", device_map="auto", offload_folder="offload")
 
-`load_checkpoint_and_dispatch` computes a device map (`device_map.py`), loads each weight straight to its
-device (`modeling.py`) and attaches the hooks that run each module on its device (`hooks.py`). Weights mapped
+`load_checkpoint_and_dispatch` computes a device map (`big_model/device_map.py`), loads each weight straight to its
+device (`big_model/loading.py`) and attaches the hooks that run each module on its device (`hooks.py`). Weights mapped
 to "disk" from a safetensors checkpoint are read in place from its files; the next offloaded block is
 prefetched while the current one runs.
 """

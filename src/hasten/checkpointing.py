@@ -2,7 +2,7 @@
 
 `Accelerator.save_state` (in `hasten.checkpoint.layout`) is what most code calls; these functions write and read the
 same file layout for callers that hold the pieces themselves. Each file is written through a temporary
-sibling and renamed into place (`checkpoint_io.atomic_write`), so a crash leaves the old file or the new
+sibling and renamed into place (`checkpoint.durable.atomic_write`), so a crash leaves the old file or the new
 one, never half of one. Loading runs no pickled code unless `load_kwargs={"weights_only": False}`.
 """
 

@@ -1,7 +1,7 @@
 """Reading model weights into a model: whole, or placed module by module along a device map.
 
 Also the tensor-level helpers the big-model toolkit shares (`set_module_tensor_to_device`,
-`named_module_tensors`, tied parameters). Device maps themselves are computed in `device_map.py`.
+`named_module_tensors`, tied parameters). Device maps themselves are computed in `device_map.py` beside this module.
 """
 
 from __future__ import annotations

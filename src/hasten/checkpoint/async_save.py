@@ -30,7 +30,7 @@ a file exists at `<path>` before it writes anything (DCP uploads are not held), 
 parameters while the write is pending and see that the staged copy is what lands on disk;
 `HASTEN_TEST_ASYNC_STAGE_GATE=<path>` holds it the same way before it copies the parameters and optimizer
 state (an optimizer step then waits), so a test can change a weight in place in between. The crash points
-of `checkpoint_io` (`HASTEN_TEST_CRASH_AT`) fire in the writer thread too, killing the process in the middle
+of `durable.py` (`HASTEN_TEST_CRASH_AT`) fire in the writer thread too, killing the process in the middle
 of a background write. Never set any of them in production.
 """
 

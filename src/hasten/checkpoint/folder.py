@@ -5,8 +5,8 @@ A save goes to a hidden temporary folder next to the target (`temp_for`). Once e
 process killed at any moment leaves either the new checkpoint, whole, or nothing that `load_state` would take
 for one. `recover` repairs a replacement a crash interrupted; `rotate` keeps `total_limit` checkpoints.
 
-Nothing here knows what goes into a checkpoint (that is `checkpointing.py`) nor how a file is written (that
-is `checkpoint_io.py`).
+Nothing here knows what goes into a checkpoint (that is `layout.py`) nor how a file is written (that
+is `durable.py`).
 """
 
 from __future__ import annotations

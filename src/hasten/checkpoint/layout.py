@@ -4,8 +4,8 @@ The facade hands over a `CheckpointContents`: every object to save or restore, b
 The backend writes and reads the model and optimizer files (`Backend.save_model_and_optimizer` /
 `load_model_and_optimizer`); this module writes the rest (schedulers, scaler, loader positions, registered
 objects, gradients of an unfinished accumulation window, RNG states) and leaves the folder's atomic commit,
-recovery and rotation to `checkpoint_folder.py`, and the files' bytes to `checkpoint_io.py`. Collectives are
-`operations.py`'s and RNG capture is `rng.py`'s. Loading runs no pickled code unless asked to.
+recovery and rotation to `checkpoint/folder.py`, and the files' bytes to `durable.py`, `fast_io.py` and `marker.py`. Collectives are
+`distributed/operations.py`'s and RNG capture is `distributed/rng.py`'s. Loading runs no pickled code unless asked to.
 """
 
 from __future__ import annotations
@@ -230,7 +230,7 @@ def save_state(contents: CheckpointContents, output_dir=None, safe_serialization
     """Write every object of `contents` to a checkpoint folder, atomically; return its path.
 
     With `async_save`, return once what changes outside the optimizer step is staged in CPU memory; the rest is
-    copied, and the files written and committed, in the background (see `async_checkpoint.py`)."""
+    copied, and the files written and committed, in the background (see `checkpoint/async_save.py`)."""
     background.wait()  # an earlier asynchronous save commits first, and raises here what went wrong in it
     project = contents.project
     target = _target_for(project, output_dir)

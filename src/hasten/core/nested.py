@@ -1,8 +1,8 @@
 """Pure helpers over nested structures of tensors (lists, tuples, namedtuples, mappings).
 
 Nothing here talks to other processes or reads the run's state, so every room may import this module
-(`state.py`, `precision.py`, `data_loader.py`, `optimizer.py`); the collectives over the same structures
-live in `operations.py`, which re-exports these names at Accelerate's import paths.
+(`state.py`, `training/precision.py`, `data/`, `optimizer.py`); the collectives over the same structures
+live in `distributed/operations.py`, which re-exports these names at Accelerate's import paths.
 """
 
 from __future__ import annotations

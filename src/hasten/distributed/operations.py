@@ -1,6 +1,6 @@
 """Collectives over nested structures of tensors (lists, tuples, namedtuples, mappings).
 
-The pure helpers over the same structures (`recursively_apply`, `send_to_device`, ...) live in `nested.py`
+The pure helpers over the same structures (`recursively_apply`, `send_to_device`, ...) live in `core/nested.py`
 and are re-exported here, where Accelerate users import them from.
 
 Every collective is a no-op (or identity) in a single process. With `HASTEN_DEBUG_MODE=1` (or

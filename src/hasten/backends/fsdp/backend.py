@@ -5,7 +5,7 @@ FSDP2 (`fully_shard`, the default for new code) changes modules in place and tur
 DTensors, so optimizers built before `prepare` are re-pointed at the new parameters here (`prepare_together`).
 FSDP1 (`FullyShardedDataParallel`) wraps the module in a container. Both run on CPU processes with gloo.
 
-Checkpoints of sharded state go through torch.distributed.checkpoint (see `fsdp_checkpoint.py`), so a run
+Checkpoints of sharded state go through torch.distributed.checkpoint (see `checkpoint.py` beside this module), so a run
 saved by N processes loads into M.
 """
 
