@@ -12,12 +12,10 @@ from collections import OrderedDict
 
 import torch
 
-from .config import accelerator_args
-from .resilience import auto_resume, preemption
-from .distributed import operations
 from .backends import backend_name_for, create_backend
 from .backends.unwrap import is_compiled
-from .training.compilation import compile_model
+from .big_model.bnb_params import quantized_model_placement
+from .config import accelerator_args
 from .config.dataclasses import (
     AutocastKwargs,
     DataLoaderConfiguration,
@@ -26,14 +24,16 @@ from .config.dataclasses import (
     ProjectConfiguration,
     TorchDynamoPlugin,
 )
-from .core.enums import DistributedType, DynamoBackend
 from .config.resolve import runtime_value
 from .config.settings import refuse_unbuilt_environment
+from .core.enums import DistributedType, DynamoBackend
 from .core.errors import ConfigError, NotSupportedYetError
+from .distributed import operations
 from .parallelism_config import config_for_run, fsdp_plugin_for_layout, mesh_rank
-from .training.precision import PrecisionPolicy
-from .big_model.bnb_params import quantized_model_placement
+from .resilience import auto_resume, preemption
 from .state import AcceleratorState, GradientState, PartialState
+from .training.compilation import compile_model
+from .training.precision import PrecisionPolicy
 
 _NOT_PASSED = object()
 

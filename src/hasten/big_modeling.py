@@ -24,6 +24,8 @@ import torch
 from torch import nn
 
 from .big_model.device_map import check_device_map, find_tied_parameters, get_balanced_memory, infer_auto_device_map
+from .big_model.loading import load_checkpoint_in_model, retie_parameters
+from .big_model.offload import INDEX_NAME, OffloadedWeightsLoader, extract_submodules_state_dict, offload_state_dict
 from .core.errors import DeviceMapError, OffloadError
 from .hooks import (
     AlignDevicesHook,
@@ -35,8 +37,6 @@ from .hooks import (
     attach_align_device_hook_on_blocks,
     link_prefetch,
 )
-from .big_model.loading import load_checkpoint_in_model, retie_parameters
-from .big_model.offload import INDEX_NAME, OffloadedWeightsLoader, extract_submodules_state_dict, offload_state_dict
 
 logger = logging.getLogger(__name__)
 

@@ -14,10 +14,18 @@ import warnings
 
 import torch
 
+from .backends.base import numbered
 from .checkpoint import async_save as background
 from .checkpoint import durable, fast_io, sharding
-from .backends.base import numbered
-from .core.constants import MODEL_NAME, OPTIMIZER_NAME, RNG_STATE_NAME, SAFE_MODEL_NAME, SAMPLER_NAME, SCALER_NAME, SCHEDULER_NAME
+from .core.constants import (
+    MODEL_NAME,
+    OPTIMIZER_NAME,
+    RNG_STATE_NAME,
+    SAFE_MODEL_NAME,
+    SAMPLER_NAME,
+    SCALER_NAME,
+    SCHEDULER_NAME,
+)
 from .distributed.rng import capture_rng_states, restore_rng_states
 
 logger = logging.getLogger(__name__)

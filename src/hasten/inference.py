@@ -13,10 +13,15 @@ from typing import Any, Optional, Union
 
 import torch
 
-from .training.compilation import is_repeated_blocks
 from .core.errors import ConfigError
-from .distributed.operations import broadcast_object_list, copy_tensor_to_devices, ignorant_find_batch_size, send_to_device
+from .distributed.operations import (
+    broadcast_object_list,
+    copy_tensor_to_devices,
+    ignorant_find_batch_size,
+    send_to_device,
+)
 from .state import PartialState
+from .training.compilation import is_repeated_blocks
 
 
 def _pipelining():

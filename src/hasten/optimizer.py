@@ -7,8 +7,8 @@ import inspect
 import torch
 
 from .checkpoint import async_save as background
-from .resilience import preemption
 from .core.nested import send_to_device
+from .resilience import preemption
 from .state import AcceleratorState, GradientState
 
 

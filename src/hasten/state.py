@@ -15,9 +15,9 @@ from functools import partial
 
 import torch
 
-from .distributed import cluster as environment
-from .core.enums import DistributedType, PrecisionType, TORCH_DISTRIBUTED_TYPES
+from .core.enums import TORCH_DISTRIBUTED_TYPES, DistributedType, PrecisionType
 from .core.errors import ConfigError, StateResetError
+from .distributed import cluster as environment
 from .distributed.bootstrap import collective_timeout, init_process_group
 
 __all__ = ["PartialState", "AcceleratorState", "GradientState", "DistributedType", "is_initialized"]

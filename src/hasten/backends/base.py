@@ -31,8 +31,8 @@ from ..checkpoint import durable, fast_io, sharding
 from ..core.constants import MODEL_NAME, OPTIMIZER_NAME, SAFE_MODEL_NAME
 from ..core.errors import CheckpointError, ConfigError
 from ..optimizer import AcceleratedOptimizer
-from ..training.precision import PrecisionPolicy
 from ..scheduler import AcceleratedScheduler
+from ..training.precision import PrecisionPolicy
 from .unwrap import unwrap_model
 
 _WRAPPER_PREFIXES = ("module.", "_orig_mod.")

@@ -24,11 +24,11 @@ from torch import nn
 
 from ..big_modeling import dispatch_model, init_empty_weights
 from ..config.quantization import BnbQuantizationConfig
-from .device_map import find_tied_parameters, get_balanced_memory, infer_auto_device_map
 from ..core.errors import CheckpointError, ConfigError, DeviceMapError
+from .bnb_params import INSTALL_HINT, import_bitsandbytes, place_quantized_parameter, quantize_int8
+from .device_map import find_tied_parameters, get_balanced_memory, infer_auto_device_map
 from .loading import load_checkpoint_in_model, set_module_tensor_to_device
 from .offload import offload_weight
-from .bnb_params import INSTALL_HINT, import_bitsandbytes, place_quantized_parameter, quantize_int8
 
 logger = logging.getLogger(__name__)
 

@@ -15,9 +15,9 @@ import sys
 import torch
 
 from ..checkpoint import fast_io, sharding
-from .device_map import _device_of
 from ..core.errors import CheckpointError, NotSupportedYetError, OffloadError
 from .bnb_params import is_int8_parameter, is_quantized_parameter, place_quantized_parameter, quantize_int8
+from .device_map import _device_of
 
 logger = logging.getLogger(__name__)
 

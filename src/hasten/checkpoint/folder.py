@@ -17,7 +17,8 @@ import re
 import time
 
 from ..core.errors import CheckpointError, ConfigError
-from . import durable, marker as markers
+from . import durable
+from . import marker as markers
 
 logger = logging.getLogger(__name__)
 

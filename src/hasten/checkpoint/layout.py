@@ -24,8 +24,9 @@ from ..core.errors import CheckpointError, ConfigError
 from ..distributed.operations import broadcast_object_list, gather_object
 from ..distributed.rng import capture_rng_states, restore_rng_states
 from . import async_save as background
-from . import durable, fast_io, marker as markers, sharding
+from . import durable, fast_io, sharding
 from . import folder as folders
+from . import marker as markers
 
 logger = logging.getLogger(__name__)
 

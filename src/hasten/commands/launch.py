@@ -16,8 +16,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from ..distributed.cluster import parse_bool, parse_int
 from ..core.errors import ConfigError, LaunchError
+from ..distributed.cluster import parse_bool, parse_int
 
 
 class _Parser(argparse.ArgumentParser):

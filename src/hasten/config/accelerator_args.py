@@ -3,6 +3,7 @@ DeepSpeed plugins, and gradient accumulation. Kept out of the facade so that `ac
 
 from __future__ import annotations
 
+from ..core.errors import ConfigError, NotSupportedYetError
 from .dataclasses import (
     AutocastKwargs,
     DistributedDataParallelKwargs,
@@ -14,7 +15,6 @@ from .dataclasses import (
 )
 from .fp8 import RECIPE_HANDLERS, AORecipeKwargs, FP8RecipeKwargs, MSAMPRecipeKwargs, TERecipeKwargs
 from .resolve import runtime_value
-from ..core.errors import ConfigError, NotSupportedYetError
 
 # kwargs handler class -> attribute of the Accelerator that holds it
 HANDLER_SLOTS = {

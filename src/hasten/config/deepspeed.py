@@ -23,8 +23,8 @@ from typing import Any, Optional
 
 import torch
 
-from ..distributed.cluster import parse_bool, parse_int
 from ..core.errors import ConfigError, NotSupportedYetError
+from ..distributed.cluster import parse_bool, parse_int
 
 AUTO = "auto"
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")

@@ -19,10 +19,10 @@ import torch
 from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy, StateDictType
 
 from ..core.enums import FSDP_AUTO_WRAP_POLICY
-from ..distributed.cluster import parse_bool, parse_int
-from .settings import SETTINGS
 from ..core.errors import ConfigError
+from ..distributed.cluster import parse_bool, parse_int
 from ..training.precision import DTYPES as _DTYPES
+from .settings import SETTINGS
 
 _AUTO_WRAP_NAMES = tuple(name.lower() for name in FSDP_AUTO_WRAP_POLICY)
 
@@ -360,7 +360,10 @@ class FullyShardedDataParallelPlugin:
     def set_state_dict_type(self, state_dict_type=None):
         """Choose FULL / SHARDED (/ LOCAL for FSDP1) checkpoints and the matching configs."""
         from torch.distributed.fsdp import (
-            FullOptimStateDictConfig, FullStateDictConfig, ShardedOptimStateDictConfig, ShardedStateDictConfig,
+            FullOptimStateDictConfig,
+            FullStateDictConfig,
+            ShardedOptimStateDictConfig,
+            ShardedStateDictConfig,
         )
 
         if state_dict_type is not None:

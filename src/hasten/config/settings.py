@@ -22,8 +22,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from ..core import enums
-from ..distributed.cluster import parse_bool, parse_int
 from ..core.errors import NotBuiltError
+from ..distributed.cluster import parse_bool, parse_int
 
 
 @dataclass(frozen=True)

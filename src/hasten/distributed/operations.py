@@ -19,13 +19,30 @@ from typing import Any
 
 import torch
 
-from ..core.enums import DistributedType, TORCH_DISTRIBUTED_TYPES
+from ..core.enums import TORCH_DISTRIBUTED_TYPES, DistributedType
 from ..core.errors import DistributedOperationException
 from ..core.nested import (  # noqa: F401 - re-exported: Accelerate keeps these in its operations module
-    TensorInformation, is_torch_tensor, is_tensor_information, is_namedtuple, honor_type, recursively_apply,
-    send_to_device, get_data_structure, get_shape, initialize_tensors, find_batch_size,
-    ignorant_find_batch_size, listify, find_device, slice_tensors, concatenate, convert_to_fp32,
-    ConvertOutputsToFp32, convert_outputs_to_fp32, pad_input_tensors, split_for_process,
+    ConvertOutputsToFp32,
+    TensorInformation,
+    concatenate,
+    convert_outputs_to_fp32,
+    convert_to_fp32,
+    find_batch_size,
+    find_device,
+    get_data_structure,
+    get_shape,
+    honor_type,
+    ignorant_find_batch_size,
+    initialize_tensors,
+    is_namedtuple,
+    is_tensor_information,
+    is_torch_tensor,
+    listify,
+    pad_input_tensors,
+    recursively_apply,
+    send_to_device,
+    slice_tensors,
+    split_for_process,
 )
 from ..state import PartialState
 

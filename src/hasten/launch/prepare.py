@@ -10,8 +10,8 @@ import os
 import sys
 
 from ..core.enums import DistributedType
-from ..distributed.cluster import parse_int
 from ..core.errors import ConfigError
+from ..distributed.cluster import parse_int
 
 # distributed types whose processes find their rank from LOCAL_RANK/RANK
 _RANKED_TYPES = (

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 
-
 # Substrings of the errors a rank sees when *another* rank died under it (gloo, NCCL, TCPStore).
 PEER_LOSS_MARKERS = (
     "connection closed by peer", "connection reset by peer", "remote worker crash", "broken pipe",

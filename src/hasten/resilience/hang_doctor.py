@@ -51,8 +51,17 @@ from collections import deque
 
 from ..core.errors import HangDetectedError
 from .call_sites import call_site, short, skip_prefixes, stack_lines
-from .hang_report import (DESCRIBE, TERMINAL, at, calls_at, divergence_headline, format_report, render, shown,
-                          state_words)
+from .hang_report import (
+    DESCRIBE,
+    TERMINAL,
+    at,
+    calls_at,
+    divergence_headline,
+    format_report,
+    render,
+    shown,
+    state_words,
+)
 
 __all__ = ["HangDetectedError", "WRAPPED", "active", "call_site", "install", "uninstall", "watch"]
 

@@ -1,5 +1,6 @@
 """Helpers for testing code that uses hasten (Accelerate's `accelerate.test_utils`)."""
 
+from .scripts import test_ops, test_script, test_sync  # noqa: F401,E402 - Accelerate's bundled self-checks
 from .testing import (  # noqa: F401
     DEFAULT_LAUNCH_COMMAND,
     are_the_same_tensors,
@@ -50,4 +51,3 @@ from .testing import (  # noqa: F401
     torch_device,
 )
 from .training import RegressionDataset, RegressionModel  # noqa: F401
-from .scripts import test_ops, test_script, test_sync  # noqa: F401,E402 - Accelerate's bundled self-checks

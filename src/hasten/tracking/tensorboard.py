@@ -37,9 +37,8 @@ class TensorBoardTracker(GeneralTracker):
 
     @on_main_process
     def store_init_configuration(self, values: dict):
-        from torch.utils.tensorboard.summary import hparams
-
         import yaml
+        from torch.utils.tensorboard.summary import hparams
 
         flat = {key: scalar_or_text(value) for key, value in flatten(values).items()}
         # The three hparams summaries go into this run's own event file (add_hparams would open a second

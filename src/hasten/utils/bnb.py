@@ -1,7 +1,5 @@
 """Accelerate's `utils.bnb` path; the code lives in `hasten.big_model.bnb` and `hasten.config.quantization`."""
 
-from ..big_modeling import dispatch_model, init_empty_weights  # noqa: F401
-from ..config.quantization import BnbQuantizationConfig  # noqa: F401
 from ..big_model.bnb import (  # noqa: F401
     get_keys_to_not_convert,
     get_parameter_device,
@@ -11,3 +9,5 @@ from ..big_model.bnb import (  # noqa: F401
     quantize_and_offload_8bit,
     replace_with_bnb_layers,
 )
+from ..big_modeling import dispatch_model, init_empty_weights  # noqa: F401
+from ..config.quantization import BnbQuantizationConfig  # noqa: F401

@@ -1,6 +1,7 @@
 """Accelerate's `utils.deepspeed` path: an index over `hasten.config.deepspeed` (plugin, config, placeholders)
 and `hasten.backends.deepspeed.wrappers` (what `prepare` returns). Importing it does not import deepspeed."""
 
+from ..backends.deepspeed.backend import map_pytorch_optim_to_deepspeed  # noqa: F401
 from ..backends.deepspeed.wrappers import (  # noqa: F401
     DeepSpeedEngineWrapper,
     DeepSpeedOptimizerWrapper,
@@ -13,4 +14,3 @@ from ..config.deepspeed import (  # noqa: F401
     HfDeepSpeedConfig,
     get_active_deepspeed_plugin,
 )
-from ..backends.deepspeed.backend import map_pytorch_optim_to_deepspeed  # noqa: F401

@@ -1,5 +1,11 @@
 """Accelerate's `utils.environment` path; the code lives in `hasten.distributed.cluster` and `hasten.launch.machine`."""
 
+from ..distributed.cluster import (  # noqa: F401
+    get_int_from_env,
+    parse_choice_from_env,
+    parse_flag_from_env,
+    str_to_bool,
+)
 from ..launch.machine import (  # noqa: F401
     CPUInformation,
     are_libraries_initialized,
@@ -15,10 +21,4 @@ from ..launch.machine import (  # noqa: F401
     patch_environment,
     purge_accelerate_environment,
     set_numa_affinity,
-)
-from ..distributed.cluster import (  # noqa: F401
-    get_int_from_env,
-    parse_choice_from_env,
-    parse_flag_from_env,
-    str_to_bool,
 )

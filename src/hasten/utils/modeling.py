@@ -19,7 +19,6 @@ from ..big_model.device_map import (  # noqa: F401
     get_module_size_with_ties,
     infer_auto_device_map,
 )
-from ..training.precision import get_grad_scaler, get_mixed_precision_context_manager  # noqa: F401
 from ..big_model.loading import (  # noqa: F401
     align_module_device,
     get_non_persistent_buffers,
@@ -36,3 +35,4 @@ from ..big_model.loading import (  # noqa: F401
     set_module_tensor_to_device,
 )
 from ..big_model.offload import offload_weight, save_offload_index  # noqa: F401
+from ..training.precision import get_grad_scaler, get_mixed_precision_context_manager  # noqa: F401

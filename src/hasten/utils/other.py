@@ -9,14 +9,18 @@ import socket
 import torch
 
 from ..checkpointing import clean_state_dict_for_safetensors  # noqa: F401
-from ..training.compilation import (  # noqa: F401
-    compile_regions, compile_regions_deepspeed, compile_regions_fsdp2, get_module_children_bottom_up, has_compiled_regions,
-)
 from ..config.file import write_basic_config  # noqa: F401
-from ..launch.machine import are_libraries_initialized, clear_environment, patch_environment  # noqa: F401
 from ..distributed.operations import wait_for_everyone  # noqa: F401
-from ..state import PartialState
 from ..distributed.tp_plan import get_model_tp_size, model_has_dtensor  # noqa: F401
+from ..launch.machine import are_libraries_initialized, clear_environment, patch_environment  # noqa: F401
+from ..state import PartialState
+from ..training.compilation import (  # noqa: F401
+    compile_regions,
+    compile_regions_deepspeed,
+    compile_regions_fsdp2,
+    get_module_children_bottom_up,
+    has_compiled_regions,
+)
 
 
 def is_port_in_use(port: int | None = None) -> bool:

@@ -23,9 +23,9 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from ...config.deepspeed import AUTO, DummyOptim, DummyScheduler, _walk, get_active_deepspeed_plugin
 from ...core.errors import CheckpointError, ConfigError, NotSupportedYetError
-from ...training.precision import PrecisionPolicy
 from ...distributed.bootstrap import collective_timeout
 from ...state import GradientState
+from ...training.precision import PrecisionPolicy
 from ..base import Backend, inner_optimizer
 from .wrappers import DeepSpeedEngineWrapper, DeepSpeedOptimizerWrapper, DeepSpeedSchedulerWrapper
 

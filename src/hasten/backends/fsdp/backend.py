@@ -19,11 +19,11 @@ import torch.distributed as dist
 from torch.utils.weak import WeakIdKeyDictionary
 
 from ...core.errors import ConfigError
-from . import checkpoint as fsdp_checkpoint
 from ...distributed.bootstrap import init_single_process_group
 from ...distributed.grad_norm import clip_grad_norm_sharded_
 from ..base import Backend, inner_optimizer
 from ..unwrap import is_fsdp1, is_fsdp2
+from . import checkpoint as fsdp_checkpoint
 
 
 def _ignored_modules(model, ignored) -> list:
@@ -466,7 +466,9 @@ def _apply_activation_checkpointing(model, predicate, composable: bool) -> None:
             checkpoint(block)  # in place: parameter names (and checkpoints) stay the same
         return
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
-        CheckpointImpl, apply_activation_checkpointing, checkpoint_wrapper,
+        CheckpointImpl,
+        apply_activation_checkpointing,
+        checkpoint_wrapper,
     )
 
     chosen = {id(b) for b in blocks}

@@ -60,7 +60,10 @@ def _full_options(**extra):
 def _fsdp1_full_context(model):
     """FSDP1's own rank-0-only gathering; its CPU offload of the result fails when the device is the CPU."""
     from torch.distributed.fsdp import (
-        FullOptimStateDictConfig, FullStateDictConfig, FullyShardedDataParallel, StateDictType,
+        FullOptimStateDictConfig,
+        FullStateDictConfig,
+        FullyShardedDataParallel,
+        StateDictType,
     )
 
     offload = next(model.parameters()).device.type != "cpu"

@@ -11,10 +11,10 @@ import os
 
 import torch
 
+from ...core.errors import ConfigError, NotSupportedYetError
 from ..base import inner_optimizer
 from . import checkpoint
 from .checkpoint import merge_fsdp_weights  # noqa: F401 - published here too
-from ...core.errors import ConfigError, NotSupportedYetError
 
 # wrapper names that activation checkpointing and torch.compile insert into parameter names
 _WRAPPER_PARTS = ("_checkpoint_wrapped_module.", "_orig_mod.")
@@ -124,8 +124,8 @@ def fsdp2_prepare_model(accelerator, model: torch.nn.Module) -> torch.nn.Module:
 def fsdp2_load_full_state_dict(accelerator, model: torch.nn.Module, full_sd: dict, cpu_offload: bool = False):
     """Load a whole state dict that only rank 0 needs to hold (`{}` elsewhere) into the FSDP2-sharded `model`:
     rank 0 broadcasts tensor by tensor and each process keeps its shard. Collective: every process calls it."""
-    from .backend import load_full_state_dict
     from ...state import PartialState
+    from .backend import load_full_state_dict
 
     load_full_state_dict(model, full_sd, PartialState().device, cpu_offload=cpu_offload)
 

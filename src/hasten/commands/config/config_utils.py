@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from ...distributed.cluster import parse_bool, parse_int
 from ...core.errors import ConfigError
+from ...distributed.cluster import parse_bool, parse_int
 
 
 class _Parser(argparse.ArgumentParser):

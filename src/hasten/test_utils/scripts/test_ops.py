@@ -13,7 +13,13 @@ def check_ops(state) -> None:
     import torch
 
     from hasten.distributed.operations import (
-        broadcast, broadcast_object_list, copy_tensor_to_devices, gather, gather_object, pad_across_processes, reduce,
+        broadcast,
+        broadcast_object_list,
+        copy_tensor_to_devices,
+        gather,
+        gather_object,
+        pad_across_processes,
+        reduce,
     )
 
     rank, world, device = state.process_index, state.num_processes, state.device
