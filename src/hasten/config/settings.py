@@ -578,13 +578,21 @@ SETTINGS: tuple[Setting, ...] = (
     *(
         _nd(f"parallelism_config_{name}", kind, env=(f"PARALLELISM_CONFIG_{name.upper()}",), default=default,
             file_key=("parallelism_config", f"parallelism_config_{name}"), help=text, built=True, requires=None,
-            owner="TorchContextParallelConfig" if name == "cp_comm_strategy" else "ParallelismConfig", code=name,
+            owner={"cp_comm_strategy": "TorchContextParallelConfig", "pp_schedule": "TorchPipelineParallelConfig",
+                   "pp_microbatches": "TorchPipelineParallelConfig"}.get(name, "ParallelismConfig"),
+            code={"pp_schedule": "schedule", "pp_microbatches": "microbatches"}.get(name, name),
             **extra)
         for name, kind, default, text, extra in (
             ("dp_replicate_size", "int", 1, "Replicated data-parallel size (alone: DDP).", {"minimum": 1}),
             ("dp_shard_size", "int", 1, "Sharded data-parallel size (alone: FSDP2).", {"minimum": 1}),
             ("tp_size", "int", 1, "Tensor-parallel size (any nn.Module: its plan or the automatic one).", {"minimum": 1}),
             ("cp_size", "int", 1, "Context-parallel size (CUDA only; refused on CPU processes).", {"minimum": 1}),
+            ("pp_size", "int", 1, "Pipeline-parallel stages (hasten's; a model that is a sequence of blocks).",
+             {"minimum": 1}),
+            ("pp_schedule", "str", "1F1B", "Pipeline schedule (hasten's; torch.distributed.pipelining's names).",
+             {"choices": enums.PP_SCHEDULES}),
+            ("pp_microbatches", "int", None, "Micro-batches per pipelined batch (hasten's; unset: one per stage).",
+             {"minimum": 1}),
             ("cp_backend", "str", "torch", "Context-parallel backend.", {"choices": enums.CP_BACKENDS}),
             ("cp_comm_strategy", "str", "allgather", "Context-parallel communication strategy.",
              {"choices": enums.CP_COMM_STRATEGIES}),

@@ -213,15 +213,38 @@ def load_model(model, input_dir: str, index: int) -> None:
 def load_optimizer(model, optimizer, input_dir: str, index: int) -> None:
     path, sharded = _find(input_dir, OPTIMIZER_NAME, index)
     if sharded:
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
-
-        # get_optimizer_state_dict creates the (zero) state tensors of a fresh optimizer for DCP to fill.
-        state = {"optimizer": get_optimizer_state_dict(model, optimizer)}
-        dcp.load(state, checkpoint_id=path, planner=_load_planner(state))
-        set_optimizer_state_dict(model, optimizer, state["optimizer"])
+        load_optimizer_flat_or_not(model, optimizer, path)
         return
     load_full_optimizer_state_dict(model, optimizer, torch.load(path, map_location="cpu", weights_only=True))
+
+
+def _saved_flat(path: str) -> bool:
+    """Whether a DCP optimizer folder holds flattened state (one key per parameter, as pipelined runs write it:
+    each stage has the param groups of its own parameters only) rather than one `param_groups` list."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    keys = FileSystemReader(path).read_metadata().state_dict_metadata
+    return "optimizer.param_groups" not in keys and any(key.startswith("optimizer.param_groups.") for key in keys)
+
+
+def load_optimizer_flat_or_not(model, optimizer, path: str) -> None:
+    """Load a DCP optimizer folder, flattened or not, into `optimizer` (this process's parameters of `model`)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions, get_optimizer_state_dict, set_optimizer_state_dict,
+    )
+
+    options = StateDictOptions(flatten_optimizer_state_dict=_saved_flat(path))
+    # get_optimizer_state_dict creates the (zero) state tensors of a fresh optimizer for DCP to fill.
+    state = {"optimizer": get_optimizer_state_dict(model, optimizer, options=options)}
+    dcp.load(state, checkpoint_id=path, planner=_load_planner(state))
+    loaded = state["optimizer"]
+    if not options.flatten_optimizer_state_dict:
+        # A whole model's param groups read into one stage: keep the names this process holds.
+        own = {name for name, _ in model.named_parameters()}
+        for group in loaded.get("param_groups", []):
+            group["params"] = [name for name in group["params"] if name in own]
+    set_optimizer_state_dict(model, optimizer, loaded, options=options)
 
 
 # -- merge-weights ---------------------------------------------------------------------------------------------
