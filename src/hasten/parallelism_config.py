@@ -252,7 +252,7 @@ class ParallelismConfig:
         dims = [dim for dim in MESH_ORDER if dim in self.active_mesh_dims]
         if self.dp_replicate_enabled and not self.dp_shard_enabled and (self.tp_enabled or self.cp_enabled
                                                                          or self.pp_enabled):
-            dims.insert(1, "dp_shard")  # of size 1: FSDP2 replicates over ("dp_replicate", "dp_shard") (HSDP, 1 shard)
+            dims.insert(dims.index("dp_replicate") + 1, "dp_shard")  # of size 1: FSDP2 replicates over ("dp_replicate", "dp_shard") (HSDP, 1 shard)
         return tuple(dims), tuple(self._sizes[dim] for dim in dims)
 
     def submesh(self, name: str):

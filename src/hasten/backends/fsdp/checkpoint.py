@@ -218,13 +218,14 @@ def load_optimizer(model, optimizer, input_dir: str, index: int) -> None:
     load_full_optimizer_state_dict(model, optimizer, torch.load(path, map_location="cpu", weights_only=True))
 
 
-def _saved_flat(path: str) -> bool:
-    """Whether a DCP optimizer folder holds flattened state (one key per parameter, as pipelined runs write it:
-    each stage has the param groups of its own parameters only) rather than one `param_groups` list."""
+def _saved_flat(path: str, model) -> bool:
+    """Whether a DCP optimizer folder holds flattened state (`param_groups.<parameter name>.lr`, as pipelined runs
+    write it: each stage has the param groups of its own parameters only) rather than a `param_groups` list."""
     from torch.distributed.checkpoint import FileSystemReader
 
     keys = FileSystemReader(path).read_metadata().state_dict_metadata
-    return "optimizer.param_groups" not in keys and any(key.startswith("optimizer.param_groups.") for key in keys)
+    prefixes = tuple(f"optimizer.param_groups.{name}." for name, _ in model.named_parameters())
+    return any(key.startswith(prefixes) for key in keys)
 
 
 def load_optimizer_flat_or_not(model, optimizer, path: str) -> None:
@@ -234,7 +235,7 @@ def load_optimizer_flat_or_not(model, optimizer, path: str) -> None:
         StateDictOptions, get_optimizer_state_dict, set_optimizer_state_dict,
     )
 
-    options = StateDictOptions(flatten_optimizer_state_dict=_saved_flat(path))
+    options = StateDictOptions(flatten_optimizer_state_dict=_saved_flat(path, model))
     # get_optimizer_state_dict creates the (zero) state tensors of a fresh optimizer for DCP to fill.
     state = {"optimizer": get_optimizer_state_dict(model, optimizer, options=options)}
     dcp.load(state, checkpoint_id=path, planner=_load_planner(state))
