@@ -216,7 +216,8 @@ class PipelineBackend(FSDPBackend):
             if not os.path.isfile(os.path.join(path, fsdp_checkpoint.DCP_METADATA)):
                 raise CheckpointError(f"{folder} has no sharded optimizer state {os.path.basename(path)}/ (a pipelined "
                                       "run loads sharded DCP checkpoints: save with SHARDED_STATE_DICT)")
-            fsdp_checkpoint.load_optimizer_flat_or_not(self.owner_of(optimizer), _plain(optimizer), path)
+            fsdp_checkpoint.load_optimizer_flat_or_not(self.owner_of(optimizer), _plain(optimizer), path,
+                                                      one_stage=True)
 
 
 def _named_blocks(model):

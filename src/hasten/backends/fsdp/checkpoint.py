@@ -228,8 +228,9 @@ def _saved_flat(path: str, model) -> bool:
     return any(key.startswith(prefixes) for key in keys)
 
 
-def load_optimizer_flat_or_not(model, optimizer, path: str) -> None:
-    """Load a DCP optimizer folder, flattened or not, into `optimizer` (this process's parameters of `model`)."""
+def load_optimizer_flat_or_not(model, optimizer, path: str, one_stage: bool = False) -> None:
+    """Load a DCP optimizer folder, flattened or not, into `optimizer`. `one_stage`: `model` holds some of the
+    whole model's parameters (a pipeline stage), under the whole model's names."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions, get_optimizer_state_dict, set_optimizer_state_dict,
@@ -240,7 +241,7 @@ def load_optimizer_flat_or_not(model, optimizer, path: str) -> None:
     state = {"optimizer": get_optimizer_state_dict(model, optimizer, options=options)}
     dcp.load(state, checkpoint_id=path, planner=_load_planner(state))
     loaded = state["optimizer"]
-    if not options.flatten_optimizer_state_dict:
+    if one_stage and not options.flatten_optimizer_state_dict:
         # A whole model's param groups read into one stage: keep the names this process holds.
         own = {name for name, _ in model.named_parameters()}
         for group in loaded.get("param_groups", []):
