@@ -390,6 +390,13 @@ SETTINGS: tuple[Setting, ...] = (
             question="How many micro-batches per optimizer step (gradient accumulation)?",
             help="Micro-batches per optimizer step (replaces the Accelerator argument, as in Accelerate).",
             **_exported("GRADIENT_ACCUMULATION_STEPS")),
+    Setting("gradient_accumulation_normalize_by_tokens", "bool", False,
+            flags=("--gradient_accumulation_normalize_by_tokens",), switch=True,
+            file_key=("gradient_accumulation_normalize_by_tokens",), owner="GradientAccumulationPlugin",
+            code="normalize_by_tokens", group="Training paradigm",
+            help="hasten's: a window's gradient is the token-mean over all its tokens on all processes (needs "
+                 "accelerator.backward(loss, num_items_in_batch=n)).",
+            **_exported("GRADIENT_ACCUMULATION_NORMALIZE_BY_TOKENS")),
     _deepspeed("use_deepspeed", "bool", default=False, switch=True, distributed_type="DEEPSPEED",
                env=_pair("USE_DEEPSPEED"), export="HASTEN_USE_DEEPSPEED", owner="Accelerator", group="Training paradigm",
                help="Train with DeepSpeed ZeRO (see docs/deepspeed.md)."),
