@@ -42,6 +42,8 @@ EXTERNAL = {
     "fsdp_vs_ddp": {"quick": ["--dim", "64", "--depth", "2", "--rows", "16", "--steps", "2"], "small": [], "full": []},
     "tp_vs_fsdp": {"quick": ["--dim", "64", "--depth", "2", "--seq", "8", "--rows", "2", "--steps", "2"], "small": [],
                    "full": []},
+    "pp_vs_fsdp": {"quick": ["--dim", "64", "--depth", "2", "--seq", "8", "--rows", "2", "--steps", "2"], "small": [],
+                   "full": []},
 }
 START, END = "<!-- benchmark results start -->", "<!-- benchmark results end -->"
 

@@ -39,7 +39,8 @@ def _one_line(error) -> str:
 def test_fields_and_defaults_are_accelerates():
     names = [f.name for f in dataclasses.fields(ParallelismConfig) if not f.name.startswith("_")]
     assert names == ["dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "cp_backend", "sp_size",
-                     "sp_backend", "tp_handler", "cp_handler", "sp_handler"]
+                     "sp_backend", "tp_handler", "cp_handler", "sp_handler",
+                     "pp_size", "pp_handler"]  # the last two are hasten's (pipeline parallelism), after Accelerate's
     config = ParallelismConfig()
     assert (config.dp_replicate_size, config.dp_shard_size, config.tp_size, config.cp_size, config.sp_size) == (1,) * 5
     assert (config.cp_backend, config.sp_backend) == ("torch", "deepspeed")

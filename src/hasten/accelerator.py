@@ -123,6 +123,12 @@ class Accelerator:
         gradient_accumulation_plugin = accelerator_args.accumulation_plugin(
             gradient_accumulation_steps, gradient_accumulation_plugin, self._backend)
         self.gradient_state = GradientState(gradient_accumulation_plugin=gradient_accumulation_plugin)
+        self._token_window = None  # token-normalised accumulation (hasten's, opt-in): training/token_accumulation.py
+        if gradient_accumulation_plugin.normalize_by_tokens:
+            from .parallelism_config import data_parallel_size
+            from .training.token_accumulation import TokenWindow
+
+            self._token_window = TokenWindow(data_parallel_size(self.state), self._backend)
 
         self.device_placement = device_placement
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
@@ -368,9 +374,17 @@ class Accelerator:
 
     # -- the training step ----------------------------------------------------------------------------------
     def backward(self, loss, **kwargs):
-        """`loss.backward()`, divided by the accumulation steps and scaled for fp16."""
+        """`loss.backward()`, divided by the accumulation steps and scaled for fp16 (with token-normalised
+        accumulation: `num_items_in_batch=n`, see hasten/training/token_accumulation.py)."""
         if self._auto_resume is not None:  # training starts before the awaited resume could run
             raise self._auto_resume.missing(self)
+        if self._token_window is not None:
+            self._token_window.backward(self, loss, kwargs.pop("num_items_in_batch", None), kwargs)
+            return
+        if "num_items_in_batch" in kwargs:
+            raise ConfigError("accelerator.backward(num_items_in_batch=...) is for token-normalised accumulation; fix: "
+                              "GradientAccumulationPlugin(normalize_by_tokens=True) or "
+                              "--gradient_accumulation_normalize_by_tokens (or drop the argument)")
         steps = self.gradient_state.num_steps
         if self._plain_backward:  # runs on every micro-step: no call into the backend when it would add nothing
             (loss / steps if steps != 1 else loss).backward(**kwargs)

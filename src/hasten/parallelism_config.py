@@ -3,7 +3,9 @@
 Accelerate 1.15's surface (transformers imports it at start-up). What each layout runs (docs/parallelism.md):
 `dp_replicate_size` alone: DDP; `dp_shard_size` alone: FSDP2; both: HSDP (FSDP2 over a ("dp_replicate", "dp_shard")
 mesh); `tp_size`: tensor parallelism for any nn.Module (`hasten.distributed.tp_plan`), composed with FSDP2 over the data
-dimensions (`backends/tensor_parallel.py`). Context parallelism needs CUDA (refused on CPU in one line, with the
+dimensions (`backends/tensor_parallel.py`); `pp_size` (a hasten extension): pipeline-parallel training of a sequence of
+blocks with torch.distributed.pipelining's schedules, composed with TP and FSDP2/replicas (`backends/pipeline.py`).
+Context parallelism needs CUDA (refused on CPU in one line, with the
 reason); DeepSpeed sequence parallelism is refused. Unset sizes are read from `PARALLELISM_CONFIG_*` through the
 settings table, as Accelerate reads them.
 """
@@ -14,11 +16,12 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from .core.enums import CP_COMM_STRATEGIES, CP_ON_CPU
+from .core.enums import CP_COMM_STRATEGIES, CP_ON_CPU, PP_SCHEDULES
 from .core.errors import ConfigError, NotBuiltError
 
 # The order of the mesh dimensions, outermost first (Accelerate's: replicas outside, tensor parallel innermost).
-MESH_ORDER = ("dp_replicate", "dp_shard", "cp", "sp", "tp")
+# Pipeline stages outermost (torchtitan's order: the point-to-point sends cross the slowest links least often).
+MESH_ORDER = ("pp", "dp_replicate", "dp_shard", "cp", "sp", "tp")
 _ISSUE = "not built in hasten yet (issue 14)"
 _KIND = {"tp": "tensor", "cp": "context", "sp": "sequence (DeepSpeed)"}
 
@@ -74,6 +77,42 @@ class TorchContextParallelConfig:
 
 
 @dataclass
+class TorchPipelineParallelConfig:
+    """Options of pipeline parallelism (`ParallelismConfig(pp_handler=...)`, a hasten extension).
+
+    `schedule`: one of torch.distributed.pipelining's (`hasten.core.enums.PP_SCHEDULES`), case as torch spells it;
+    `microbatches`: how many micro-batches each batch is cut into (None: one per stage of the whole pipeline);
+    `stages_per_rank`: stages each process runs (1 for GPipe/1F1B, 2 by default for the others);
+    `split_points`: the blocks (names or indices) that start each stage after the first (None: balanced by
+    parameter count); `loss_fn(output, labels)`: the loss of one micro-batch, a mean over its items (None: mean
+    cross-entropy of logits against labels)."""
+
+    schedule: Optional[str] = None
+    microbatches: Optional[int] = None
+    stages_per_rank: Optional[int] = None
+    split_points: Optional[list] = None
+    loss_fn: Any = None
+
+    def __post_init__(self):
+        self.schedule = _setting("parallelism_config_pp_schedule", self.schedule)
+        names = {name.lower(): name for name in PP_SCHEDULES}
+        if not isinstance(self.schedule, str) or self.schedule.lower() not in names:
+            raise ConfigError(f"pipeline schedule {self.schedule!r} is not one of {', '.join(PP_SCHEDULES)}")
+        self.schedule = names[self.schedule.lower()]
+        self.microbatches = _setting("parallelism_config_pp_microbatches", self.microbatches)
+        for name in ("microbatches", "stages_per_rank"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ConfigError(f"TorchPipelineParallelConfig {name}={value!r} must be a whole number of 1 or more")
+        if self.loss_fn is not None and not callable(self.loss_fn):
+            raise ConfigError(f"TorchPipelineParallelConfig loss_fn must be callable(output, labels), got "
+                              f"{type(self.loss_fn).__name__}")
+        from .distributed.pipeline import stages_per_rank_for
+
+        self.stages_per_rank = stages_per_rank_for(self.schedule, self.stages_per_rank)
+
+
+@dataclass
 class TorchTensorParallelPlugin:
     """Accelerate's older tensor-parallel plugin (deprecated there in favour of `ParallelismConfig(tp_size=...)`)."""
 
@@ -95,12 +134,14 @@ class ParallelismConfig:
     tp_handler: Optional[TorchTensorParallelConfig] = None
     cp_handler: Optional[TorchContextParallelConfig] = None
     sp_handler: Any = None
+    pp_size: Optional[int] = None  # hasten's: pipeline-parallel stages (docs/parallelism.md)
+    pp_handler: Optional[TorchPipelineParallelConfig] = None
     _sizes: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     device_mesh = None  # a class attribute, as in Accelerate: set by get_device_mesh
 
     def __post_init__(self):
-        for name in ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "sp_size"):
+        for name in ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "sp_size", "pp_size"):
             value = _setting(f"parallelism_config_{name}", getattr(self, name), 1)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"ParallelismConfig {name}={value!r} must be a whole number of 1 or more")
@@ -116,13 +157,18 @@ class ParallelismConfig:
                               "above 1 (context and sequence parallelism exclude each other); set one of them to 1")
         if self.tp_size > 1 and self.tp_handler is None:
             self.tp_handler = TorchTensorParallelConfig()
+        if self.pp_size > 1 and self.pp_handler is None:
+            self.pp_handler = TorchPipelineParallelConfig()
+        if self.pp_handler is not None and not isinstance(self.pp_handler, TorchPipelineParallelConfig):
+            raise ConfigError(f"ParallelismConfig pp_handler must be a TorchPipelineParallelConfig, got "
+                              f"{type(self.pp_handler).__name__}")
         if self.cp_size > 1 and self.cp_handler is None:
             self.cp_handler = TorchContextParallelConfig()
         if self.cp_handler is not None and not isinstance(self.cp_handler, TorchContextParallelConfig):
             raise ConfigError(f"ParallelismConfig cp_handler must be a TorchContextParallelConfig for cp_backend "
                               f"'torch', got {type(self.cp_handler).__name__}")
         self._sizes = {"dp_replicate": self.dp_replicate_size, "dp_shard": self.dp_shard_size, "tp": self.tp_size,
-                       "cp": self.cp_size, "sp": self.sp_size}
+                       "cp": self.cp_size, "sp": self.sp_size, "pp": self.pp_size}
 
     def _set_size(self, dim: str, size: int) -> None:
         self._sizes[dim] = size
@@ -131,7 +177,7 @@ class ParallelismConfig:
     # -- sizes -------------------------------------------------------------------------------------------------
     @property
     def total_size(self) -> int:
-        return self.dp_replicate_size * self.dp_shard_size * self.tp_size * self.cp_size * self.sp_size
+        return self.dp_replicate_size * self.dp_shard_size * self.tp_size * self.cp_size * self.sp_size * self.pp_size
 
     @property
     def data_parallel_size(self) -> int:
@@ -139,13 +185,14 @@ class ParallelismConfig:
 
     @property
     def non_data_parallel_size(self) -> int:
-        return self.tp_size * self.cp_size * self.sp_size
+        return self.tp_size * self.cp_size * self.sp_size * self.pp_size
 
     dp_replicate_enabled = property(lambda self: self.dp_replicate_size > 1)
     dp_shard_enabled = property(lambda self: self.dp_shard_size > 1)
     tp_enabled = property(lambda self: self.tp_size > 1)
     cp_enabled = property(lambda self: self.cp_size > 1)
     sp_enabled = property(lambda self: self.sp_size > 1)
+    pp_enabled = property(lambda self: self.pp_size > 1)
 
     # -- mesh dimension names ----------------------------------------------------------------------------------
     def _enabled(self, *dims: str) -> list:
@@ -159,7 +206,7 @@ class ParallelismConfig:
     @property
     def non_dp_dim_names(self) -> list:
         """Dimensions whose ranks receive the same batch."""
-        return self._enabled("tp", "cp", "sp")
+        return self._enabled("pp", "tp", "cp", "sp")
 
     @property
     def dp_shard_cp_dim_names(self) -> list:
@@ -203,8 +250,9 @@ class ParallelismConfig:
         """(dimension names, sizes) of the mesh `build_device_mesh` makes (Accelerate's private helper, kept
         because its tests and some scripts call it)."""
         dims = [dim for dim in MESH_ORDER if dim in self.active_mesh_dims]
-        if self.dp_replicate_enabled and not self.dp_shard_enabled and (self.tp_enabled or self.cp_enabled):
-            dims.insert(1, "dp_shard")  # of size 1: FSDP2 replicates over ("dp_replicate", "dp_shard") (HSDP, 1 shard)
+        if self.dp_replicate_enabled and not self.dp_shard_enabled and (self.tp_enabled or self.cp_enabled
+                                                                         or self.pp_enabled):
+            dims.insert(dims.index("dp_replicate") + 1, "dp_shard")  # of size 1: FSDP2 replicates over ("dp_replicate", "dp_shard") (HSDP, 1 shard)
         return tuple(dims), tuple(self._sizes[dim] for dim in dims)
 
     def submesh(self, name: str):
@@ -265,16 +313,21 @@ def backend_for_layout(config: ParallelismConfig, num_processes: int, fsdp_plugi
         raise NotBuiltError(f"ParallelismConfig cp_size={config.cp_size} on {device_type}: {CP_ON_CPU}; fix: run on "
                             "CUDA GPUs or leave cp_size at 1")
     config._validate_accelerator(num_processes)
-    splits = config.tp_enabled or config.cp_enabled
+    splits = config.tp_enabled or config.cp_enabled or config.pp_enabled
     if deepspeed:
         if config.dp_shard_enabled or splits:
             raise ConfigError("ParallelismConfig: a DeepSpeed plugin is given, which shards by its ZeRO stage and does "
-                              "not compose with dp_shard_size, tp_size or cp_size; fix: leave them at 1")
+                              "not compose with dp_shard_size, tp_size, cp_size or pp_size; fix: leave them at 1")
         return "deepspeed"
     if fsdp_plugin is not None and fsdp_plugin.fsdp_version != 2 and (config.dp_shard_enabled or splits):
         # FSDP1 HYBRID_SHARD silently diverges on CPU processes; FSDP2 composes with DTensor meshes.
         raise ConfigError(f"ParallelismConfig ({', '.join(config.active_mesh_dims)}) shards with FSDP2, but the FSDP "
                           "plugin asks for fsdp_version 1; fix: fsdp_version=2")
+    if config.pp_enabled:
+        if config.cp_enabled:
+            raise NotBuiltError(f"ParallelismConfig pp_size={config.pp_size} with cp_size={config.cp_size}: pipeline "
+                                "with context parallelism is not built in hasten yet; fix: leave cp_size at 1")
+        return "pipeline"
     if splits:
         return "tensor_parallel"
     if config.dp_shard_enabled:
@@ -288,7 +341,9 @@ def backend_for_layout(config: ParallelismConfig, num_processes: int, fsdp_plugi
 
 
 def backend_name(config: ParallelismConfig | None) -> str | None:
-    """The backend a layout needs whatever the distributed type says ("tensor_parallel"), else None."""
+    """The backend a layout needs whatever the distributed type says ("pipeline", "tensor_parallel"), else None."""
+    if config is not None and config.pp_enabled:
+        return "pipeline"
     if config is not None and (config.tp_enabled or config.cp_enabled):
         return "tensor_parallel"
     return None
@@ -356,7 +411,7 @@ def run_shares_batches() -> bool:
 
 def splits_data_ranks(mesh) -> bool:
     """Whether some ranks of `mesh` share a batch (a tensor or context dimension above 1)."""
-    return mesh is not None and any(name in ("tp", "cp", "sp") and mesh.size(i) > 1
+    return mesh is not None and any(name in ("pp", "tp", "cp", "sp") and mesh.size(i) > 1
                                     for i, name in enumerate(mesh.mesh_dim_names or ()))
 
 
@@ -393,7 +448,7 @@ def gather_data_parallel(data, as_objects: bool):
 
 
 _SIZE_SETTINGS = ("parallelism_config_dp_replicate_size", "parallelism_config_dp_shard_size",
-                  "parallelism_config_tp_size", "parallelism_config_cp_size")
+                  "parallelism_config_tp_size", "parallelism_config_cp_size", "parallelism_config_pp_size")
 
 
 def config_for_run(config: ParallelismConfig | None, tp_plugin=None) -> ParallelismConfig | None:
@@ -428,7 +483,7 @@ def fsdp_plugin_for_layout(config: ParallelismConfig, num_processes: int, fsdp_p
     device_type = PartialState().device.type
     backend = backend_for_layout(config, num_processes, fsdp_plugin, deepspeed=deepspeed_plugins is not None,
                                  device_type=device_type)
-    wants_fsdp = backend == "fsdp" or (backend == "tensor_parallel" and config.data_parallel_size > 1)
+    wants_fsdp = backend == "fsdp" or (backend in ("tensor_parallel", "pipeline") and config.data_parallel_size > 1)
     if wants_fsdp and fsdp_plugin is None:
         from .config.fsdp import FullyShardedDataParallelPlugin
 
@@ -447,4 +502,5 @@ def mesh_rank(state, dim: str) -> int:
     return state.device_mesh.get_local_rank(dim)
 
 
-__all__ = ["ParallelismConfig", "TorchContextParallelConfig", "TorchTensorParallelConfig", "TorchTensorParallelPlugin"]
+__all__ = ["ParallelismConfig", "TorchContextParallelConfig", "TorchPipelineParallelConfig", "TorchTensorParallelConfig",
+           "TorchTensorParallelPlugin"]

@@ -31,10 +31,15 @@ RUNS = {
     "deepspeed_zero2": ("deepspeed", 2, [*DEEPSPEED, "--zero_stage", "2"]),
     "deepspeed_zero3": ("deepspeed", 2, [*DEEPSPEED, "--zero_stage", "3"]),
     "tensor_parallel": ("tensor_parallel", 2, ["--cpu", "--parallelism_config_tp_size", "2"]),
+    "pipeline": ("pipeline", 2, ["--cpu", "--parallelism_config_pp_size", "2"]),
 }
 NEEDS = {run: "deepspeed" for run in RUNS if run.startswith("deepspeed")}  # run -> module it needs
 # Known failures, with the reason; strict, so a fix shows up as an unexpected pass.
-KNOWN_BROKEN: dict = {}
+KNOWN_BROKEN: dict = {
+    "pipeline": "the contract's loop is loss = mse(model(x), y); accelerator.backward(loss) on a model with its own "
+                "forward, but a pipelined model is an nn.Sequential whose call runs the schedule and returns the loss "
+                "(Accelerate's Megatron-LM convention); its checks run in tests/test_parallelism_pp.py",
+}
 CHECKS = ("training", "clip_grad_norm_", "save_state load_state", "unwrap_model get_state_dict")
 
 

@@ -18,14 +18,15 @@ from hasten.config.fp8 import AORecipeKwargs, TERecipeKwargs
 from hasten.config.fsdp import FullyShardedDataParallelPlugin
 from hasten.core.enums import DynamoBackend, PrecisionType
 from hasten.core.errors import ConfigError, NotBuiltError
-from hasten.parallelism_config import ParallelismConfig, TorchContextParallelConfig
+from hasten.parallelism_config import ParallelismConfig, TorchContextParallelConfig, TorchPipelineParallelConfig
 from hasten.state import AcceleratorState
 from launching import REPO
 
 OWNERS = {"Accelerator": Accelerator, "TorchDynamoPlugin": TorchDynamoPlugin,
           "FullyShardedDataParallelPlugin": FullyShardedDataParallelPlugin, "DeepSpeedPlugin": DeepSpeedPlugin,
           "ParallelismConfig": ParallelismConfig, "TorchContextParallelConfig": TorchContextParallelConfig,
-          "TERecipeKwargs": TERecipeKwargs, "AORecipeKwargs": AORecipeKwargs}
+          "TERecipeKwargs": TERecipeKwargs, "AORecipeKwargs": AORecipeKwargs,
+          "TorchPipelineParallelConfig": TorchPipelineParallelConfig}
 ENUM_ROWS = [row for row in table.SETTINGS if row.built and row.choices and row.role == "setting"]
 NOT_BUILT = [row for row in table.SETTINGS if not row.built]
 UNBUILT_VALUES = [(row, value) for row in table.SETTINGS for value in row.unbuilt_values]

@@ -19,6 +19,7 @@ REGISTRY = {
     "fsdp": ("hasten.backends.fsdp.backend", "FSDPBackend"),
     "deepspeed": ("hasten.backends.deepspeed.backend", "DeepSpeedBackend"),
     "tensor_parallel": ("hasten.backends.tensor_parallel", "TensorParallelBackend"),
+    "pipeline": ("hasten.backends.pipeline", "PipelineBackend"),
 }
 
 # Which backend serves each distributed type (absent: not supported yet).
@@ -28,7 +29,7 @@ _FOR_TYPE = {DistributedType.NO: "single", DistributedType.FSDP: "fsdp", Distrib
 def backend_name_for(distributed_type: DistributedType, num_processes: int, parallelism_config=None) -> str:
     from ..parallelism_config import backend_name
 
-    if backend_name(parallelism_config) is not None:  # tensor/context parallel layouts, with or without FSDP
+    if backend_name(parallelism_config) is not None:  # pipeline/tensor/context parallel layouts, with or without FSDP
         return backend_name(parallelism_config)
     if distributed_type in _FOR_TYPE:
         return _FOR_TYPE[distributed_type]

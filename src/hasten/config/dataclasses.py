@@ -184,10 +184,17 @@ class GradientAccumulationPlugin(KwargsHandler):
     adjust_scheduler: bool = True
     sync_with_dataloader: bool = True
     sync_each_batch: bool = False
+    # hasten only (after Accelerate's fields): the window's gradient is that of the mean loss over all its tokens on
+    # all data-parallel processes; needs accelerator.backward(loss, num_items_in_batch=n) (docs/training.md)
+    normalize_by_tokens: Optional[bool] = None
 
     def __post_init__(self):
         if self.num_steps is not None and (not isinstance(self.num_steps, int) or self.num_steps < 1):
             raise ConfigError(f"GradientAccumulationPlugin.num_steps must be a positive integer, got {self.num_steps!r}")
+        from .resolve import runtime_value
+
+        self.normalize_by_tokens = bool(runtime_value("gradient_accumulation_normalize_by_tokens",
+                                                      self.normalize_by_tokens).value)
 
 
 @dataclass

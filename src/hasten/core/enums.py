@@ -141,6 +141,11 @@ TORCH_DISTRIBUTED_TYPES = frozenset(
 TORCH_DYNAMO_MODES = ("default", "reduce-overhead", "max-autotune")
 CP_BACKENDS = ("torch",)  # ParallelismConfig.cp_backend
 CP_COMM_STRATEGIES = ("allgather", "alltoall")  # TorchContextParallelConfig.cp_comm_strategy
+# TorchPipelineParallelConfig.schedule: torch.distributed.pipelining's schedules, by the names torch gives them.
+# The first two run one stage per process; the others two (or more) stages per process.
+PP_SCHEDULES = ("1F1B", "GPipe", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
+PP_SINGLE_STAGE_SCHEDULES = ("1F1B", "GPipe")
+PP_V_SCHEDULES = ("ZBVZeroBubble", "DualPipeV")  # stages placed in a V: rank r holds r and 2*pp-1-r
 # Why context parallelism is refused on CPU processes (measured with torch 2.13.0, gloo): it fails inside SDPA.
 CP_ON_CPU = ("context parallelism needs CUDA GPUs: torch's context_parallel has no sharding rule for the CPU attention "
              "kernel (aten._scaled_dot_product_flash_attention_for_cpu has no sharding strategy)")

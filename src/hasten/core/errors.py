@@ -52,3 +52,18 @@ class DeviceMapError(HastenError, ValueError):
 
 class OffloadError(HastenError, ValueError):
     """Offloaded weights cannot be written or found (no offload folder, a missing index, a bad file)."""
+
+
+class PipelineSplitError(ConfigError):
+    """A model cannot be cut into pipeline stages as asked (not a sequence of blocks, a bad split list, too few
+    blocks for the stages)."""
+
+
+class PipelineCallError(HastenError, ValueError):
+    """A pipelined model was called in a way its schedule cannot run (no labels, a batch the micro-batches do not
+    divide, arguments a stage cannot receive)."""
+
+
+class MegatronLMOnlyError(NotSupportedYetError):
+    """An object that exists only inside the Megatron-LM library (its engine, train steps, data loader, model
+    providers); hasten serves Megatron-LM's settings natively and names the native equivalent."""

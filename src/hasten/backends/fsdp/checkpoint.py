@@ -211,15 +211,40 @@ def load_model(model, input_dir: str, index: int) -> None:
 def load_optimizer(model, optimizer, input_dir: str, index: int) -> None:
     path, sharded = _find(input_dir, OPTIMIZER_NAME, index)
     if sharded:
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
-
-        # get_optimizer_state_dict creates the (zero) state tensors of a fresh optimizer for DCP to fill.
-        state = {"optimizer": get_optimizer_state_dict(model, optimizer)}
-        dcp.load(state, checkpoint_id=path, planner=_load_planner(state))
-        set_optimizer_state_dict(model, optimizer, state["optimizer"])
+        load_optimizer_flat_or_not(model, optimizer, path)
         return
     load_full_optimizer_state_dict(model, optimizer, torch.load(path, map_location="cpu", weights_only=True))
+
+
+def _saved_flat(path: str, model) -> bool:
+    """Whether a DCP optimizer folder holds flattened state (`param_groups.<parameter name>.lr`, as pipelined runs
+    write it: each stage has the param groups of its own parameters only) rather than a `param_groups` list."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    keys = FileSystemReader(path).read_metadata().state_dict_metadata
+    prefixes = tuple(f"optimizer.param_groups.{name}." for name, _ in model.named_parameters())
+    return any(key.startswith(prefixes) for key in keys)
+
+
+def load_optimizer_flat_or_not(model, optimizer, path: str, one_stage: bool = False) -> None:
+    """Load a DCP optimizer folder, flattened or not, into `optimizer`. `one_stage`: `model` holds some of the
+    whole model's parameters (a pipeline stage), under the whole model's names."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions, get_optimizer_state_dict, set_optimizer_state_dict,
+    )
+
+    options = StateDictOptions(flatten_optimizer_state_dict=_saved_flat(path, model))
+    # get_optimizer_state_dict creates the (zero) state tensors of a fresh optimizer for DCP to fill.
+    state = {"optimizer": get_optimizer_state_dict(model, optimizer, options=options)}
+    dcp.load(state, checkpoint_id=path, planner=_load_planner(state))
+    loaded = state["optimizer"]
+    if one_stage and not options.flatten_optimizer_state_dict:
+        # A whole model's param groups read into one stage: keep the names this process holds.
+        own = {name for name, _ in model.named_parameters()}
+        for group in loaded.get("param_groups", []):
+            group["params"] = [name for name in group["params"] if name in own]
+    set_optimizer_state_dict(model, optimizer, loaded, options=options)
 
 
 # -- merge-weights ---------------------------------------------------------------------------------------------

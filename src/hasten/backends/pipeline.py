@@ -1,0 +1,232 @@
+"""Pipeline parallelism on the layout's mesh, composed with tensor parallelism and FSDP2 (or replicas).
+
+Order, as torchtitan applies them: cut the model into stages over the `pp` dimension
+(`hasten.distributed.pipeline`), keep this process's stages only, split their layers over `tp`
+(`hasten.distributed.tp_plan`), then `fully_shard` each block and each stage over the data-parallel dimensions
+(`parallelism_config.fsdp_mesh`: `dp_shard` shards, `dp_replicate` alone replicates with one shard). The stage
+is the FSDP root, so the schedule's own hooks (`PipelineStage.backward_maybe_with_nosync` / `perform_reduce_grad`)
+hold back the reduce-scatter to the last micro-batch of each run.
+
+The prepared model is a `PipelinedModel`: calling it in training mode runs the schedule and returns the loss;
+`accelerator.backward` has nothing left to do. The optimizer keeps only this process's parameters.
+
+Checkpoints: torch.distributed.checkpoint, in the FSDP backend's folders (`pytorch_model_fsdp_<i>/`,
+`optimizer_<i>/`), keyed by the whole model's parameter names, so a pp=2 checkpoint loads into one process (under
+an FSDP2 plugin) or into another pipeline layout, resharded. The optimizer state is saved flattened (one key per
+parameter), since each stage holds the param groups of its own parameters only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+import torch.distributed as dist
+
+from ..core.errors import CheckpointError, ConfigError, PipelineCallError
+from .fsdp import checkpoint as fsdp_checkpoint
+from .fsdp.backend import FSDPBackend, _plain
+
+
+class PipelineBackend(FSDPBackend):
+    name = "pipeline"
+    supports_clip_grad_value = False
+
+    def __init__(self, state, precision=None, ddp_kwargs=None, plugin=None):
+        if plugin is None:
+            from ..config.fsdp import FullyShardedDataParallelPlugin
+
+            plugin = FullyShardedDataParallelPlugin(fsdp_version=2)
+        super().__init__(state, precision=precision, ddp_kwargs=ddp_kwargs, plugin=plugin)
+        self.layout = state.parallelism_config
+        if self.precision.uses_grad_scaler:
+            raise ConfigError("mixed_precision='fp16' scales the loss before backward, but with pp_size > 1 the "
+                              "pipeline schedule runs backward itself; fix: mixed_precision='bf16' (or 'no')")
+        if not fsdp_checkpoint.is_sharded(plugin):
+            raise ConfigError("fsdp state_dict_type=FULL_STATE_DICT is not available with pipeline parallelism (each "
+                              "stage holds different weights; save_state writes sharded DCP folders); fix: "
+                              "SHARDED_STATE_DICT (save_model still writes whole weights)")
+        self._dropped: set = set()  # ids of parameters of the other stages (the user's optimizer still holds them)
+
+    # -- preparing ------------------------------------------------------------------------------------------
+    def prepare_together(self, models, optimizers, **_):
+        for model in models:
+            if model not in self._prepared and not getattr(model, "_is_accelerate_prepared", False):
+                self._prepared[model] = self._pipeline(model)
+        for optimizer in optimizers:
+            self._keep_own_parameters(_plain(optimizer))
+
+    def _pipeline(self, model):
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        from ..distributed.pipeline import PipelinedModel, prune, stage_blocks, stages_of_rank
+        from ..parallelism_config import fsdp_mesh
+        from ..state import GradientState
+
+        layout, handler = self.layout, self.layout.pp_handler
+        mesh = layout.device_mesh
+        pp_rank, pp_size = mesh.get_local_rank("pp"), layout.pp_size
+        num_stages = pp_size * handler.stages_per_rank
+        names = stage_blocks(model, num_stages, handler.split_points)
+        mine = stages_of_rank(pp_rank, pp_size, handler.stages_per_rank, handler.schedule)
+        keep = {name for stage in mine for name in names[stage]}
+        blocks = dict(_named_blocks(model))
+        originals = dict(model.named_parameters())
+        kept_ids = {id(p) for name in keep for p in blocks[name].parameters()}
+        for param in originals.values():
+            if id(param) not in kept_ids:  # another stage's: freed here, dropped from the optimizer
+                self._dropped.add(id(param))
+                param.data = torch.empty(0, dtype=param.dtype, device=param.device)
+        view = prune(model, keep)
+        view.to(self.state.device)
+        chunks = [prune(model, set(names[stage])) for stage in mine]
+        if layout.tp_enabled:
+            from ..distributed.tp_plan import apply_tensor_parallel
+
+            apply_tensor_parallel(view, layout.submesh("tp"), getattr(layout.tp_handler, "tp_plan", None))
+        own = [blocks[name] for name in sorted(keep, key=list(blocks).index)]
+        if self.plugin.activation_checkpointing:
+            from torch.distributed._composable import checkpoint
+
+            for block in own:
+                if any(True for _ in block.parameters()):
+                    checkpoint(block)  # in place: names stay the same
+        dp_mesh = fsdp_mesh(layout)
+        if dp_mesh is not None:
+            kwargs = dict(mesh=dp_mesh, reshard_after_forward=self.plugin.reshard_after_forward,
+                          mp_policy=self.plugin.mixed_precision_policy or MixedPrecisionPolicy())
+            for block in own:
+                if any(True for _ in block.parameters()):
+                    fully_shard(block, **kwargs)
+            for chunk in chunks:
+                fully_shard(chunk, **kwargs)  # the stage is the root its schedule drives
+        for chunk in chunks:
+            self.precision.wrap_forward(chunk)
+        current = dict(view.named_parameters())
+        for name, old in originals.items():
+            if name in current and current[name] is not old:
+                self._replacement[old] = current[name]
+                old.data = torch.empty(0, dtype=old.dtype, device=old.device)
+        microbatches = handler.microbatches or num_stages
+        wrapped = PipelinedModel(
+            view, chunks, mine, num_stages, mesh.get_group("pp"), pp_rank, pp_size, handler.schedule, microbatches,
+            handler.loss_fn, self.state.device, lambda: GradientState().num_steps)
+        self._roots.append(wrapped)
+        return wrapped
+
+    def _keep_own_parameters(self, optimizer) -> None:
+        """Point the user's optimizer at this process's (split, sharded) parameters and drop the other stages'."""
+        for group in optimizer.param_groups:
+            params = group["params"]
+            if any(p in optimizer.state and optimizer.state[p] for p in params):
+                raise ConfigError(f"{type(optimizer).__name__} already has state (it stepped before prepare); with "
+                                  "pipeline parallelism create or reset the optimizer before calling prepare()")
+            group["params"] = [self._replacement.get(p, p) for p in params if id(p) not in self._dropped]
+
+    # -- the training step ----------------------------------------------------------------------------------
+    def backward(self, loss, accumulation_steps=1, scaler=None, **kwargs):
+        """Nothing: the schedule ran backward when the model was called (as Accelerate's Megatron-LM path)."""
+        if isinstance(loss, torch.Tensor) and loss.requires_grad:
+            raise PipelineCallError("accelerator.backward got a loss with a graph, but with pipeline parallelism the "
+                                    "loss comes from calling the prepared model in training mode (which already ran "
+                                    "backward); fix: loss = model(inputs, labels=labels)")
+
+    def no_sync(self, model):
+        return contextlib.nullcontext()  # each schedule run reduces once, after its last micro-batch
+
+    def trigger_sync_in_backward(self, model):
+        return contextlib.nullcontext()
+
+    def clip_grad_norm_(self, parameters, max_norm, norm_type=2.0):
+        """Clip by the norm over every stage's gradients (each process's pieces, combined over the mesh)."""
+        from torch.distributed.tensor import DTensor
+
+        norm_type = float(norm_type)
+        params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+        grads = [p.grad for p in params if p.grad is not None]
+        groups: dict = {}
+        for grad in grads:
+            groups.setdefault(grad.device_mesh if isinstance(grad, DTensor) else None, []).append(grad)
+        inf = norm_type == float("inf")
+        local = torch.zeros((), dtype=torch.float32, device=self.state.device)
+        for group in groups.values():
+            norm = torch.nn.utils.get_total_norm(group, norm_type)
+            norm = (norm.full_tensor() if isinstance(norm, DTensor) else norm).float()
+            local = torch.maximum(local, norm) if inf else local + norm ** norm_type
+        group = self.layout.device_mesh.get_group("pp")
+        dist.all_reduce(local, op=dist.ReduceOp.MAX if inf else dist.ReduceOp.SUM, group=group)
+        total = local if inf else local ** (1.0 / norm_type)
+        coefficient = min(1.0, float(max_norm) / (total.item() + 1e-6))
+        if coefficient < 1.0:
+            for grad in grads:
+                grad.mul_(coefficient)
+        return total
+
+    # -- checkpoints ----------------------------------------------------------------------------------------
+    def full_state_dict(self, model, unwrap=True):
+        """The whole model on the main process (`{}` elsewhere): each stage's weights gathered over its data and
+        tensor dimensions, then sent to rank 0 by one process of each stage."""
+        from torch.distributed.tensor import DTensor
+
+        local = {}
+        for key, value in model.state_dict().items():
+            local[key] = (value.full_tensor() if isinstance(value, DTensor) else value).detach().cpu()
+        mesh = self.layout.device_mesh
+        sender = all(mesh.get_local_rank(name) == 0 for name in mesh.mesh_dim_names if name != "pp")
+        parts = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+        dist.gather_object(local if sender else {}, parts, dst=0)
+        if dist.get_rank() != 0:
+            return {}
+        merged = {}
+        for part in parts:
+            merged.update(part)
+        return merged
+
+    def save_model_and_optimizer(self, folder, models, optimizers, *, writer=True, rank=0, safe_serialization=True,
+                                 before_write=None, **save_model_func_kwargs) -> list:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+        if before_write is not None:
+            before_write([])
+        written = []
+        for index, model in enumerate(models):
+            name = fsdp_checkpoint.sharded_name(fsdp_checkpoint.MODEL_NAME, index)
+            dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=os.path.join(folder, name))
+            written.append(name)
+        for index, optimizer in enumerate(optimizers):
+            name = fsdp_checkpoint.sharded_name(fsdp_checkpoint.OPTIMIZER_NAME, index)
+            state = get_optimizer_state_dict(self.owner_of(optimizer), _plain(optimizer), options=_flat())
+            dcp.save({"optimizer": state}, checkpoint_id=os.path.join(folder, name))
+            written.append(name)
+        return written
+
+    def stage_model_and_optimizer(self, *args, **kwargs):
+        from ..checkpoint.async_save import refuse
+
+        raise refuse(self)
+
+    def load_model_and_optimizer(self, folder, models, optimizers, *, map_location="cpu", load_kwargs=None,
+                                 strict=True, **load_model_func_kwargs) -> None:
+        for index, model in enumerate(models):
+            fsdp_checkpoint.load_model(model, folder, index)  # DCP reads just this process's keys and pieces
+        for index, optimizer in enumerate(optimizers):
+            path = os.path.join(folder, fsdp_checkpoint.sharded_name(fsdp_checkpoint.OPTIMIZER_NAME, index))
+            if not os.path.isfile(os.path.join(path, fsdp_checkpoint.DCP_METADATA)):
+                raise CheckpointError(f"{folder} has no sharded optimizer state {os.path.basename(path)}/ (a pipelined "
+                                      "run loads sharded DCP checkpoints: save with SHARDED_STATE_DICT)")
+            fsdp_checkpoint.load_optimizer_flat_or_not(self.owner_of(optimizer), _plain(optimizer), path,
+                                                      one_stage=True)
+
+
+def _named_blocks(model):
+    from ..distributed.pipeline import pipeline_blocks
+
+    return pipeline_blocks(model)
+
+
+def _flat():
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(flatten_optimizer_state_dict=True)
