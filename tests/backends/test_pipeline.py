@@ -1,6 +1,6 @@
 """Pipeline parallelism: stage splitting and the refusals in this process; training (GPipe, 1F1B, interleaved
 1F1B, ZBV zero bubble), pp x DDP / FSDP2 / TP and checkpoints across pipeline layouts in real processes
-(tests/distributed/pp_layouts.py, pp_resume_one.py)."""
+(tests/workers/pp_layouts.py, pp_resume_one.py)."""
 
 from __future__ import annotations
 

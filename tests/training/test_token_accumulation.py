@@ -1,5 +1,5 @@
 """Token-normalised gradient accumulation: the opt-in and its refusals in this process; DDP and FSDP2 windows
-(with the shorter last window of an epoch) in real processes (tests/distributed/token_accumulation.py)."""
+(with the shorter last window of an epoch) in real processes (tests/workers/token_accumulation.py)."""
 
 from __future__ import annotations
 
