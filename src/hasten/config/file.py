@@ -179,7 +179,13 @@ def _validate_nested(block: str, values: dict, where) -> dict:
                 raise ConfigFileError(where(
                     f"unknown key {full!r}; keys of {block} start with {prefix!r}; fix: rename it to {prefix}{name}"
                 ))
-            result[name] = value
+            row = known.get(name) if known else None
+            if row is None and TOP_KEYS[block].built and known:
+                raise ConfigFileError(where(
+                    f"unknown key {full!r}; {_suggest(str(name), known)}allowed: {', '.join(known)}; fix: remove or "
+                    "rename it"
+                ))
+            result[name] = value if row is None else check_value(full, value, row, where)
             continue
         # Accelerate writes fsdp keys with or without their prefix, and dynamo keys likewise.
         lookup = name
