@@ -8,7 +8,7 @@ import torch
 
 from hasten import Accelerator, DistributedType, GradientAccumulationPlugin
 from hasten.config.dataclasses import AutocastKwargs, GradScalerKwargs, TorchDynamoPlugin
-from hasten.core.errors import ConfigError, NotSupportedYetError
+from hasten.core.errors import ConfigError
 from hasten.training.memory import find_executable_batch_size, release_memory, should_reduce_batch_size
 
 
@@ -68,7 +68,7 @@ def test_prepare_rejects_bad_objects():
         ({"dynamo_backend": "inductor", "dynamo_plugin": TorchDynamoPlugin()}, ConfigError, "not both"),
         ({"dynamo_backend": "turbo"}, ConfigError, "Unknown dynamo backend"),
         ({"deepspeed_plugin": object()}, ConfigError, "DeepSpeedPlugin"),
-        ({"megatron_lm_plugin": object()}, NotSupportedYetError, "megatron_lm_plugin"),
+        ({"megatron_lm_plugin": object()}, TypeError, "megatron_lm_plugin must be a MegatronLMPlugin"),
     ],
 )
 def test_bad_constructor_arguments(kwargs, error, message):

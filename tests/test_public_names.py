@@ -19,13 +19,8 @@ from launching import FIXTURES
 NAMES_FILE = FIXTURES / "accelerate_public_names.txt"
 
 NOT_BUILT = {
-    "no issue yet (Megatron-LM, SageMaker)": [
-        "hasten.utils.megatron_lm", "MegatronLMPlugin", "add_model_config_to_megatron_parser", "AbstractTrainStep",
-        "BertTrainStep", "GPTTrainStep", "T5TrainStep", "MegatronEngine", "MegatronLMDummyDataLoader",
-        "MegatronLMDummyScheduler", "MegatronLMOptimizerWrapper", "MegatronLMSchedulerWrapper",
-        "avg_losses_across_data_parallel_group", "gather_across_data_parallel_groups", "megatron_lm_initialize",
-        "megatron_lm_prepare_data_loader", "megatron_lm_prepare_model_optimizer_scheduler",
-        "megatron_lm_prepare_optimizer", "megatron_lm_prepare_scheduler", "prepare_sagemager_args_inputs",
+    "no issue yet (SageMaker)": [
+        "prepare_sagemager_args_inputs",
     ],
 }
 NOT_BUILT_KEYS = [key for keys in NOT_BUILT.values() for key in keys]

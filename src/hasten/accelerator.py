@@ -15,7 +15,7 @@ import torch
 from .backends import backend_name_for, create_backend
 from .backends.unwrap import is_compiled
 from .big_model.bnb_params import quantized_model_placement
-from .config import accelerator_args
+from .config import accelerator_args, megatron
 from .config.dataclasses import (
     AutocastKwargs,
     DataLoaderConfiguration,
@@ -76,8 +76,6 @@ class Accelerator:
         deepspeed_plugins=None,
         parallelism_config=None,
     ):
-        if megatron_lm_plugin is not None:
-            raise NotSupportedYetError("Accelerator(megatron_lm_plugin=...) is not supported by hasten yet")
         refuse_unbuilt_environment(os.environ)  # e.g. ACCELERATE_USE_MEGATRON_LM=true: refused, not ignored
         if split_batches is not _NOT_PASSED:
             warnings.warn(
@@ -100,6 +98,11 @@ class Accelerator:
         deepspeed_plugins = accelerator_args.deepspeed_plugins(deepspeed_plugin, deepspeed_plugins, fsdp_plugin)
 
         init_kwargs = self.init_handler.to_kwargs() if self.init_handler is not None else {}
+        self._megatron = megatron.plugin_for_run(megatron_lm_plugin)  # served by TP/PP/FSDP (config/megatron.py)
+        if self._megatron is not None:
+            parallelism_config, fsdp_plugin = megatron.apply(
+                self._megatron, PartialState(cpu, **init_kwargs).num_processes, parallelism_config, fsdp_plugin,
+                deepspeed_plugins, torch_tp_plugin)
         parallelism_config = config_for_run(parallelism_config, torch_tp_plugin)
         if parallelism_config is not None:  # the layout picks the backend: dp_shard -> FSDP2, dp_replicate -> DDP
             num_processes = PartialState(cpu, **init_kwargs).num_processes
@@ -107,6 +110,7 @@ class Accelerator:
         self.state = AcceleratorState(
             mixed_precision=mixed_precision, cpu=cpu, dynamo_plugin=dynamo_plugin, fsdp_plugin=fsdp_plugin,
             deepspeed_plugin=deepspeed_plugins, parallelism_config=parallelism_config, _from_accelerator=True,
+            megatron_lm_plugin=self._megatron,
             **init_kwargs,
         )
         if parallelism_config is not None:
@@ -325,6 +329,8 @@ class Accelerator:
             device_placement = self.device_placement
         self.precision.repoint_optimizer(optimizer)
         wrapped = self._backend.prepare_optimizer(optimizer, device_placement=device_placement, scaler=self.scaler)
+        if self._megatron is not None:
+            megatron.clip_at_step(self._megatron, wrapped, self._backend)
         wrapped._is_accelerate_prepared = True
         self._optimizers.append(wrapped)
         self._resume_when_ready()

@@ -166,8 +166,8 @@ def test_slurm_step_needs_no_flags(home, monkeypatch):
 
 
 def test_paradigm_flag_replaces_the_files_distributed_type(home):
-    write_config(home, "distributed_type: MEGATRON_LM\n")
-    with pytest.raises(ValueError, match="Megatron-LM"):
+    write_config(home, "distributed_type: XLA\n")
+    with pytest.raises(ValueError, match="TPU"):
         plan()
     launch = plan("--cpu")
     assert launch.env["HASTEN_USE_CPU"] == "true"

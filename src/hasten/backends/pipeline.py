@@ -26,7 +26,8 @@ import torch.distributed as dist
 
 from ..core.errors import CheckpointError, ConfigError, PipelineCallError
 from .fsdp import checkpoint as fsdp_checkpoint
-from .fsdp.backend import FSDPBackend, _plain
+from .base import inner_optimizer as _plain
+from .fsdp.backend import FSDPBackend
 
 
 class PipelineBackend(FSDPBackend):

@@ -179,7 +179,13 @@ def _validate_nested(block: str, values: dict, where) -> dict:
                 raise ConfigFileError(where(
                     f"unknown key {full!r}; keys of {block} start with {prefix!r}; fix: rename it to {prefix}{name}"
                 ))
-            result[name] = value
+            row = known.get(name) if known else None
+            if row is None and TOP_KEYS[block].built and known:
+                raise ConfigFileError(where(
+                    f"unknown key {full!r}; {_suggest(str(name), known)}allowed: {', '.join(known)}; fix: remove or "
+                    "rename it"
+                ))
+            result[name] = value if row is None else check_value(full, value, row, where)
             continue
         # Accelerate writes fsdp keys with or without their prefix, and dynamo keys likewise.
         lookup = name
@@ -219,7 +225,7 @@ def _check_combinations(config: dict, raw: Mapping, where) -> None:
     if kind == "NO" and processes > 1:
         fail(f"distributed_type NO runs one process but num_processes is {processes}; fix: set "
              "`distributed_type: MULTI_CPU` (or MULTI_GPU), or `num_processes: 1`")
-    if config["use_cpu"] and kind not in ("NO", "MULTI_CPU", "DEEPSPEED"):  # hasten's DeepSpeed also runs on CPUs
+    if config["use_cpu"] and kind not in ("NO", "MULTI_CPU", "DEEPSPEED", "MEGATRON_LM"):  # hasten runs these on CPUs too
         fail(f"use_cpu is true but distributed_type is {kind}, which needs accelerators; fix: set "
              "`distributed_type: MULTI_CPU` or `use_cpu: false`")
     fsdp = config.get("fsdp_config") or {}

@@ -72,7 +72,7 @@ def _check_flags(args) -> None:
 def _check_requirements(args, values: dict) -> None:
     """A typed flag that means nothing without another setting (from a flag or the config file)."""
     for row in table.SETTINGS:
-        if row.requires and row.flags and table.flag_given(args, row):
+        if row.requires and row.flags and table.flag_given(args, row) and getattr(args, row.flag_dest) != row.default:
             needed = table.BY_DEST.get(row.requires) or table.get(row.requires)
             if values[needed.name].value in (None, False, "no"):
                 example = f" {needed.example_text()}" if not needed.switch else ""
@@ -148,6 +148,13 @@ def _layout_size(values: dict) -> int:
     return product
 
 
+def _megatron_size(values: dict) -> int:
+    """tp_degree x pp_degree of a Megatron-LM run (1 otherwise): data parallelism takes the rest of the processes."""
+    if not values["use_megatron_lm"].value:
+        return 1
+    return (values["megatron_lm_tp_degree"].value or 1) * (values["megatron_lm_pp_degree"].value or 1)
+
+
 def _fill_num_processes(values: dict, per_task: bool, env: Mapping[str, str]) -> None:
     current = values["num_processes"]
     if per_task:
@@ -164,6 +171,16 @@ def _fill_num_processes(values: dict, per_task: bool, env: Mapping[str, str]) ->
         values["machine_rank"] = Resolved("machine_rank", 0, "environment", "SLURM: one process per srun task")
         return
     layout = _layout_size(values)
+    megatron = _megatron_size(values)
+    if current.value is not None and current.value % megatron:
+        raise ConfigError(
+            f"megatron_lm tp_degree x pp_degree is {megatron} but num_processes is {current.value} (from "
+            f"{_where(current)}); fix: a multiple of {megatron} processes (data parallelism takes the rest)"
+        )
+    if current.value is None and megatron > 1:
+        values["num_processes"] = Resolved("num_processes", megatron, "default",
+                                           "built-in default (megatron_lm tp_degree x pp_degree)")
+        return
     if current.value is not None:
         if layout > 1 and current.value != layout:
             raise ConfigError(

@@ -10,7 +10,7 @@ its help text, and whether hasten has built it. From this table come:
 - the precedence code > flag > environment > file > default (`hasten.config.resolve`), which both
   `hasten config explain` and the runtime (`Accelerator`, `PartialState`, the plugins) call.
 
-A row with `built=False` (Megatron-LM, TPU, MS-AMP, mpirun, ...) is accepted by the parser and the
+A row with `built=False` (Megatron-LM's own model options, TPU, MS-AMP, mpirun, ...) is accepted by the parser and the
 file schema so that an Accelerate command line or config file reads, and is then refused with one line naming the
 feature: nothing is accepted and silently ignored. docs/configuration.md explains how to add or build a row.
 """
@@ -262,7 +262,11 @@ _MSAMP_FIX = "use --fp8_backend ao (torchao) or te (TransformerEngine); MS-AMP i
 _DS_LAUNCHER_FIX = ("start the machines through torchrun as every hasten run: --num_machines, --machine_rank and "
                     "--main_process_ip on each machine (or srun)")
 _DS_LAUNCHER = "DeepSpeed's own multi-node launchers (hostfile, pdsh, mpirun, ...)"
-_MEGATRON_FIX = "use --use_fsdp to shard the model, or run this job with Accelerate"
+_MEGATRON_ONLY_FIX = ("hasten trains your own nn.Module with its own TP/PP/FSDP: set this in the model or leave it "
+                      "unset (docs/parallelism.md, Megatron-LM settings)")
+_MEGATRON_SP = ("Megatron-LM sequence parallelism (megatron_lm_sequence_parallelism)",
+                "split norms and dropouts with your own tp_plan: ParallelismConfig(tp_handler=TorchTensorParallelConfig("
+                "tp_plan={...: 'sequence_parallel', ...}))")
 _TPU_FIX = "run on GPUs or CPUs, or run this job with Accelerate"
 _ND_FIX = "use --use_fsdp (data-parallel sharding), or run this job with Accelerate"
 _MPI_FIX = "start the processes with `hasten launch --num_machines ... --machine_rank ...` on each machine, or srun"
@@ -271,7 +275,18 @@ _SM_FIX = "run on a LOCAL_MACHINE (`hasten config`), or run this job with Accele
 _deepspeed = _not_built("DeepSpeed", "", "DeepSpeed (with --use_deepspeed)", built=True, requires="use_deepspeed")
 _ds_launcher = _not_built(_DS_LAUNCHER, _DS_LAUNCHER_FIX, "DeepSpeed (with --use_deepspeed)", requires="use_deepspeed")
 _DS = "DeepSpeedPlugin"
-_megatron = _not_built("Megatron-LM", _MEGATRON_FIX, "Megatron-LM", requires="use_megatron_lm")
+_MEGATRON_GROUP = "Megatron-LM (with --use_megatron_lm; served by hasten's TP/PP/FSDP)"
+_megatron_only = _not_built("Megatron-LM's own model/optimizer option", _MEGATRON_ONLY_FIX, _MEGATRON_GROUP,
+                            requires="use_megatron_lm")
+
+
+def _megatron_row(name, kind, default, text, **kwargs) -> Setting:
+    """A Megatron-LM setting hasten honours: flag --megatron_lm_<name>, variable MEGATRON_LM_<NAME> (Accelerate's),
+    key megatron_lm_config.megatron_lm_<name>, read by `MegatronLMPlugin(<name>=...)`."""
+    full = f"megatron_lm_{name}"
+    return Setting(full, kind, default, flags=(f"--{full}",), env=(full.upper(),), export=full.upper(),
+                   file_key=("megatron_lm_config", full), owner="MegatronLMPlugin", code=name,
+                   requires="use_megatron_lm", group=_MEGATRON_GROUP, help=text, **kwargs)
 _tpu = _not_built("TPU (XLA)", _TPU_FIX, "TPU")
 _msamp = _not_built("MS-AMP fp8", _MSAMP_FIX, "FP8 (with --mixed_precision fp8)")
 _FP8_BACKEND_UNBUILT = {"msamp": ("MS-AMP fp8 (fp8_backend msamp)", _MSAMP_FIX)}
@@ -302,8 +317,6 @@ def _dynamo(name, kind, code, **kwargs) -> Setting:
 _TYPE_UNBUILT = {
     "XLA": ("TPU (distributed_type XLA)", "set `distributed_type: MULTI_GPU` or `FSDP` in the file, or pass "
             "--multi_gpu/--use_fsdp/--cpu"),
-    "MEGATRON_LM": ("Megatron-LM (distributed_type MEGATRON_LM)", "set `distributed_type: FSDP` in the file, or pass "
-                    "--multi_gpu/--use_fsdp/--cpu"),
 }
 _SAGEMAKER_UNBUILT = {"AMAZON_SAGEMAKER": ("Amazon SageMaker (compute_environment AMAZON_SAGEMAKER)",
                                            "set `compute_environment: LOCAL_MACHINE`")}
@@ -400,8 +413,10 @@ SETTINGS: tuple[Setting, ...] = (
     _deepspeed("use_deepspeed", "bool", default=False, switch=True, distributed_type="DEEPSPEED",
                env=_pair("USE_DEEPSPEED"), export="HASTEN_USE_DEEPSPEED", owner="Accelerator", group="Training paradigm",
                help="Train with DeepSpeed ZeRO (see docs/deepspeed.md)."),
-    _megatron("use_megatron_lm", "bool", switch=True, distributed_type="MEGATRON_LM", env=_pair("USE_MEGATRON_LM"),
-              export="HASTEN_USE_MEGATRON_LM", help="Train with Megatron-LM."),
+    Setting("use_megatron_lm", "bool", False, flags=("--use_megatron_lm",), switch=True, distributed_type="MEGATRON_LM",
+            owner="Accelerator", group="Training paradigm",
+            help="Megatron-LM's settings (--megatron_lm_*), run by hasten's own TP/PP/FSDP (docs/parallelism.md).",
+            **_exported("USE_MEGATRON_LM")),
     _nd("use_parallelism_config", "bool", switch=True, env=_pair("USE_PARALLELISM_CONFIG"), built=True,
         owner="Accelerator", export="HASTEN_USE_PARALLELISM_CONFIG", help="Build a ParallelismConfig from --parallelism_config_* flags."),
     # -- distributed ----------------------------------------------------------------------------------------------
@@ -618,21 +633,37 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     _nd("allow_cp_standalone", "bool", flag=False, env=_pair("ALLOW_CP_STANDALONE"), requires=None,
         help="Context parallelism without FSDP."),
-    # -- Megatron-LM (not built) --------------------------------------------------------------------------------------
-    Setting("megatron_lm_config", "dict", {}, file_key=("megatron_lm_config",), role="file", built=False,
-            prefix="megatron_lm_", feature="Megatron-LM (the megatron_lm_config block)", fix=_MEGATRON_FIX,
-            help="Megatron-LM settings."),
+    # -- Megatron-LM: served natively on the one mesh (docs/parallelism.md, "Megatron-LM settings") ---------------
+    Setting("megatron_lm_config", "dict", {}, file_key=("megatron_lm_config",), role="file", prefix="megatron_lm_",
+            help="Megatron-LM settings, run by hasten's own TP/PP/FSDP (exported as MEGATRON_LM_* variables)."),
     *(
-        _megatron(f"megatron_lm_{name}", env=(f"MEGATRON_LM_{name.upper()}",),
-                  file_key=("megatron_lm_config", f"megatron_lm_{name}"), help="Megatron-LM setting.")
-        for name in (
-            "tp_degree", "use_custom_fsdp", "no_load_optim", "eod_mask_loss", "overlap_cpu_optimizer_d2h_h2d",
-            "no_save_optim", "optimizer_cpu_offload", "use_precision_aware_optimizer",
-            "decoder_last_pipeline_num_layers", "pp_degree", "num_micro_batches", "sequence_parallelism",
-            "recompute_activations", "use_distributed_optimizer", "gradient_clipping", "recompute_granularity",
-            "recompute_method", "recompute_num_layers", "attention_backend", "expert_model_parallel_size",
-            "context_parallel_size", "attention_dropout", "hidden_dropout", "attention_softmax_in_fp32",
-            "expert_tensor_parallel_size", "calculate_per_token_loss", "use_rotary_position_embeddings",
+        _megatron_row(name, kind, default, text, **extra)
+        for name, kind, default, text, extra in (
+            ("tp_degree", "int", 1, "Tensor-parallel degree (becomes ParallelismConfig tp_size).", {"minimum": 1}),
+            ("pp_degree", "int", 1, "Pipeline-parallel degree (becomes ParallelismConfig pp_size).", {"minimum": 1}),
+            ("num_micro_batches", "int", None, "Micro-batches of each pipelined batch (the pipeline schedule's).",
+             {"minimum": 1}),
+            ("sequence_parallelism", "bool", False, "Megatron-LM sequence parallelism (refused when true: see the fix).",
+             {"unbuilt_values": {True: _MEGATRON_SP}}),
+            ("recompute_activations", "bool", False, "Recompute activations: checkpoint every block of the model.", {}),
+            ("use_distributed_optimizer", "bool", False,
+             "Shard optimizer state over the data-parallel ranks (FSDP2 over them: dp_shard instead of replicas).", {}),
+            ("gradient_clipping", "float", 1.0, "Clip the global gradient L2 norm to this at each optimizer step "
+             "(0: do not clip).", {"minimum": 0}),
+        )
+    ),
+    *(
+        _megatron_only(f"megatron_lm_{name}", kind, env=(f"MEGATRON_LM_{name.upper()}",),
+                       file_key=("megatron_lm_config", f"megatron_lm_{name}"), help="Megatron-LM's own setting.")
+        for name, kind in (
+            ("use_custom_fsdp", "bool"), ("no_load_optim", "bool"), ("eod_mask_loss", "bool"),
+            ("overlap_cpu_optimizer_d2h_h2d", "bool"), ("no_save_optim", "bool"), ("optimizer_cpu_offload", "bool"),
+            ("use_precision_aware_optimizer", "bool"), ("decoder_last_pipeline_num_layers", "int"),
+            ("recompute_granularity", "str"), ("recompute_method", "str"), ("recompute_num_layers", "int"),
+            ("attention_backend", "bool"), ("expert_model_parallel_size", "int"), ("context_parallel_size", "int"),
+            ("attention_dropout", "float"), ("hidden_dropout", "float"), ("attention_softmax_in_fp32", "bool"),
+            ("expert_tensor_parallel_size", "int"), ("calculate_per_token_loss", "bool"),
+            ("use_rotary_position_embeddings", "bool"),
         )
     ),
     # -- TPU (not built; Accelerate writes the defaults of these keys into every file) ---------------------------------

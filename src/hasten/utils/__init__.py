@@ -24,6 +24,15 @@ _SOURCES = {
         "DataLoaderConfiguration", "TorchDynamoPlugin",
     ],
     "hasten.config.fsdp": ["FullyShardedDataParallelPlugin"],
+    # Megatron-LM's surface, served by hasten's TP/PP/FSDP (issue 25); the library-only names refuse on use
+    "hasten.config.megatron": ["MegatronLMPlugin", "add_model_config_to_megatron_parser"],
+    "hasten.utils.megatron_lm": [
+        "AbstractTrainStep", "BertTrainStep", "GPTTrainStep", "T5TrainStep", "MegatronEngine",
+        "MegatronLMDummyDataLoader", "MegatronLMDummyScheduler", "MegatronLMOptimizerWrapper",
+        "MegatronLMSchedulerWrapper", "avg_losses_across_data_parallel_group", "gather_across_data_parallel_groups",
+        "megatron_lm_initialize", "megatron_lm_prepare_data_loader", "megatron_lm_prepare_model_optimizer_scheduler",
+        "megatron_lm_prepare_optimizer", "megatron_lm_prepare_scheduler",
+    ],
     # fp8 training (issue 16)
     "hasten.config.fp8": ["AORecipeKwargs", "TERecipeKwargs", "MSAMPRecipeKwargs", "FP8RecipeKwargs"],
     "hasten.training.fp8.ao": ["convert_model_to_fp8_ao", "filter_first_and_last_linear_layers", "has_ao_layers"],
