@@ -380,10 +380,13 @@ class FSDPBackend(Backend):
 
 
 def _on_any_rank(flag: bool) -> bool:
-    """Whether `flag` holds on some process: decisions that raise must be taken by all processes together."""
-    value = torch.tensor([int(flag)])
-    dist.all_reduce(value, op=dist.ReduceOp.MAX)
-    return bool(value.item())
+    """Whether `flag` holds on some process: decisions that raise must be taken by all processes together.
+
+    A control collective (a CPU tensor on the gloo control group): on the default NCCL group this CPU flag
+    stopped every sharded run on a GPU at `prepare()`."""
+    from ...distributed.control import any_rank
+
+    return any_rank(flag)
 
 
 def _can_be_unit(module) -> bool:
