@@ -6,17 +6,7 @@ import pytest
 import torch
 
 from hasten import Accelerator
-from hasten.state import AcceleratorState, GradientState
 from hasten.utils import GradScalerKwargs
-
-
-@pytest.fixture(autouse=True)
-def fresh_state():
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-    yield
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
 
 
 def _run(make_optimizer):
