@@ -33,7 +33,7 @@ def _serves_cpu(backend: str) -> bool:
     return backend == "gloo" or "cpu:gloo" in backend or backend in ("mpi", "fake")
 
 
-def control_group():
+def control_group(timeout=None):
     """The group control collectives use: `None` (the default group) when that serves CPU tensors, else a gloo
     group over the same processes, made once per default group.
 
@@ -51,9 +51,14 @@ def control_group():
     if _serves_cpu(dist.get_backend()):
         return None
     if _group is None or _for_default is not default:
-        from .bootstrap import collective_timeout
+        from datetime import timedelta
 
-        _group = dist.new_group(backend="gloo", timeout=collective_timeout())
+        from ..config.resolve import runtime_value
+
+        # The one collective timeout (bootstrap.collective_timeout reads the same setting).
+        if timeout is None:  # bootstrap hands over the one it used (InitProcessGroupKwargs(timeout=) included)
+            timeout = timedelta(seconds=float(runtime_value("collective_timeout", None).value))
+        _group = dist.new_group(backend="gloo", timeout=timeout)
         _for_default = default
     return _group
 
