@@ -111,6 +111,12 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
             ran.append(True)
             return inner_step(*args, **kwargs)
 
+        # An optimizer that unscales and skips inside its own step (`_step_supports_amp_scaling`: fused Adam/AdamW/
+        # SGD) is always called by the scaler, so "did step() run" cannot tell a skipped step there; the scale can:
+        # update() lowers it exactly when gradients overflowed. (Accelerate reads the marker only, and so reports
+        # no skip, and steps the scheduler, on a fused optimizer's overflow.) One host sync, fused optimizers only.
+        by_scale = getattr(self.optimizer, "_step_supports_amp_scaling", False) and self.scaler.is_enabled()
+        scale_before = self.scaler.get_scale() if by_scale else None
         self.optimizer.step = marked_step
         try:
             result = self.scaler.step(self.optimizer, closure) if closure is not None else self.scaler.step(self.optimizer)
@@ -120,7 +126,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
                 self.optimizer.step = inner_step
             else:
                 del self.optimizer.step
-        self._is_overflow = not ran
+        self._is_overflow = self.scaler.get_scale() < scale_before if by_scale else not ran
         return result
 
     @property

@@ -115,9 +115,14 @@ class PartialState(_SharedState):
         self.collective_timeout = collective_timeout(kwargs.get("timeout"))
         self.cluster = cluster
         self.distributed_type = distributed_type
+        # The device is chosen, and made current, before the group is joined: NCCL binds each process to the
+        # current device when it first communicates.
+        self.local_process_index = 0 if distributed_type == DistributedType.NO else cluster.local_rank
+        self.device = self._pick_device(device_type)
+        self.set_device()
         if distributed_type == DistributedType.NO:
             self.backend = None
-            self.num_processes, self.process_index, self.local_process_index = 1, 0, 0
+            self.num_processes, self.process_index = 1, 0
         else:
             import torch.distributed as dist
 
@@ -132,9 +137,6 @@ class PartialState(_SharedState):
                 )
             self.num_processes = dist.get_world_size()
             self.process_index = dist.get_rank()
-            self.local_process_index = cluster.local_rank
-        self.device = self._pick_device(device_type)
-        self.set_device()
         if self.debug and self.use_distributed:
             from .resilience import hang_doctor
 
@@ -148,8 +150,7 @@ class PartialState(_SharedState):
             return torch.device(forced)
         if device_type in ("cpu", "mps"):
             return torch.device(device_type)
-        module = getattr(torch, device_type)
-        return torch.device(device_type, self.local_process_index % max(1, module.device_count()))
+        return torch.device(device_type, device_index(device_type, self.local_process_index))
 
     # -- identity -----------------------------------------------------------------------------------------
     @property
@@ -198,12 +199,10 @@ class PartialState(_SharedState):
     def wait_for_everyone(self) -> None:
         """Block until every process reaches this point (no-op in a single process)."""
         if self.distributed_type in TORCH_DISTRIBUTED_TYPES and self.num_processes > 1:
-            import torch.distributed as dist
+            from .distributed import control
 
-            if self.backend == "nccl":
-                dist.barrier(device_ids=[self.local_process_index])
-            else:
-                dist.barrier()
+            # A control-plane barrier (gloo): it involves no device, so it cannot name the wrong GPU.
+            control.barrier()
 
     @contextmanager
     def _goes_first(self, is_first: bool):
@@ -420,6 +419,21 @@ class AcceleratorState(_SharedState):
     @property
     def fork_launched(self):
         return environment.parse_flag_from_env("FORK_LAUNCHED", False)
+
+
+def device_index(device_type: str, local_index: int, count: int | None = None) -> int:
+    """The accelerator this process uses: its local rank, or 0 when it sees one device only (one GPU per task,
+    e.g. SLURM `--gpus-per-task=1` / a per-process `CUDA_VISIBLE_DEVICES`). More processes on a machine than
+    visible devices is refused: they would share a device (and NCCL refuses two ranks on one GPU)."""
+    if count is None:
+        count = getattr(torch, device_type).device_count()
+    if count <= 1 or local_index < count:
+        return 0 if count <= 1 else local_index
+    raise ConfigError(
+        f"local process {local_index} has no {device_type} device of its own: this machine shows {count} "
+        f"{device_type} devices; start at most {count} processes per machine (`--num_processes`), or give each "
+        f"process its own device (CUDA_VISIBLE_DEVICES), or name one with HASTEN_TORCH_DEVICE"
+    )
 
 
 def _pci_bus_id(device: torch.device) -> str | None:

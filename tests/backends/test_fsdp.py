@@ -211,3 +211,17 @@ def test_accelerate_import_paths():
     assert hasten.FullyShardedDataParallelPlugin is FullyShardedDataParallelPlugin
     assert hasten.utils.FullyShardedDataParallelPlugin is FullyShardedDataParallelPlugin
     assert hasten.utils.merge_fsdp_weights is merge_fsdp_weights
+
+
+def test_materialising_an_offloaded_meta_model_keeps_parameters_on_cpu():
+    """Issue 22, item 4: with CPU offload the (sharded) parameters belong in CPU memory and the buffers on the
+    device; the meta device stands in for the GPU here (nothing is computed)."""
+    from hasten.backends.fsdp.backend import _materialize
+
+    with torch.device("meta"):
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+    _materialize(model, torch.device("meta"), offload=True)
+    assert {p.device.type for p in model.parameters()} == {"cpu"}
+    assert {b.device.type for b in model.buffers()} == {"meta"}
+    _materialize(model, torch.device("cpu"), offload=False)
+    assert {t.device.type for t in [*model.parameters(), *model.buffers()]} == {"cpu"}

@@ -21,7 +21,7 @@ import torch
 from ..backends.base import numbered
 from ..core.constants import MODEL_NAME, RNG_STATE_NAME, SAFE_MODEL_NAME, SAMPLER_NAME, SCALER_NAME, SCHEDULER_NAME  # noqa: F401
 from ..core.errors import CheckpointError, ConfigError
-from ..distributed.operations import broadcast_object_list, gather_object
+from ..distributed import control
 from ..distributed.rng import capture_rng_states, restore_rng_states
 from . import async_save as background
 from . import durable, fast_io, sharding
@@ -70,12 +70,12 @@ class CheckpointContents:
 
 # -- collectives (no-ops in one process) ------------------------------------------------------------------------
 def _all_gather(value) -> list:
-    """`value` from every process, in rank order."""
-    return gather_object([value])
+    """`value` from every process, in rank order (a control collective: the gloo group beside NCCL)."""
+    return control.all_gather_objects(value)
 
 
 def _broadcast(value):
-    return broadcast_object_list([value])[0]
+    return control.broadcast_object(value)
 
 
 def _raise_failures(results: list, what: str) -> None:
@@ -475,6 +475,8 @@ def save_model(contents: CheckpointContents, model, save_directory, max_shard_si
         return
     max_bytes = sharding.parse_size(max_shard_size)
     state_dict = contents.backend.full_state_dict(model, unwrap=True)  # collective for sharded backends
+    if contents.project.save_on_each_node and contents.state.use_distributed:
+        state_dict = _whole_on_every_writer(contents, state_dict)
     # None: a backend that gathers onto the main process only (DeepSpeed ZeRO-3) has nothing here to write,
     # but this process still joins the barrier below.
     if state_dict is not None:
@@ -484,6 +486,48 @@ def save_model(contents: CheckpointContents, model, save_directory, max_shard_si
         if contents.writer:
             write_weights(state_dict, save_directory, max_bytes, safe_serialization)
     contents.state.wait_for_everyone()
+
+
+def _whole_on_every_writer(contents: CheckpointContents, state_dict):
+    """With `save_on_each_node`, every machine's writer needs the whole model; sharded backends gather it onto
+    rank 0 only (`{}` or None elsewhere), which wrote an empty `model.safetensors` (and removed the old shards) on
+    every other machine. Rank 0's tensors are broadcast, one at a time, on the data plane; writers keep a CPU copy.
+    Tensors sharing storage on rank 0 stay shared, so every machine drops the same aliases."""
+    import torch.distributed as dist
+
+    state = contents.state
+    counts = control.all_gather_objects(len(state_dict or {}))
+    needy = [rank for rank, count in enumerate(counts) if count == 0]
+    if counts[0] == 0 or not needy:
+        return state_dict
+    plan = None
+    if state.process_index == 0:
+        first_of: dict = {}
+        plan = []
+        for name, value in state_dict.items():
+            if isinstance(value, torch.Tensor):
+                key = (value.untyped_storage().data_ptr(), value.storage_offset(), tuple(value.shape), value.dtype)
+                plan.append((name, tuple(value.shape), value.dtype, first_of.setdefault(key, name)))
+            else:
+                plan.append((name, None, value, None))
+    plan = control.broadcast_object(plan)
+    keep = contents.writer and state.process_index in needy
+    received = {}
+    for name, shape, dtype, alias in plan:
+        if shape is None:  # not a tensor: carried in the plan itself
+            received[name] = dtype
+            continue
+        if alias != name:
+            received[name] = received.get(alias)
+            continue
+        if state.process_index == 0:
+            tensor = state_dict[name].detach().to(state.device)
+        else:
+            tensor = torch.empty(shape, dtype=dtype, device=state.device)
+        dist.broadcast(tensor, src=0)
+        if keep:
+            received[name] = tensor.cpu()
+    return received if keep else state_dict
 
 
 def write_weights(state_dict: dict, save_directory: str, max_bytes: int, safe_serialization: bool = True) -> list:

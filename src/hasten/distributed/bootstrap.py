@@ -10,6 +10,7 @@ from datetime import timedelta
 
 from ..resilience.error_file import record_uncaught_errors
 from . import cluster as environment
+from . import control
 
 
 def init_process_group(cluster: environment.ClusterInfo, backend: str, kwargs: dict) -> None:
@@ -24,7 +25,8 @@ def init_process_group(cluster: environment.ClusterInfo, backend: str, kwargs: d
     if kwargs.get("init_method") is not None:
         dist.init_process_group(backend, rank=cluster.rank, world_size=cluster.world_size, timeout=timeout, **kwargs)
         if backend == "gloo":
-            dist.barrier()  # see _wait_for_every_process
+            dist.barrier()  # collective-ok: the group is gloo here; see _wait_for_every_process
+        control.control_group(timeout)  # every rank makes the control group here, at the same point
         return
     addr = cluster.master_addr or "127.0.0.1"
     port = cluster.master_port or 29500
@@ -40,6 +42,9 @@ def init_process_group(cluster: environment.ClusterInfo, backend: str, kwargs: d
         backend, store=store, rank=cluster.rank, world_size=cluster.world_size, timeout=timeout, **kwargs
     )
     _wait_for_every_process(store, cluster.world_size, timeout)
+    # The control plane: on NCCL (or any backend that serves no CPU tensor) a gloo group beside the default one,
+    # made now so that every rank makes it at the same point (see distributed/control.py).
+    control.control_group(timeout)
     # A gloo group left alive at interpreter exit aborts the process about half the time with torch 2.13;
     # tearing down what we set up makes a correct script exit 0 even if it never calls destroy_process_group.
     atexit.register(destroy_default_group)
@@ -85,6 +90,7 @@ def destroy_default_group() -> None:
             dist.destroy_process_group()
         except Exception:  # noqa: BLE001 - best effort at exit
             pass
+    control.reset()
     wait_for_gloo_workers()
 
 

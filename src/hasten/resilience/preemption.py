@@ -45,7 +45,7 @@ class PreemptionHandler:
         self.received = None  # the first signal's number, set by the handler
         self._previous = {}
         self._group = None
-        self._flag = torch.zeros(1, dtype=torch.int64)  # the agreement runs on the CPU: no device sync per step
+        self._flag = torch.zeros(1, dtype=torch.int64, device="cpu")  # the agreement runs on the CPU: no device sync per step
         self._pending = None  # the agreement started at the previous boundary (work handle)
         self._distributed = accelerator.state.use_distributed and torch.distributed.is_initialized()
         self._boundaries = self._optimizer_steps = 0

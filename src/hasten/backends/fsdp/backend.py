@@ -181,7 +181,7 @@ class FSDPBackend(Backend):
                     shard(module)
         shard(model)
         if ram_efficient:
-            model.to_empty(device=self.state.device)
+            _materialize(model, self.state.device, offload=plugin.offloads_params)
             _stream_weights_from_rank0(model, full)
         new_params = dict(model.named_parameters())
         for name, old in old_params.items():
@@ -380,10 +380,13 @@ class FSDPBackend(Backend):
 
 
 def _on_any_rank(flag: bool) -> bool:
-    """Whether `flag` holds on some process: decisions that raise must be taken by all processes together."""
-    value = torch.tensor([int(flag)])
-    dist.all_reduce(value, op=dist.ReduceOp.MAX)
-    return bool(value.item())
+    """Whether `flag` holds on some process: decisions that raise must be taken by all processes together.
+
+    A control collective (a CPU tensor on the gloo control group): on the default NCCL group this CPU flag
+    stopped every sharded run on a GPU at `prepare()`."""
+    from ...distributed.control import any_rank
+
+    return any_rank(flag)
 
 
 def _can_be_unit(module) -> bool:
@@ -397,6 +400,18 @@ def _named_tensors(model) -> dict:
     tensors = dict(model.named_parameters())
     tensors.update(model.named_buffers())
     return tensors
+
+
+def _materialize(model, device, offload: bool) -> None:
+    """Give a sharded meta model real (uninitialised) storage: parameters where FSDP2 keeps them between uses
+    (CPU memory under CPUOffloadPolicy, else the device), buffers on the device (the forward pass reads them
+    there). Materialising everything on the device put the offloaded shards on the GPU."""
+    model.to_empty(device="cpu" if offload else device)
+    if offload and torch.device(device).type != "cpu":
+        for module in model.modules():
+            for name, buffer in module._buffers.items():
+                if buffer is not None:
+                    module._buffers[name] = buffer.to(device)
 
 
 def _stream_weights_from_rank0(model, full: dict) -> None:
@@ -432,7 +447,7 @@ def load_full_state_dict(model, full_state: dict, device, cpu_offload: bool = Fa
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     if any(t.is_meta for t in _named_tensors(model).values()):
-        model.to_empty(device=device)
+        _materialize(model, device, offload=cpu_offload)
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
     set_model_state_dict(model, dict(full_state) if dist.get_rank() == 0 else {}, options=options)
     if cpu_offload:

@@ -205,7 +205,22 @@ def load_model(model, input_dir: str, index: int) -> None:
         dcp.load(state, checkpoint_id=path, planner=_load_planner(state))
         set_model_state_dict(model, state["model"])
         return
-    load_full_model_state_dict(model, torch.load(path, map_location="cpu", weights_only=True))
+    load_full_model_from_rank0(model, path)
+
+
+def load_full_model_from_rank0(model, path: str) -> None:
+    """Load a whole-model file that only rank 0 reads; every tensor is broadcast from it, one at a time, and each
+    process keeps its shard. Every rank reading the file cost one whole model of host RAM per process (a 70B bf16
+    model on 8 ranks: ~1.1 TB); rank 0 maps the file (`mmap`) instead of reading it into memory."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    state = torch.load(path, map_location="cpu", weights_only=True, mmap=True) if _rank() == 0 else {}
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=_distributed(), strict=True)
+    set_model_state_dict(model, state, options=options)
+
+
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 def load_optimizer(model, optimizer, input_dir: str, index: int) -> None:
@@ -213,7 +228,17 @@ def load_optimizer(model, optimizer, input_dir: str, index: int) -> None:
     if sharded:
         load_optimizer_flat_or_not(model, optimizer, path)
         return
-    load_full_optimizer_state_dict(model, optimizer, torch.load(path, map_location="cpu", weights_only=True))
+    if is_fsdp1(model):
+        # FSDP1's optimizer state is not DTensors, which torch's rank-0 broadcast needs: every rank maps the file
+        # (`mmap`: the processes of a machine share its pages instead of each holding a copy).
+        load_full_optimizer_state_dict(model, optimizer, torch.load(path, map_location="cpu", weights_only=True,
+                                                                    mmap=True))
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    state = torch.load(path, map_location="cpu", weights_only=True, mmap=True) if _rank() == 0 else {}
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=_distributed())
+    set_optimizer_state_dict(model, optimizer, state, options=options)
 
 
 def _saved_flat(path: str, model) -> bool:
@@ -311,5 +336,7 @@ def merge_fsdp_weights(checkpoint_dir: str, output_path: str, safe_serialization
         if remove_checkpoint_dir:
             shutil.rmtree(checkpoint_dir)
     if dist.is_available() and dist.is_initialized():
-        dist.barrier()
+        from ...distributed.control import barrier
+
+        barrier()
     return target

@@ -1,0 +1,67 @@
+"""CUDA paths of offloading and checkpoint I/O: FSDP2 cpu_ram_efficient_loading + cpu_offload (item 4), async
+save from CUDA tensors, device maps over cuda/cpu/disk equal to the full model, bitsandbytes on CUDA."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+from launching import launch
+
+from hasten import Accelerator
+
+
+def test_fsdp2_ram_efficient_loading_with_cpu_offload_keeps_shards_on_cpu(tmp_path):
+    result = launch("gpu_offload.py", num_processes=1, timeout=300)
+    assert "offload checks passed" in result.stdout, result.stdout + result.stderr
+
+
+def test_async_save_from_cuda_commits_and_loads(tmp_path):
+    acc = Accelerator()
+    model = torch.nn.Linear(32, 32)
+    opt = torch.optim.AdamW(model.parameters())
+    model, opt = acc.prepare(model, opt)
+    acc.backward(model(torch.randn(4, 32, device=acc.device)).pow(2).mean())
+    opt.step()
+    saved = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    acc.save_state(str(tmp_path / "ckpt"), async_save=True)
+    with torch.no_grad():
+        for p in model.parameters():  # changed after the call returns: the checkpoint must hold the old values
+            p.add_(1.0)
+    acc.wait_for_checkpoint()
+    acc.load_state(str(tmp_path / "ckpt"))
+    assert all(torch.equal(saved[k], v) for k, v in model.state_dict().items())
+
+
+def test_device_map_over_cuda_cpu_and_disk_equals_the_full_model(tmp_path):
+    from hasten.big_modeling import dispatch_model
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*(torch.nn.Linear(64, 64) for _ in range(4))).eval()
+    x = torch.randn(3, 64)
+    with torch.no_grad():
+        expected = model(x)
+    device_map = {"0": 0, "1": "cpu", "2": "disk", "3": 0}
+    dispatched = dispatch_model(model, device_map, offload_dir=str(tmp_path / "offload"))
+    with torch.no_grad():
+        got = dispatched(x.to("cuda:0"))
+    torch.testing.assert_close(got.cpu(), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("bitsandbytes") is None, reason="bitsandbytes is not installed")
+@pytest.mark.parametrize("bits", [8, 4])
+def test_bnb_quantized_linear_runs_on_cuda_close_to_full(bits, tmp_path):
+    from hasten.utils import BnbQuantizationConfig, load_and_quantize_model
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8)).half()
+    x = torch.randn(4, 256, dtype=torch.float16)
+    with torch.no_grad():
+        expected = model.cuda()(x.cuda()).float()
+    config = BnbQuantizationConfig(load_in_8bit=bits == 8, load_in_4bit=bits == 4)
+    quantized = load_and_quantize_model(model, bnb_quantization_config=config, device_map={"": 0})
+    with torch.no_grad():
+        got = quantized(x.cuda()).float()
+    assert got.device.type == "cuda"
+    assert (got - expected).abs().mean() / expected.abs().mean() < (0.05 if bits == 8 else 0.2)
