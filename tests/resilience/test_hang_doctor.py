@@ -107,6 +107,18 @@ def test_rank_sleeps_past_the_timeout():
     assert 10 <= int(re.search(r"timed out on rank 0 after (\d+)s", first).group(1)) < 60, first
 
 
+def test_collective_queued_but_never_completed():
+    """A call that returns before its collective completes (NCCL on a GPU; async_op=True here) still counts as
+    waiting: the report comes at 90 % of the timeout, naming the collective and the rank that never arrived."""
+    _, report = run_case("queued", env={"HASTEN_COLLECTIVE_TIMEOUT": "10"})
+    first = headline(report)
+    assert f"all_reduce(float32[4] op=SUM) at tests/workers/{site('queued-all-reduce')} timed out on rank 0" in first, report
+    assert "its call returned, but the backend never completed it" in first
+    assert "rank 1 never arrived (it is running Python code at " \
+           f"tests/workers/{site('queued-sleep-1')} in queued)" in first
+    assert 9 <= int(re.search(r"timed out on rank 0 after (\d+)s", first).group(1)) < 60, first
+
+
 def test_broadcast_against_all_reduce():
     _, report = run_case("broadcast-vs-all-reduce", may_run_ahead=True)
     first = headline(report)

@@ -63,6 +63,16 @@ def user_all_reduce():
     dist.all_reduce(torch.ones(3 + rank))  # SITE:user-all-reduce
 
 
+def queued():
+    # NCCL's shape on CPU: the call returns at once and the collective never completes; then the rank blocks
+    # elsewhere (here: sleeping) instead of inside a collective call.
+    if rank == 0:
+        dist.all_reduce(t, async_op=True)  # SITE:queued-all-reduce
+        time.sleep(300)  # SITE:queued-sleep-0
+    else:
+        time.sleep(300)  # SITE:queued-sleep-1
+
+
 def exits_early():
     if rank == 1:
         return

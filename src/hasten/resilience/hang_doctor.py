@@ -84,6 +84,46 @@ def active() -> bool:
 
 
 WRAPPED = tuple(DESCRIBE)  # the torch.distributed functions the doctor watches while it is on
+QUEUED_SHARE = 0.9  # a queued collective is reported at this share of the collective timeout (see Doctor._limit)
+
+
+def completion_marker(args, kwargs, result):
+    """What tells that a collective has completed when its call returned first, or None when the call itself
+    waited: the work object of `async_op=True`, or a CUDA event recorded on the current stream after the call
+    (the stream waits for the NCCL kernel, so the event completes when the collective does)."""
+    if result is not None and hasattr(result, "is_completed"):
+        return result
+    tensor = _first_tensor(args)
+    if tensor is None:
+        tensor = _first_tensor(kwargs.values())
+    if tensor is None or tensor.device.type != "cuda":
+        return None
+    import torch
+
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(tensor.device))
+    return event
+
+
+def is_finished(marker) -> bool:
+    """Completed without error. A work object the backend ended with an error (its own timeout) stays
+    unfinished, so that the report still names the collective."""
+    if hasattr(marker, "query"):
+        return marker.query()
+    return marker.is_completed() and marker.exception() is None
+
+
+def _first_tensor(values):
+    import torch
+
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            return value
+        if isinstance(value, (list, tuple)):
+            found = _first_tensor(value)
+            if found is not None:
+                return found
+    return None
 
 
 # -- the doctor ----------------------------------------------------------------------------------------------
@@ -91,13 +131,14 @@ WRAPPED = tuple(DESCRIBE)  # the torch.distributed functions the doctor watches 
 class _Entry:
     """One collective as this rank issued it; its detail is made text when first needed (off the main thread)."""
 
-    __slots__ = ("group", "seq", "name", "raw", "text", "site", "since", "thread")
+    __slots__ = ("group", "seq", "name", "raw", "text", "site", "since", "thread", "queued")
 
     def __init__(self, group, seq, name, raw, site):
         self.group, self.seq, self.name, self.raw, self.site = group, seq, name, raw, site
         self.text = raw if isinstance(raw, str) else None
         self.since = time.time()
         self.thread = threading.get_ident()
+        self.queued = False  # the call returned, but the backend has not completed the collective yet
 
     @property
     def detail(self) -> str:
@@ -138,6 +179,10 @@ class Doctor:
         self.unchecked: deque = deque()  # entries for the checker, in the order the main thread issued them
         self.wake = threading.Event()  # a flush wants the checker now
         self.progress = threading.Condition()  # notified after each pass of the checker
+        # Collectives whose call returned before they completed (NCCL queues work on the GPU; async_op=True):
+        # (entry, completion marker), oldest first. The main thread appends, any thread drops finished ones.
+        self.queued: deque = deque()
+        self.queued_lock = threading.Lock()
         self.thread = threading.Thread(target=self._watch, name="hasten-hang-doctor", daemon=True)
         self.checker = threading.Thread(target=self._check, name="hasten-hang-doctor-checker", daemon=True)
 
@@ -149,11 +194,17 @@ class Doctor:
     def run(self, name, detail, group, call, args, kwargs, site=None):
         local = self.local
         if getattr(local, "depth", 0) or self.broken:
-            return call(*args, **kwargs)
+            result = call(*args, **kwargs)
+            outer = getattr(local, "outer", None)  # inside one of hasten's watched collectives
+            if outer is not None and not self.broken:
+                self.note_completion(outer, args, kwargs, result)
+            return result
         entry = self.enter(name, detail, group, site or call_site(3))
         local.depth = 1
         try:
-            return call(*args, **kwargs)
+            result = call(*args, **kwargs)
+            self.note_completion(entry, args, kwargs, result)
+            return result
         except HangDetectedError:
             raise
         except Exception as error:
@@ -259,6 +310,37 @@ class Doctor:
             self.checked_seqs[key] = entry.seq
         return False
 
+    # -- collectives that complete after their call returned ----------------------------------------------------
+    def note_completion(self, entry, args, kwargs, result) -> None:
+        """Keep `entry` as unfinished until the backend completes it, when the call returned before that: NCCL
+        only queues a collective on the GPU (a hang then blocks later, in `.item()` or a synchronize, outside any
+        collective call), and `async_op=True` hands back a work object. Plain CPU collectives finish in the call."""
+        marker = completion_marker(args, kwargs, result)
+        if marker is None:
+            return
+        with self.queued_lock:
+            self._drop_finished()
+            self.queued.append((entry, marker))
+
+    def _drop_finished(self) -> None:
+        queued = self.queued
+        while queued and is_finished(queued[0][1]):
+            queued.popleft()
+
+    def unfinished(self):
+        """The oldest collective whose call returned but which the backend has not completed, or None."""
+        with self.queued_lock:
+            self._drop_finished()
+            if not self.queued:
+                return None
+            entry = self.queued[0][0]
+        entry.queued = True
+        return entry
+
+    def waiting_in(self):
+        """The collective this rank waits for: the main thread's call, else the oldest unfinished one."""
+        return self.inside.get(self.main) or self.unfinished()
+
     def leave(self, entry) -> None:
         # Only this thread writes its own key (no lock needed): clear it unless a nested entry replaced it.
         if self.inside.get(entry.thread) is entry:
@@ -305,6 +387,7 @@ class Doctor:
             entry = self.inside.get(self.main)
             seqs = dict(self.seqs)
             history = [e.as_list() for e in self.history]
+        entry = entry or self.unfinished()  # a collective the backend still has not completed
         status = {"rank": self.rank, "state": self.state, "answer": answer, "seqs": seqs, "history": history,
                   "error": self.error, "time": time.time()}
         if self.state in TERMINAL:
@@ -410,8 +493,10 @@ class Doctor:
             else:
                 top = status["stack"][-1] if status["stack"] else "unknown code"
                 where.append(f"rank {rank} never arrived (it is {state_words(status)} at {top})")
+        queued = (" (its call returned, but the backend never completed it: queued on the device or async_op)"
+                  if entry.queued else "")
         headline = (f"{shown(entry.name, entry.detail)} at {entry.site} timed out on rank {self.rank} after "
-                    f"{waited:.0f}s (the collective timeout is {self.timeout:g}s): " + "; ".join(where or
+                    f"{waited:.0f}s{queued} (the collective timeout is {self.timeout:g}s): " + "; ".join(where or
                     ["every rank is in it: the collective itself is stuck (network, device)"]))
         self._publish(headline, missing or [self.rank], statuses, raise_here=raise_here, kind="timeout")
 
@@ -493,19 +578,24 @@ class Doctor:
                 if verdict is not None:
                     self._obey(verdict)
                     continue
-                entry = self.inside.get(self.main)
-                if entry is not None and time.time() - entry.since >= self.timeout:
+                entry = self.waiting_in()
+                if entry is not None and time.time() - entry.since >= self._limit(entry):
                     with self.report_lock:
-                        if self.inside.get(self.main) is entry and self._published() is None:
+                        if self.waiting_in() is entry and self._published() is None:
                             self._timeout_report(entry, self.survey(store), raise_here=False)
                 if self.cleaners:
                     self._clean(store)
             except Exception:  # noqa: BLE001 - the store is gone (the run is ending): nothing left to watch
                 return
 
+    def _limit(self, entry) -> float:
+        """Seconds after which `entry` counts as hung. A queued collective is reported at 90 % of the timeout:
+        at the timeout itself NCCL's own watchdog aborts the process, and the report must be written first."""
+        return QUEUED_SHARE * self.timeout if entry.queued else self.timeout
+
     def _look_for_leavers(self, store) -> None:
-        """If the main thread waits in a collective and a rank has left, report when it left before it."""
-        entry = self.inside.get(self.main)
+        """If this rank waits for a collective and a rank has left, report when it left before it."""
+        entry = self.waiting_in()
         if entry is None:
             return
         left = []
@@ -589,12 +679,14 @@ class _Watch:
     def __enter__(self):
         if self.outer:
             self.doctor.local.depth = 1
+            self.doctor.local.outer = self.entry
         return self
 
     def __exit__(self, kind, value, tb):
         if not self.outer:
             return False
         self.doctor.local.depth = 0
+        self.doctor.local.outer = None
         try:
             if value is not None and not isinstance(value, HangDetectedError) and isinstance(value, Exception) \
                     and not getattr(value, "hasten_consistent", False):
