@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["any_rank", "all_gather_objects", "barrier", "broadcast_object", "control_group", "max_across",
+__all__ = ["any_rank", "all_gather_objects", "barrier", "broadcast_object", "control_group", "max_across", "several_processes",
            "reset"]
 
 _group = None  # the gloo group beside a non-gloo default group
@@ -69,7 +69,7 @@ def reset() -> None:
     _group = _for_default = None
 
 
-def _distributed() -> bool:
+def several_processes() -> bool:
     import torch.distributed as dist
 
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
@@ -77,7 +77,7 @@ def _distributed() -> bool:
 
 def max_across(value: int) -> int:
     """The largest of every rank's integer (the value itself in one process)."""
-    if not _distributed():
+    if not several_processes():
         return int(value)
     import torch.distributed as dist
 
@@ -93,7 +93,7 @@ def any_rank(flag: bool) -> bool:
 
 def all_gather_objects(value: Any) -> list:
     """Every rank's picklable `value`, in rank order (`[value]` in one process)."""
-    if not _distributed():
+    if not several_processes():
         return [value]
     import torch.distributed as dist
 
@@ -104,7 +104,7 @@ def all_gather_objects(value: Any) -> list:
 
 def broadcast_object(value: Any, src: int = 0) -> Any:
     """Rank `src`'s picklable `value` on every rank."""
-    if not _distributed():
+    if not several_processes():
         return value
     import torch.distributed as dist
 
@@ -115,7 +115,7 @@ def broadcast_object(value: Any, src: int = 0) -> Any:
 
 def barrier() -> None:
     """Wait until every process reaches this point, on the control group (no device is involved)."""
-    if _distributed():
+    if several_processes():
         import torch.distributed as dist
 
         dist.barrier(group=control_group())

@@ -22,6 +22,7 @@ import torch.distributed as dist
 from ...core.constants import FSDP_MODEL_NAME as MODEL_NAME
 from ...core.constants import OPTIMIZER_NAME
 from ...core.errors import CheckpointError
+from ...distributed.control import several_processes
 from ..unwrap import is_fsdp1
 
 DCP_METADATA = ".metadata"
@@ -86,7 +87,10 @@ def full_model_state_dict(model) -> dict:
 
 def load_full_model_state_dict(model, state_dict: dict, strict: bool = True):
     """Load a whole state dict that every process has read; each keeps its shard."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_model_state_dict,
+    )
 
     return set_model_state_dict(model, state_dict, options=StateDictOptions(full_state_dict=True, strict=strict))
 
@@ -104,7 +108,10 @@ def full_optimizer_state_dict(model, optimizer) -> dict:
 
 
 def load_full_optimizer_state_dict(model, optimizer, state_dict: dict) -> None:
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_optimizer_state_dict,
+    )
 
     set_optimizer_state_dict(model, optimizer, state_dict, options=StateDictOptions(full_state_dict=True))
 
@@ -147,7 +154,10 @@ def async_save_sharded(model, optimizer, output_dir: str, index: int, process_gr
     """Start DCP's asynchronous save of one model's (optimizer is None) or one optimizer's shards: staged to
     CPU memory before this returns, uploaded in DCP's own thread on `process_group`; returns its future."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
 
     if optimizer is None:
         name, state = sharded_name(MODEL_NAME, index), {"model": get_model_state_dict(model)}
@@ -198,7 +208,10 @@ def load_model(model, input_dir: str, index: int) -> None:
     path, sharded = _find(input_dir, MODEL_NAME, index)
     if sharded:
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+        from torch.distributed.checkpoint.state_dict import (
+            get_model_state_dict,
+            set_model_state_dict,
+        )
 
         # DCP reads into the tensors it is given: this process's shards, however many processes saved them.
         state = {"model": get_model_state_dict(model)}
@@ -212,15 +225,14 @@ def load_full_model_from_rank0(model, path: str) -> None:
     """Load a whole-model file that only rank 0 reads; every tensor is broadcast from it, one at a time, and each
     process keeps its shard. Every rank reading the file cost one whole model of host RAM per process (a 70B bf16
     model on 8 ranks: ~1.1 TB); rank 0 maps the file (`mmap`) instead of reading it into memory."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_model_state_dict,
+    )
 
     state = torch.load(path, map_location="cpu", weights_only=True, mmap=True) if _rank() == 0 else {}
-    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=_distributed(), strict=True)
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=several_processes(), strict=True)
     set_model_state_dict(model, state, options=options)
-
-
-def _distributed() -> bool:
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 def load_optimizer(model, optimizer, input_dir: str, index: int) -> None:
@@ -234,10 +246,13 @@ def load_optimizer(model, optimizer, input_dir: str, index: int) -> None:
         load_full_optimizer_state_dict(model, optimizer, torch.load(path, map_location="cpu", weights_only=True,
                                                                     mmap=True))
         return
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_optimizer_state_dict,
+    )
 
     state = torch.load(path, map_location="cpu", weights_only=True, mmap=True) if _rank() == 0 else {}
-    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=_distributed())
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=several_processes())
     set_optimizer_state_dict(model, optimizer, state, options=options)
 
 
@@ -256,7 +271,9 @@ def load_optimizer_flat_or_not(model, optimizer, path: str, one_stage: bool = Fa
     whole model's parameters (a pipeline stage), under the whole model's names."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions, get_optimizer_state_dict, set_optimizer_state_dict,
+        StateDictOptions,
+        get_optimizer_state_dict,
+        set_optimizer_state_dict,
     )
 
     options = StateDictOptions(flatten_optimizer_state_dict=_saved_flat(path, model))
