@@ -4,7 +4,7 @@ from ..config.dataclasses import *  # noqa: F401,F403
 from ..config.dataclasses import KwargsHandler  # noqa: F401
 from ..config.deepspeed import DeepSpeedPlugin, DeepSpeedSequenceParallelConfig  # noqa: F401
 from ..config.fp8 import AORecipeKwargs, FP8RecipeKwargs, MSAMPRecipeKwargs, TERecipeKwargs  # noqa: F401
-from ..config.fsdp import FullyShardedDataParallelPlugin  # noqa: F401,E402
+from ..config.fsdp import FullyShardedDataParallelPlugin, get_module_class_from_name  # noqa: F401,E402
 from ..config.quantization import BnbQuantizationConfig  # noqa: F401,E402
 from ..core.enums import *  # noqa: F401,F403
 from ..distributed.operations import TensorInformation  # noqa: F401
