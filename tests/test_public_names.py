@@ -26,6 +26,22 @@ NOT_BUILT = {
         "avg_losses_across_data_parallel_group", "gather_across_data_parallel_groups", "megatron_lm_initialize",
         "megatron_lm_prepare_data_loader", "megatron_lm_prepare_model_optimizer_scheduler",
         "megatron_lm_prepare_optimizer", "megatron_lm_prepare_scheduler", "prepare_sagemager_args_inputs",
+        "MODEL_CONFIGS_TO_MEGATRON_PARSERS", "parse_bert_config", "parse_glm4_moe_config", "parse_gpt2_config",
+        "parse_llama_config", "parse_t5_config", "hasten.commands.launch:sagemaker_launcher",
+        "hasten.commands.launch:tpu_launcher", "hasten.commands.launch:tpu_pod_launcher",
+    ],
+    "issue 24, not done yet (module-level names the regenerated list added: the commands' own helpers)": [
+        "hasten.commands.config.config:main", "hasten.commands.config.config_utils:DYNAMO_BACKENDS",
+        "hasten.commands.config.config_utils:SubcommandHelpFormatter", "hasten.commands.env:env_command",
+        "hasten.commands.env:env_command_parser", "hasten.commands.launch:CustomHelpFormatter",
+        "hasten.commands.launch:clean_option", "hasten.commands.launch:deepspeed_launcher",
+        "hasten.commands.launch:multi_gpu_launcher", "hasten.commands.launch:options_to_group",
+        "hasten.commands.launch:simple_launcher", "hasten.commands.merge:description",
+        "hasten.commands.test:test_command", "hasten.commands.test:test_command_parser",
+        "hasten.commands.to_fsdp2:ARGUMENT_KEY_MAPPING", "hasten.commands.to_fsdp2:ARGUMENT_VALUE_MAPPING",
+        "hasten.commands.to_fsdp2:ConversionStatus", "hasten.test_utils.training:mocked_dataloaders",
+        "hasten.test_utils.training:mocked_dataloaders_for_autoregressive_models",
+        "hasten.utils.launch:prepare_extend_env_parallelism_config", "hasten.utils.launch:setup_fp8_env",
     ],
 }
 NOT_BUILT_KEYS = [key for keys in NOT_BUILT.values() for key in keys]

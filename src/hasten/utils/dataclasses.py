@@ -7,6 +7,14 @@ from ..config.fp8 import AORecipeKwargs, FP8RecipeKwargs, MSAMPRecipeKwargs, TER
 from ..config.fsdp import FullyShardedDataParallelPlugin, get_module_class_from_name  # noqa: F401,E402
 from ..config.quantization import BnbQuantizationConfig  # noqa: F401,E402
 from ..core.enums import *  # noqa: F401,F403
+from ..core.enums import (  # noqa: F401
+    AmaxComputeAlgorithm,
+    Backend,
+    EnumWithContains,
+    FP8Format,
+    OptLevel,
+    ProfilerActivity,
+)
 from ..distributed.operations import TensorInformation  # noqa: F401
 from ..parallelism_config import (  # noqa: F401,E402
     TorchContextParallelConfig,
