@@ -352,7 +352,5 @@ __all__ = [
     "get_data_structure", "get_shape", "honor_type", "ignorant_find_batch_size", "initialize_tensors",
     "is_namedtuple", "is_tensor_information", "is_torch_tensor", "listify", "pad_across_processes",
     "pad_input_tensors", "recursively_apply", "reduce", "send_to_device", "slice_tensors", "wait_for_everyone",
-    "DistributedOperationException", "DistributedType", "CannotPadNestedTensorWarning", "verify_operation",
-    "chained_operation", "gather_tensor_shape", "TENSOR_TYPE_TO_INT", "TENSOR_INT_TO_DTYPE", "is_torch_xpu_tensor",
-    "ConvertOutputsToFp32",
+    "DistributedOperationException", "DistributedType", "CannotPadNestedTensorWarning",
 ]
