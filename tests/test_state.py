@@ -44,7 +44,8 @@ def test_reset_makes_old_instances_explain_themselves():
     PartialState._reset_state()
     assert not state.initialized
     # Accelerate's words first (users' code matches them), then why and the fix
-    with pytest.raises(StateResetError, match=r"^`PartialState` object has no attribute `process_index`: the state "
+    with pytest.raises(StateResetError, match=r"^`PartialState` object has no attribute `process_index`\. This "
+                                              r"happens if `PartialState\._reset_state\(\)` was called .* the state "
                                               r"was reset and not created again") as caught:
         _ = state.process_index
     assert isinstance(caught.value, AttributeError)
