@@ -4,6 +4,9 @@ Run once, with accelerate==1.15.0 installed (the `bench` extra), to regenerate t
 
     .venv/bin/python scripts/accelerate_names.py > tests/fixtures/accelerate_public_names.txt
 
+or point it at the package folder of Accelerate 1.15.0's sdist (`pip download --no-deps --no-binary :all:
+accelerate==1.15.0`, untarred): `scripts/accelerate_names.py path/to/accelerate-1.15.0/src/accelerate`.
+
 Only names are read, from the source files' syntax trees; nothing of Accelerate is imported, so
 names bound under a condition (`if is_deepspeed_available(): from .deepspeed import ...`) count too.
 
@@ -14,8 +17,8 @@ What is listed, one entry a line, `accelerate` already renamed to `hasten`:
   - every name a package `__init__` binds (`hasten:Accelerator`, `hasten.utils:gather`, ...);
   - the same name at the module it comes from (`hasten.utils.operations:gather`), since users
     import from both;
-  - every public name defined at the top level of the package's own modules (`hasten.checkpointing`,
-    `hasten.optimizer`, ...) and of `utils.constants`, minus loggers.
+  - every public name defined at the top level of every module (`hasten.checkpointing:save_accelerator_state`,
+    `hasten.utils.other:get_free_port`, `hasten.commands.launch:launch_command`, ...), minus loggers.
 """
 
 from __future__ import annotations
@@ -82,7 +85,7 @@ def collect(root: pathlib.Path) -> list[str]:
                     if source in modules:
                         entries.add(f"{source}:{alias.name}")
             entries.update(f"{module}:{name}" for name in _top_level_names(tree))
-        elif module.count(".") == 1 or module.endswith("utils.constants"):
+        else:
             entries.update(f"{module}:{name}" for name in _top_level_names(tree))
     return sorted(e.replace("accelerate", "hasten", 1) for e in entries)
 
@@ -91,10 +94,16 @@ def main() -> None:
     import importlib.metadata
     import importlib.util
 
-    installed = importlib.metadata.version("accelerate")
-    if installed != VERSION:
-        sys.exit(f"accelerate {installed} is installed; this list is for {VERSION}: pip install accelerate=={VERSION}")
-    root = pathlib.Path(importlib.util.find_spec("accelerate").origin).parent
+    if len(sys.argv) > 1:
+        root = pathlib.Path(sys.argv[1])
+        if f'__version__ = "{VERSION}"' not in (root / "__init__.py").read_text():
+            sys.exit(f"{root} is not Accelerate {VERSION}'s package folder")
+    else:
+        installed = importlib.metadata.version("accelerate")
+        if installed != VERSION:
+            sys.exit(f"accelerate {installed} is installed; this list is for {VERSION}: pip install "
+                     f"accelerate=={VERSION}")
+        root = pathlib.Path(importlib.util.find_spec("accelerate").origin).parent
     print(f"# Accelerate {VERSION}'s public names at hasten's paths; written by scripts/accelerate_names.py")
     print("\n".join(collect(root)))
 

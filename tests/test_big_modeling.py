@@ -447,3 +447,20 @@ def test_load_checkpoint_in_model_reads_any_index_json_and_a_bare_weight_map(ref
     (tmp_path / "other.index.json").write_text(json.dumps({"weight_map": [1, 2]}))
     with pytest.raises(RuntimeError, match="not a valid weights index"):
         load_checkpoint_in_model(TinyLM(), str(tmp_path / "other.index.json"))
+
+
+def test_sequence_parallelism_refuses_linear_attention_layers():
+    from types import SimpleNamespace
+
+    from hasten.big_modeling import _refuse_recurrent_layers_under_sequence_parallelism as refuse
+
+    def model(layer_types):
+        config = SimpleNamespace(layer_types=layer_types)
+        config.get_text_config = lambda: config
+        return SimpleNamespace(config=config)
+
+    with pytest.raises(ValueError, match=r"\['linear_attention'\]"):
+        refuse(model(["full_attention", "linear_attention", "linear_attention"]))
+    refuse(model(["full_attention", "sliding_attention"]))
+    refuse(SimpleNamespace(config=SimpleNamespace(get_text_config=lambda: SimpleNamespace())))
+    refuse(torch.nn.Linear(2, 2))  # no config at all

@@ -231,3 +231,26 @@ def test_layouts_on_two_processes():
     rank properties read the mesh; CP on CPU refused in one line (tests/workers/parallelism_layouts.py)."""
     result = launch("parallelism_layouts.py", flags=("--parallelism_config_dp_shard_size", "2"), timeout=300)
     assert result.stdout.count("parallelism layout checks passed") == 2, result.stdout
+
+
+def test_build_device_mesh_slices_flattened_views_by_lists_of_names(monkeypatch):
+    # Accelerate slices `mesh[list_of_names]`; code (and tests) that stand in a recording mesh see lists
+    import torch.distributed.device_mesh as device_mesh
+
+    from hasten.parallelism_config import ParallelismConfig
+
+    class RecordingMesh:
+        def __init__(self):
+            self.sliced = []
+
+        def __getitem__(self, names):
+            self.sliced.append(names)
+            return self
+
+        def _flatten(self, name):
+            return name
+
+    mesh = RecordingMesh()
+    monkeypatch.setattr(device_mesh, "init_device_mesh", lambda *args, **kwargs: mesh)
+    ParallelismConfig(dp_replicate_size=2, dp_shard_size=2).build_device_mesh("cpu")
+    assert mesh.sliced and all(type(names) is list for names in mesh.sliced), mesh.sliced

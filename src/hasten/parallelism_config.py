@@ -243,7 +243,7 @@ class ParallelismConfig:
         for name, names in (("dp", self.dp_dim_names), ("dp_shard_cp", self.dp_shard_cp_dim_names),
                             ("dp_cp", self.dp_cp_dim_names)):
             if names:
-                self._views[name] = mesh[tuple(names)]._flatten(name)
+                self._views[name] = mesh[names]._flatten(name)  # a list, as Accelerate slices it
         return mesh
 
     def _get_mesh(self) -> tuple[tuple, tuple]:

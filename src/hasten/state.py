@@ -70,8 +70,10 @@ class _SharedState:
         # A property whose field is gone also lands here (its AttributeError is swallowed by Python).
         if name in type(self)._known_attrs or (not self._shared_state and hasattr(type(self), name)):
             raise StateResetError(
-                f"`{type(self).__name__}.{name}` is gone: the state was reset and not created again. "
-                f"Build a new `{type(self).__name__}()` (or `Accelerator()`) after `_reset_state()`."
+                f"`{type(self).__name__}` object has no attribute `{name}`. This happens if "
+                f"`{type(self).__name__}._reset_state()` was called and an `Accelerator` or `PartialState` was not "
+                f"reinitialized: the state was reset and not created again. Build a new `{type(self).__name__}()` "
+                "(or `Accelerator()`) after `_reset_state()`."
             )
         raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
 

@@ -225,3 +225,82 @@ def test_materialising_an_offloaded_meta_model_keeps_parameters_on_cpu():
     assert {b.device.type for b in model.buffers()} == {"meta"}
     _materialize(model, torch.device("cpu"), offload=False)
     assert {t.device.type for t in [*model.parameters(), *model.buffers()]} == {"cpu"}
+
+
+def test_get_module_class_from_name_finds_the_first_class_of_that_name():
+    from hasten.utils.dataclasses import get_module_class_from_name
+    from hasten.utils.fsdp_utils import get_module_class_from_name as from_fsdp_utils
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), Block())
+    assert from_fsdp_utils is get_module_class_from_name
+    assert get_module_class_from_name(model, "Block") is Block
+    assert get_module_class_from_name(model, "ReLU") is torch.nn.ReLU
+    assert get_module_class_from_name(model, "Sequential") is torch.nn.Sequential  # the model itself
+    assert get_module_class_from_name(model, "Missing") is None
+
+
+def test_a_peft_style_auto_wrap_policy_picks_the_named_blocks():
+    # what peft's `fsdp_auto_wrap_policy` builds for Trainer: classes found by name, or-ed with a lambda policy
+    import functools
+
+    from torch.distributed.fsdp.wrap import _or_policy, lambda_auto_wrap_policy, transformer_auto_wrap_policy
+
+    from hasten.utils.dataclasses import get_module_class_from_name
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+    class Head(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 2)
+            self.lin.weight.requires_grad_(True)
+
+    model = torch.nn.Sequential(Block(), Block(), Head())
+    model._no_split_modules = ["Block"]
+    classes = {get_module_class_from_name(model, name) for name in model._no_split_modules}
+    policy = functools.partial(_or_policy, policies=[
+        functools.partial(lambda_auto_wrap_policy, lambda_fn=lambda m: isinstance(m, Head)),
+        functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=classes),
+    ])
+    predicate = FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy=policy).wrap_predicate(model)
+    assert [predicate(m) for m in model] == [True, True, True]
+    assert predicate(model[0].lin) is False
+
+
+def test_get_parameters_from_modules_takes_modules_or_a_full_name_pattern():
+    from hasten.utils.fsdp_utils import get_parameters_from_modules
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU()))
+    assert get_parameters_from_modules(None, model, "cpu") == set()
+    assert get_parameters_from_modules([model[0]], model, "cpu") == {model[0].weight, model[0].bias}
+    moved = []
+    for name, module in model.named_modules():
+        module.to = lambda device, name=name, module=module: moved.append((name, device)) or module
+    by_pattern = get_parameters_from_modules(r"1\.\d+", model, "cpu")
+    assert by_pattern == set(model[1][0].parameters()) and len(by_pattern) == 2
+    assert moved == [("1.0", "cpu"), ("1.1", "cpu")]  # matched modules move to the device given
+    assert get_parameters_from_modules("1", model, "cpu") == set(model[1].parameters())  # whole names only
+
+
+def test_fsdp2_prepare_auto_wrap_policy_follows_the_plugin():
+    from hasten.utils.fsdp_utils import fsdp2_prepare_auto_wrap_policy
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+    model = torch.nn.Sequential(Block(), torch.nn.Linear(4, 2))
+    plugin = FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="transformer_based_wrap",
+                                            transformer_cls_names_to_wrap=["Block"])
+    policy = fsdp2_prepare_auto_wrap_policy(plugin, model)
+    assert [policy(m) for m in model] == [True, False]
+    assert fsdp2_prepare_auto_wrap_policy(FullyShardedDataParallelPlugin(fsdp_version=2), model) is None

@@ -28,8 +28,11 @@ def make_venv(path: Path):
     python = path / "bin" / "python"
     site_dir = Path(run(python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))").stdout.strip())
     project_sites = [p for p in site.getsitepackages() if os.path.isdir(p)]
+    # hasten from this checkout first: the environment's editable install may point at another worktree
+    source = str(Path(alias.__file__).resolve().parents[2])
     (site_dir / "_hasten_test_project.pth").write_text(
-        "".join(f"import site; site.addsitedir({p!r})\n" for p in project_sites))
+        "".join(f"import site; site.addsitedir({p!r})\n" for p in project_sites)
+        + f"import sys; sys.path.insert(0, {source!r})\n")
     return python, site_dir
 
 
@@ -90,6 +93,28 @@ print("ALIAS-OK")
     assert "ALIAS-OK" in run(python, "-c", script).stdout
     status = run(python, "-m", "hasten", "alias", "status").stdout
     assert status.startswith("accelerate alias: active") and "1.15.0+hasten" in status
+
+
+def test_aliased_modules_keep_their_own_spec_so_relative_imports_do_not_warn(aliased):
+    # The import system stamps the alias's spec on the module object it is handed; hasten.X then had
+    # __package__ "hasten.X" but __spec__.parent "accelerate.X", and every relative import inside a function
+    # warned (transformers' Trainer counts the warnings of a call and saw 4, not 1).
+    python, _ = aliased
+    script = """
+import warnings
+import accelerate.utils, accelerate.utils.operations, accelerate.state, accelerate
+import hasten.utils
+for name in ("accelerate.utils", "accelerate.utils.operations", "accelerate.state"):
+    module = __import__(name, fromlist=["_"])
+    assert module.__spec__.name == module.__name__, (name, module.__spec__.name, module.__name__)
+    assert module.__spec__.parent == module.__package__, (name, module.__spec__.parent, module.__package__)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    exec("from .operations import gather", vars(accelerate.utils))  # a function-level relative import
+assert not [w for w in caught if issubclass(w.category, ImportWarning)], [str(w.message) for w in caught]
+print("SPEC-OK")
+"""
+    assert "SPEC-OK" in run(python, "-W", "error::ImportWarning", "-c", script).stdout
 
 
 def test_hasten_env_shows_the_alias(aliased, tmp_path):

@@ -126,3 +126,8 @@ def test_write_basic_config_refuses_to_overwrite(hf_home, capsys):
     assert config_file.write_basic_config(mixed_precision="bf16") is False
     assert "will not override" in capsys.readouterr().out
     assert open(path).read() == before
+
+
+def test_write_basic_config_takes_a_path_object(tmp_path):
+    written = config_file.write_basic_config(save_location=tmp_path / "default_config.yaml")
+    assert written == str(tmp_path / "default_config.yaml") and (tmp_path / "default_config.yaml").exists()

@@ -79,6 +79,8 @@ def test_megatron_only_and_impossible_fields_are_refused_in_one_line(kwargs, err
 
 
 def test_megatron_only_objects_refuse_on_use_in_one_line():
+    from hasten.utils.dataclasses import MODEL_CONFIGS_TO_MEGATRON_PARSERS
+
     uses = [
         lambda: megatron_lm.GPTTrainStep(None, None), lambda: megatron_lm.BertTrainStep(None, None),
         lambda: megatron_lm.T5TrainStep(None, None), lambda: megatron_lm.MegatronEngine(None, None, None, None),
@@ -89,6 +91,8 @@ def test_megatron_only_objects_refuse_on_use_in_one_line():
         lambda: megatron_lm.prepare_model_optimizer_scheduler(None), lambda: megatron_lm.prepare_optimizer(None, None),
         lambda: megatron_lm.prepare_scheduler(None, None, None),
         lambda: MegatronLMPlugin().set_optimizer_type(None),
+        lambda: megatron_lm.finish_mpu_init(), lambda: megatron_lm.model_provider_func(),
+        *[lambda parse=parse: parse(None, None, None) for parse in MODEL_CONFIGS_TO_MEGATRON_PARSERS.values()],
     ]
     from hasten.utils import add_model_config_to_megatron_parser
 

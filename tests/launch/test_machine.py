@@ -226,3 +226,29 @@ def test_multi_gpu_env_takes_a_hand_made_namespace_and_picks_a_free_port(no_conf
     utils.prepare_multi_gpu_env(args)
     assert args.master_port.isdigit() and args.master_port != "0"
     assert not utils.is_port_in_use(int(args.master_port))
+
+
+def test_a_namespace_with_accelerates_fill_ins_for_switched_off_features_is_accepted(no_config):
+    import argparse
+
+    from hasten.core.errors import NotBuiltError
+
+    # Accelerate's parser fills Megatron-LM's and FSDP's flags in; it reads none of them while the switch is off
+    def namespace(**changes):
+        fields = dict(num_processes=1, num_machines=1, main_process_ip="127.0.0.1", main_process_port=0,
+                      machine_rank=0, module=False, no_python=False, debug=False, gpu_ids="all", mixed_precision="no",
+                      use_fsdp=False, fsdp_min_num_params=0, fsdp_reshard_after_forward=False, use_megatron_lm=False,
+                      megatron_lm_tp_degree=1, megatron_lm_pp_degree=1, megatron_lm_gradient_clipping=1.0,
+                      megatron_lm_num_micro_batches=None, same_network=False)
+        return argparse.Namespace(**{**fields, **changes})
+
+    args = namespace()
+    utils.prepare_multi_gpu_env(args)
+    assert args.master_port.isdigit()
+    # a value that asks for something is still refused, with the switch off or on
+    with pytest.raises(NotBuiltError, match="--megatron_lm_tp_degree: Megatron-LM is not built"):
+        utils.prepare_multi_gpu_env(namespace(megatron_lm_tp_degree=2))
+    with pytest.raises(NotBuiltError, match="Megatron-LM is not built"):
+        utils.prepare_multi_gpu_env(namespace(use_megatron_lm=True))
+    with pytest.raises(ConfigError, match="--fsdp_min_num_params needs --use_fsdp"):
+        utils.prepare_multi_gpu_env(namespace(fsdp_min_num_params=1000))

@@ -152,3 +152,71 @@ def test_tpu_and_sagemaker_entry_points_refuse_in_one_line(call):
     with pytest.raises(NotSupportedYetError, match=what) as caught:
         run()
     assert "\n" not in str(caught.value) and isinstance(caught.value, NotImplementedError)
+
+
+# -- names the regenerated public-names list added (issue 24) -----------------------------------------------------
+def test_verify_and_chained_operation_on_one_process():
+    import torch
+
+    from hasten.core.errors import DistributedOperationException
+    from hasten.utils.operations import chained_operation, verify_operation
+
+    @verify_operation
+    def total(tensor):
+        return tensor.sum()
+
+    assert total(torch.ones(3)) == 3 and total(tensor=torch.ones(2)) == 2 and total.__name__ == "total"
+
+    @chained_operation
+    def failing():
+        raise DistributedOperationException("shapes differ")
+
+    with pytest.raises(DistributedOperationException, match=r"^Error found while calling `.*failing`") as caught:
+        failing()
+    assert str(caught.value.__cause__) == "shapes differ"
+
+
+def test_gather_tensor_shape_and_dtype_codes_on_one_process():
+    import torch
+
+    from hasten.utils.operations import TENSOR_INT_TO_DTYPE, TENSOR_TYPE_TO_INT, gather_tensor_shape
+
+    shape, code = gather_tensor_shape(torch.zeros(2, 0, 5, dtype=torch.bfloat16))
+    assert shape.tolist() == [2, 0, 5] and TENSOR_INT_TO_DTYPE[code] is torch.bfloat16
+    assert TENSOR_TYPE_TO_INT[torch.float32] == 1 and len(TENSOR_INT_TO_DTYPE) == 10
+    with pytest.raises(ValueError, match="no process passed a tensor"):
+        gather_tensor_shape(None)
+
+
+def test_check_device_same_treats_an_unindexed_accelerator_as_index_0():
+    import torch
+
+    from hasten.utils.modeling import check_device_same
+
+    assert check_device_same(torch.device("cuda"), torch.device("cuda:0"))
+    assert not check_device_same(torch.device("cuda"), torch.device("cuda:1"))
+    assert not check_device_same(torch.device("cpu"), torch.device("cuda:0"))
+    assert check_device_same(torch.device("cpu"), torch.device("cpu"))
+
+
+def test_other_and_imports_leftovers(monkeypatch):
+    import numpy as np
+    import torch
+
+    from hasten.utils import imports, other
+
+    assert other.np_core.multiarray is not None
+    with torch.serialization.safe_globals(other.TORCH_SAFE_GLOBALS):
+        import io
+
+        buffer = io.BytesIO()
+        torch.save({"rng": np.random.get_state()}, buffer)
+        buffer.seek(0)
+        assert torch.load(buffer, weights_only=True)["rng"][0] == "MT19937"
+    port = other.get_free_port()
+    assert 0 < port < 65536 and not other.is_port_in_use(port)
+    blocks = torch.nn.Sequential(torch.nn.ModuleList([torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)]))
+    assert other.has_repeated_blocks(blocks) and other.is_repeated_blocks(blocks[0])
+    assert imports.is_numpy_available() and not imports.is_numpy_available("999.0")
+    monkeypatch.setattr(imports, "USE_TORCH_XLA", False)
+    assert imports.is_torch_xla_available() is False

@@ -31,10 +31,17 @@ class _SameModuleLoader:
     def create_module(self, spec):
         import importlib
 
-        return importlib.import_module(self.target_name)
+        module = importlib.import_module(self.target_name)
+        self.own_spec = module.__spec__
+        return module
 
     def exec_module(self, module):
-        pass  # executed when it was imported as hasten.X
+        # Executed when it was imported as hasten.X. The import system has just stamped the alias's spec on
+        # the shared module; put hasten's back, or `__spec__.parent` ("accelerate...") disagrees with
+        # `__package__` ("hasten...") and every relative import run inside a function warns (ImportWarning).
+        own_spec = getattr(self, "own_spec", None)
+        if own_spec is not None:
+            module.__spec__ = own_spec
 
 
 class _PackageViewLoader(_SameModuleLoader):

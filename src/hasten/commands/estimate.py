@@ -2,6 +2,7 @@
 
     hasten estimate-memory ./my-model-folder            # a local Hugging Face model folder (config.json)
     hasten estimate-memory mypackage.models:build_model # a Python factory `module:function` (or file.py:function)
+    hasten estimate-memory resnet50 --library_name timm  # a timm architecture by name (built, not downloaded)
 
 The model is built on the meta device (shapes only, no storage), so even a huge model costs nothing.
 Reported per dtype: the parameter count, the largest layer (what must fit at once when layers are loaded one
@@ -16,8 +17,9 @@ import importlib
 import importlib.util
 import os
 import sys
+from typing import Optional
 
-from ..core.errors import ConfigError
+from ..core.errors import ConfigError, HubAccessError
 
 BYTES_PER_ELEMENT = {"float32": 4.0, "float16": 2.0, "bfloat16": 2.0, "int8": 1.0, "int4": 0.5}
 ALIASES = {"fp32": "float32", "fp16": "float16", "half": "float16", "bf16": "bfloat16"}
@@ -53,7 +55,7 @@ def build_on_meta(spec: str, trust_remote_code: bool = False):
         if not isinstance(model, torch.nn.Module):
             raise ConfigError(f"{spec} returned {type(model).__name__}, not a torch.nn.Module; return the model itself")
         return model, spec
-    raise ConfigError(
+    raise HubAccessError(
         f"{spec!r} is neither a local model folder nor `module:function`; hasten does not download from the Hub: "
         f"fetch the folder first (e.g. `huggingface-cli download {spec} config.json --local-dir ./model`) and pass "
         "./model"
@@ -177,25 +179,153 @@ def format_table(title: str, counts: dict, rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
-    parser = _Parser(prog="hasten estimate-memory", allow_abbrev=False,
-                     description="Estimate a model's memory for inference and training, without allocating it.")
-    parser.add_argument("model", help="A local Hugging Face model folder (with config.json), or module:function.")
+def estimate_command_parser(subparsers=None):
+    """The `estimate-memory` options: Accelerate's (`model_name`, `--library_name`, `--dtypes`,
+    `--trust_remote_code`) plus hasten's dtypes (bfloat16, the fp32/fp16/bf16 spellings) and model sources."""
+    description = "Estimate a model's memory for inference and training, without allocating it."
+    if subparsers is not None:
+        parser = subparsers.add_parser("estimate-memory", description=description)
+    else:
+        parser = _Parser(prog="hasten estimate-memory", allow_abbrev=False, description=description)
+    parser.add_argument("model_name", metavar="model",
+                        help="A local Hugging Face model folder (with config.json), module:function, or with "
+                             "--library_name timm a timm architecture name.")
     parser.add_argument("--dtypes", nargs="+", type=_dtype, default=list(BYTES_PER_ELEMENT),
                         help="Any of float32 float16 bfloat16 int8 int4 (default: all).")
     parser.add_argument("--trust_remote_code", "--trust-remote-code", action="store_true",
                         help="Allow a model folder's own Python code to run (only for folders you trust).")
-    parser.add_argument("--library_name", "--library-name", choices=("transformers",), default=None,
-                        help="Accepted for compatibility; folders are read with transformers.")
-    args = parser.parse_args(argv)
+    parser.add_argument("--library_name", "--library-name", choices=("timm", "transformers"), default=None,
+                        help="transformers (model folders, the default) or timm (architecture names).")
+    if subparsers is not None:
+        parser.set_defaults(func=estimate_command)
+    return parser
+
+
+def estimate_command(args) -> None:
+    """Print the estimate for parsed `estimate_command_parser` arguments (raises what `create_empty_model` does)."""
+    if args.library_name == "timm":
+        model, title = create_empty_model(args.model_name, "timm"), args.model_name
+    else:
+        model, title = build_on_meta(args.model_name, args.trust_remote_code)
+    counts = measure(model)
+    print(format_table(title, counts, estimate(counts, args.dtypes)))
+
+
+def main(argv=None) -> int:
+    args = estimate_command_parser().parse_args(argv)
     try:
-        model, title = build_on_meta(args.model, args.trust_remote_code)
-        counts = measure(model)
+        estimate_command(args)
     except ConfigError as error:
         print(f"hasten estimate-memory: error: {error}", file=sys.stderr)
         return 2
-    print(format_table(title, counts, estimate(counts, args.dtypes)))
     return 0
+
+
+# ------------------------------------------------------------------------------ Accelerate's helper functions
+# `accelerate.commands.estimate`'s functions, under its names, signatures and return shapes. Where Accelerate
+# asks the Hub, hasten refuses in one line (HubAccessError, an OSError as Accelerate's offline error is).
+
+_HUB_REFUSAL = ("hasten does not contact the Hugging Face Hub; download the model folder first "
+                "(`huggingface-cli download {repo} config.json --local-dir ./model`) and pass ./model")
+
+
+def verify_on_hub(repo: str, token: Optional[str] = None):
+    """Accelerate looks `repo` up on the Hub here; hasten never does, so this always refuses."""
+    raise HubAccessError(f"verify_on_hub({repo!r}): " + _HUB_REFUSAL.format(repo=repo))
+
+
+def check_has_model(error) -> str:
+    """Which library (`"timm"`, `"transformers"` or `"unknown"`) raised `error` because a model was not found."""
+    message = str(error)
+    if importlib.util.find_spec("timm") is not None:
+        try:
+            from huggingface_hub.utils import EntryNotFoundError
+        except ImportError:
+            EntryNotFoundError = ()  # noqa: N806 - without huggingface_hub nothing raises it
+        if ((isinstance(error, RuntimeError) and "Unknown model" in message) or isinstance(error, EntryNotFoundError)
+                or (isinstance(error, KeyError) and "architecture" in message)):
+            return "timm"
+    if (importlib.util.find_spec("transformers") is not None and isinstance(error, (OSError, ValueError))
+            and ("does not appear to have a file named" in message or "Unrecognized model in" in message)):
+        return "transformers"
+    return "unknown"
+
+
+def add_timm_hub_prefix(model_name: str) -> str:
+    """`owner/name` becomes `hf-hub:owner/name` (timm's source prefix for Hub repos); architecture names and names
+    that already carry a source prefix (`hf-hub:`, `local-dir:`) stay as they are."""
+    if ":" in model_name or "/" not in model_name:
+        return model_name
+    return "hf-hub:" + model_name
+
+
+def create_empty_model(model_name: str, library_name: Optional[str], trust_remote_code: bool = False,
+                       access_token: Optional[str] = None):
+    """`model_name` built on the meta device in float32: a local transformers model folder or `module:function`
+    (library_name None or "transformers"), or a timm architecture or `local-dir:` name (library_name "timm")."""
+    if access_token is not None:
+        raise HubAccessError("create_empty_model(access_token=...): a token is for the Hub, which hasten never "
+                             "contacts; read a local folder without one")
+    if library_name not in (None, "transformers", "timm"):
+        raise ValueError(f"Library `{library_name}` is not supported yet; use `transformers` or `timm`")
+    if library_name == "timm":
+        if add_timm_hub_prefix(model_name).startswith("hf-hub:"):
+            raise HubAccessError(f"{model_name!r} is a timm model on the Hub: " + _HUB_REFUSAL.format(repo=model_name)
+                                 + " with `local-dir:./model`")
+        try:
+            import timm
+        except ImportError:
+            raise ImportError(f"To check `{model_name}`, `timm` must be installed: pip install timm") from None
+        import torch
+
+        with torch.device("meta"):
+            return timm.create_model(model_name, pretrained=False)
+    return build_on_meta(model_name, trust_remote_code)[0]
+
+
+def estimate_training_usage(bytes: int, mixed_precision: str, msamp_config: Optional[str] = None) -> dict:
+    """Bytes for training with Adam at batch size 1, by part (`model`, `optimizer`, `gradients`, `step`), from the
+    float32 size `bytes`; -1 where no estimate exists (int8/int4, and fp8 with an MS-AMP config)."""
+    sizes = {"model": -1, "optimizer": -1, "gradients": -1, "step": -1}
+    if mixed_precision == "float32":
+        sizes.update(model=bytes, gradients=bytes, optimizer=2 * bytes, step=4 * bytes)
+    elif mixed_precision in ("float16", "bfloat16") or (mixed_precision == "fp8" and msamp_config is None):
+        # mixed precision keeps float32 weights and Adam states; gradients come in float32 plus a half copy
+        sizes.update(model=bytes, gradients=bytes + bytes // 2, optimizer=2 * bytes, step=2 * bytes)
+    return sizes
+
+
+_DIVISOR = {"float32": 1, "float16": 2, "bfloat16": 2, "int8": 4, "int4": 8}
+
+
+def gather_data(args) -> list:
+    """One row per dtype in `args.dtypes`: `[dtype, largest layer bytes, total bytes, estimate_training_usage(...)]`
+    for the model `args.model_name` (see create_empty_model)."""
+    from ..big_model.device_map import calculate_maximum_sizes
+
+    model = create_empty_model(args.model_name, library_name=args.library_name,
+                               trust_remote_code=args.trust_remote_code)
+    total, (largest, _) = calculate_maximum_sizes(model)
+    return [[dtype, largest / _DIVISOR[dtype], total / _DIVISOR[dtype], estimate_training_usage(total, dtype)]
+            for dtype in args.dtypes]
+
+
+def create_ascii_table(headers: list, rows: list, title: str) -> str:
+    """`rows` (strings) under `headers` and `title`, boxed with line-drawing characters, cells centred."""
+    widths = [max(len(str(cell)) for cell in column) for column in zip(headers, *rows)]
+    inner = sum(widths) + len(widths) - 1
+    if len(title) > inner:
+        widths[-1] += len(title) - inner
+        inner = len(title)
+
+    def rule(left, middle, right):
+        return left + middle.join("─" * width for width in widths) + right
+
+    def line(cells):
+        return "│" + "│".join(str(cell).center(width) for cell, width in zip(cells, widths)) + "│"
+
+    return "\n".join(["┌" + "─" * inner + "┐", "│" + title.center(inner) + "│", rule("├", "┬", "┤"), line(headers),
+                      rule("├", "┼", "┤"), *map(line, rows), rule("└", "┴", "┘")])
 
 
 if __name__ == "__main__":

@@ -348,7 +348,7 @@ def basic_config(mixed_precision: str = "no", machine: Mapping | None = None) ->
 
 def write_basic_config(mixed_precision: str = "no", save_location: str | None = None) -> str | bool:
     """Write a config for this machine; refuses (returns False) when the file already exists, as Accelerate."""
-    path = save_location or default_config_path()
+    path = os.fspath(save_location) if save_location else default_config_path()  # Accelerate's tests pass a Path
     if os.path.exists(path):
         print(f"Configuration already exists at {path}, will not override. Run `hasten config update` or "
               "`hasten config` to change it, or delete the file first.")

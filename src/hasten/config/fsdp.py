@@ -457,3 +457,13 @@ def _call_user_policy(policy, module: torch.nn.Module) -> bool:
         return bool(policy(module))
     numel = sum(p.numel() for p in module.parameters())
     return bool(policy(module=module, recurse=False, nonwrapped_numel=numel))
+
+
+def get_module_class_from_name(module: torch.nn.Module, name: str):
+    """The class of the first submodule of `module` (itself included, depth first) whose class is called `name`,
+    or None. Auto-wrap policies built outside hasten (peft's) turn `_no_split_modules` names into classes with it."""
+    for submodule in module.modules():
+        if type(submodule).__name__ == name:
+            return type(submodule)
+    return None
+

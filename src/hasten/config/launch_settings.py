@@ -74,7 +74,11 @@ def _check_requirements(args, values: dict) -> None:
     for row in table.SETTINGS:
         if row.requires and row.flags and table.flag_given(args, row) and getattr(args, row.flag_dest) != row.default:
             needed = table.BY_DEST.get(row.requires) or table.get(row.requires)
-            if values[needed.name].value in (None, False, "no"):
+            resolved = values.get(needed.name)  # a switch hasten has not built is not resolved: read the flag
+            switch = resolved.value if resolved is not None else getattr(args, needed.flag_dest, None)
+            if table.ignored_while_switched_off(row, getattr(args, row.flag_dest), switch not in (None, False, "no")):
+                continue
+            if switch in (None, False, "no"):
                 example = f" {needed.example_text()}" if not needed.switch else ""
                 if needed.choices and "inductor" in needed.choices:
                     example = " inductor"

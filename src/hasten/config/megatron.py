@@ -311,3 +311,33 @@ def add_model_config_to_megatron_parser(model_type: str):
     """Accelerate's decorator that registers a Megatron-LM argument parser for a model type: Megatron-only."""
     raise _megatron_only(f"add_model_config_to_megatron_parser({model_type!r})",
                          "pass your nn.Module to accelerator.prepare(); its config stays in the model")
+
+
+_CONFIG = "pass your nn.Module to accelerator.prepare(); its config stays in the model"
+
+
+def parse_bert_config(megatron_lm_plugin, model, batch_data):
+    raise _megatron_only("megatron_lm parse_bert_config", _CONFIG)
+
+
+def parse_gpt2_config(megatron_lm_plugin, model, batch_data):
+    raise _megatron_only("megatron_lm parse_gpt2_config", _CONFIG)
+
+
+def parse_t5_config(megatron_lm_plugin, model, batch_data):
+    raise _megatron_only("megatron_lm parse_t5_config", _CONFIG)
+
+
+def parse_llama_config(megatron_lm_plugin, model, batch_data):
+    raise _megatron_only("megatron_lm parse_llama_config", _CONFIG)
+
+
+def parse_glm4_moe_config(megatron_lm_plugin, model, batch_data):
+    raise _megatron_only("megatron_lm parse_glm4_moe_config", _CONFIG)
+
+
+# Accelerate's model types -> the Megatron-LM argument parser for each (every one refuses when called).
+MODEL_CONFIGS_TO_MEGATRON_PARSERS = {
+    "megatron-bert": parse_bert_config, "gpt2": parse_gpt2_config, "t5": parse_t5_config,
+    "llama": parse_llama_config, "glm4_moe": parse_glm4_moe_config,
+}

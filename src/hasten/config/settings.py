@@ -738,6 +738,20 @@ def flag_given(args, row: Setting) -> bool:
     return value is not None and value is not False and value != []
 
 
+# Values a flag may carry while the switch it `requires` is off, because Accelerate's launch parser fills them in
+# (or Accelerate's own tests write them into a hand-made Namespace) and Accelerate reads none of them then. They ask
+# for nothing, so they are neither refused as not built nor as needing their switch.
+IGNORED_WHILE_SWITCHED_OFF = {
+    "megatron_lm_tp_degree": (1,), "megatron_lm_pp_degree": (1,), "megatron_lm_gradient_clipping": (1.0,),
+    "fsdp_min_num_params": (0, 100_000_000),
+}
+
+
+def ignored_while_switched_off(row: Setting, value, switch_value) -> bool:
+    """Whether `value` of `row` is one of Accelerate's fill-ins and the switch it requires is off."""
+    return bool(row.requires) and not switch_value and value in IGNORED_WHILE_SWITCHED_OFF.get(row.name, ())
+
+
 def refuse_unbuilt_flags(args) -> None:
     """One line for the first flag of a feature hasten has not built (or a value of a built flag it has not)."""
     for row in SETTINGS:
@@ -745,7 +759,10 @@ def refuse_unbuilt_flags(args) -> None:
             continue
         if not flag_given(args, row):
             continue
-        row.refuse(row.flag_text, getattr(args, row.flag_dest))
+        value = getattr(args, row.flag_dest)
+        if ignored_while_switched_off(row, value, getattr(args, row.requires or "", None)):
+            continue
+        row.refuse(row.flag_text, value)
 
 
 def refuse_unbuilt_file(values: Mapping | None, path: str | None, *, paradigm_from_flags: bool = False) -> None:

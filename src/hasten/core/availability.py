@@ -299,10 +299,14 @@ def is_habana_gaudi1() -> bool:
     return experimental._get_device_type() == experimental.synDeviceType.synDeviceGaudi
 
 
+# USE_TORCH_XLA=0 hides an installed torch_xla (as in Accelerate), read once at import.
+USE_TORCH_XLA = os.environ.get("USE_TORCH_XLA", "true").strip().lower() in ("1", "true", "yes", "y", "on")
+
+
 def is_torch_xla_available(check_is_tpu: bool = False, check_is_gpu: bool = False) -> bool:
     if check_is_tpu and check_is_gpu:
         raise ValueError("is_torch_xla_available: pass check_is_tpu or check_is_gpu, not both")
-    if importlib.util.find_spec("torch_xla") is None:
+    if not USE_TORCH_XLA or importlib.util.find_spec("torch_xla") is None:
         return False
     if not (check_is_tpu or check_is_gpu):
         return True
@@ -356,3 +360,8 @@ __all__ = sorted(
     [n for n in globals() if n.startswith("is_")]
     + ["compare_versions", "deepspeed_required", "torch_version", "torchao_required", "STR_OPERATION_TO_FUNC"]
 )
+
+
+def is_numpy_available(min_version: str = "1.25.0") -> bool:
+    """NumPy is installed at `min_version` or newer."""
+    return _installed("numpy") and compare_versions("numpy", ">=", min_version)

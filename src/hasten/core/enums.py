@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from typing import Literal
 
 
 class _ValueStrEnumMeta(enum.EnumMeta):
@@ -13,6 +14,9 @@ class _ValueStrEnumMeta(enum.EnumMeta):
         except ValueError:
             return False
         return True
+
+
+EnumWithContains = _ValueStrEnumMeta  # Accelerate's public name for the metaclass
 
 
 class BaseEnum(str, enum.Enum, metaclass=_ValueStrEnumMeta):
@@ -163,3 +167,10 @@ FP8_BACKENDS = ("ao", "te", "msamp")  # the --fp8_backend spellings (FP8BackendT
 FP8_FORMATS = ("HYBRID", "E4M3", "E5M2")
 FP8_AMAX_COMPUTE_ALGORITHMS = ("max", "most_recent")
 FP8_OPTIMIZATION_LEVELS = ("O1", "O2")
+
+# Accelerate's type aliases of allowed literal values (for annotations and `typing.get_args`)
+Backend = Literal["MSAMP", "TE"]  # fp8 backends of FP8RecipeKwargs' `backend`
+OptLevel = Literal["O1", "O2"]  # MS-AMP optimisation levels
+FP8Format = Literal["HYBRID", "E4M3", "E5M2"]
+AmaxComputeAlgorithm = Literal["max", "most_recent"]
+ProfilerActivity = Literal["cpu", "xpu", "mtia", "cuda", "hpu"]

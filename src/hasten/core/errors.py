@@ -67,3 +67,8 @@ class PipelineCallError(HastenError, ValueError):
 class MegatronLMOnlyError(NotSupportedYetError):
     """An object that exists only inside the Megatron-LM library (its engine, train steps, data loader, model
     providers); hasten serves Megatron-LM's settings natively and names the native equivalent."""
+
+
+class HubAccessError(ConfigError, OSError):
+    """Something needs the Hugging Face Hub, which hasten never contacts (estimate-memory reads local folders).
+    An OSError too, as Accelerate's estimate raises for a repo it cannot reach."""

@@ -145,6 +145,63 @@ def _verify(operation: str, compare_shapes: bool = True):
     return decorator
 
 
+def verify_operation(function):
+    """Decorator for a collective over `tensor` (its first argument or `tensor=`): in debug mode on several
+    processes, first check that every rank passes the same shapes and dtypes, on the run's device, and raise a
+    DistributedOperationException naming each rank's shapes instead of hanging."""
+    operation = f"{function.__module__}.{function.__name__}"
+
+    @wraps(function)
+    def wrapper(*args, **kwargs):
+        state = PartialState()
+        if state.debug and _runs_distributed(state):
+            _check_same_across_ranks(operation, kwargs["tensor"] if "tensor" in kwargs else args[0], True)
+        return function(*args, **kwargs)
+
+    return wrapper
+
+
+def chained_operation(function):
+    """Decorator: a DistributedOperationException raised inside `function` is raised again naming `function`, with
+    the first one as its cause (for operations built on verified collectives)."""
+    operation = f"{function.__module__}.{function.__name__}"
+
+    @wraps(function)
+    def wrapper(*args, **kwargs):
+        try:
+            return function(*args, **kwargs)
+        except DistributedOperationException as error:
+            raise DistributedOperationException(
+                f"Error found while calling `{operation}`. Please see the earlier error for more details."
+            ) from error
+
+    return wrapper
+
+
+# The dtype codes of `gather_tensor_shape` (the numbering Accelerate uses, so stored codes mean the same).
+TENSOR_TYPE_TO_INT = {
+    torch.float: 1, torch.double: 2, torch.half: 3, torch.bfloat16: 4, torch.uint8: 5, torch.int8: 6,
+    torch.int16: 7, torch.int32: 8, torch.int64: 9, torch.bool: 10,
+}
+TENSOR_INT_TO_DTYPE = {code: dtype for dtype, code in TENSOR_TYPE_TO_INT.items()}
+
+
+def gather_tensor_shape(tensor):
+    """`(shape, dtype code)` of a tensor that one process holds (the others pass None), on every process: the shape
+    as a 1-d integer tensor on this process's device, the code a key of `TENSOR_INT_TO_DTYPE`. A collective."""
+    state = PartialState()
+    mine = None if tensor is None else (list(tensor.shape), TENSOR_TYPE_TO_INT[tensor.dtype])
+    held = [entry for entry in gather_object([mine]) if entry is not None]
+    if not held:
+        raise ValueError("gather_tensor_shape: no process passed a tensor; the one that holds it must pass it")
+    shape, code = held[0]
+    return torch.tensor(shape, dtype=torch.int64, device=state.device), code
+
+
+def is_torch_xpu_tensor(tensor) -> bool:
+    return isinstance(tensor, torch.Tensor) and tensor.device.type == "xpu"
+
+
 def _gather_one(tensor: torch.Tensor) -> torch.Tensor:
     import torch.distributed as dist
 

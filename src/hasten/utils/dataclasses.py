@@ -4,10 +4,27 @@ from ..config.dataclasses import *  # noqa: F401,F403
 from ..config.dataclasses import KwargsHandler  # noqa: F401
 from ..config.deepspeed import DeepSpeedPlugin, DeepSpeedSequenceParallelConfig  # noqa: F401
 from ..config.fp8 import AORecipeKwargs, FP8RecipeKwargs, MSAMPRecipeKwargs, TERecipeKwargs  # noqa: F401
-from ..config.fsdp import FullyShardedDataParallelPlugin  # noqa: F401,E402
-from ..config.megatron import MegatronLMPlugin, add_model_config_to_megatron_parser  # noqa: F401,E402
+from ..config.fsdp import FullyShardedDataParallelPlugin, get_module_class_from_name  # noqa: F401,E402
+from ..config.megatron import (  # noqa: F401,E402
+    MODEL_CONFIGS_TO_MEGATRON_PARSERS,
+    MegatronLMPlugin,
+    add_model_config_to_megatron_parser,
+    parse_bert_config,
+    parse_glm4_moe_config,
+    parse_gpt2_config,
+    parse_llama_config,
+    parse_t5_config,
+)
 from ..config.quantization import BnbQuantizationConfig  # noqa: F401,E402
 from ..core.enums import *  # noqa: F401,F403
+from ..core.enums import (  # noqa: F401
+    AmaxComputeAlgorithm,
+    Backend,
+    EnumWithContains,
+    FP8Format,
+    OptLevel,
+    ProfilerActivity,
+)
 from ..distributed.operations import TensorInformation  # noqa: F401
 from ..parallelism_config import (  # noqa: F401,E402
     TorchContextParallelConfig,

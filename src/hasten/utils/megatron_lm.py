@@ -97,6 +97,14 @@ def prepare_scheduler(accelerator, optimizer, scheduler):
     raise _megatron_only("megatron_lm prepare_scheduler", _PREPARE)
 
 
+def finish_mpu_init():
+    raise _megatron_only("megatron_lm finish_mpu_init", "Accelerator(megatron_lm_plugin=...) sets up the mesh itself")
+
+
+def model_provider_func(pre_process=True, post_process=True, add_encoder=True, add_decoder=True):
+    raise _megatron_only("megatron_lm model_provider_func", "build your nn.Module and pass it to accelerator.prepare()")
+
+
 # Accelerate's `accelerate.utils` names for the functions above.
 megatron_lm_initialize = initialize
 megatron_lm_prepare_data_loader = prepare_data_loader
@@ -161,4 +169,5 @@ __all__ = [
     "MegatronLMDummyScheduler", "MegatronLMOptimizerWrapper", "MegatronLMSchedulerWrapper", "T5TrainStep",
     "avg_losses_across_data_parallel_group", "gather_across_data_parallel_groups", "initialize",
     "prepare_data_loader", "prepare_model_optimizer_scheduler", "prepare_optimizer", "prepare_scheduler",
+    "finish_mpu_init", "model_provider_func",
 ]

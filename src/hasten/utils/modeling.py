@@ -36,3 +36,17 @@ from ..big_model.loading import (  # noqa: F401
 )
 from ..big_model.offload import offload_weight, save_offload_index  # noqa: F401
 from ..training.precision import get_grad_scaler, get_mixed_precision_context_manager  # noqa: F401
+from ..core.constants import WEIGHTS_INDEX_NAME  # noqa: F401,E402 - Accelerate's modeling module has it too
+
+
+def check_device_same(first_device, second_device) -> bool:
+    """Whether two torch devices are the same device: `cuda` and `cuda:0` are (an accelerator device without an
+    index means index 0), which `torch.device.__eq__` says they are not."""
+    import torch
+
+    first, second = torch.device(first_device), torch.device(second_device)
+    if first.type != second.type:
+        return False
+    if first.type == "cpu":
+        return True
+    return (first.index or 0) == (second.index or 0)

@@ -14,12 +14,15 @@ from ..distributed.operations import wait_for_everyone  # noqa: F401
 from ..distributed.tp_plan import get_model_tp_size, model_has_dtensor  # noqa: F401
 from ..launch.machine import are_libraries_initialized, clear_environment, patch_environment  # noqa: F401
 from ..state import PartialState
+from ..commands.launch import get_free_port  # noqa: F401
 from ..training.compilation import (  # noqa: F401
     compile_regions,
     compile_regions_deepspeed,
     compile_regions_fsdp2,
     get_module_children_bottom_up,
     has_compiled_regions,
+    has_repeated_blocks,
+    is_repeated_blocks,
 )
 
 
@@ -111,3 +114,17 @@ def check_os_kernel() -> None:
             warnings.warn(f"Linux kernel {info.release} is older than 5.5.0; processes may hang.", stacklevel=2)
     except Exception:  # noqa: BLE001
         pass
+
+
+def __getattr__(name):
+    # NumPy loads on first use of these names only: `import hasten.utils.other` stays free of it.
+    if name == "np_core":
+        import numpy as np
+
+        return getattr(np, "_core", None) or np.core
+    if name == "TORCH_SAFE_GLOBALS":
+        # what `torch.load(weights_only=True)` may rebuild in a checkpoint: plain NumPy arrays (RNG states)
+        from ..checkpoint.safe_load import numpy_safe_globals
+
+        return numpy_safe_globals()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

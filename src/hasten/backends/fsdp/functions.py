@@ -11,6 +11,7 @@ import os
 
 import torch
 
+from ...config.fsdp import get_module_class_from_name  # noqa: F401 - published here too
 from ...core.errors import ConfigError, NotSupportedYetError
 from ..base import inner_optimizer
 from . import checkpoint
@@ -161,3 +162,24 @@ def ensure_weights_retied(param_init_fn, model: torch.nn.Module, device: torch.d
         return module
 
     return init_keeping_ties
+
+
+def get_parameters_from_modules(modules, model: torch.nn.Module, device) -> set:
+    """The parameters of `modules`: modules, or a regular expression every matching module's full name in `model`
+    must match as a whole (as `ignored_modules` is read). Modules picked by the expression are moved to `device`
+    first, so the parameters returned are the ones that stay there; None gives an empty set. (trl builds the
+    `ignored_params` of its reference models with it.)"""
+    if modules is None:
+        return set()
+    if isinstance(modules, str):
+        import re
+
+        pattern = re.compile(modules)
+        modules = [submodule.to(device) for name, submodule in model.named_modules() if pattern.fullmatch(name)]
+    return {parameter for submodule in modules for parameter in submodule.parameters()}
+
+
+def fsdp2_prepare_auto_wrap_policy(fsdp2_plugin, model: torch.nn.Module):
+    """`module -> bool`, whether `module` gets its own FSDP2 unit under the plugin's `auto_wrap_policy`, or None
+    when only the root is sharded (no policy, or a size policy with `min_num_params` 0)."""
+    return fsdp2_plugin.wrap_predicate(model)
