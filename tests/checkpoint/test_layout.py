@@ -321,11 +321,13 @@ def _assert_identical(a, b):
         assert torch.equal(a[key], b[key]), f"{key} differs by {(a[key] - b[key]).abs().max()}"
 
 
-# loader: "manual" indexes the data itself; "prepared" just iterates the prepared loader again after load_state
-# (hasten resumes it at the next unseen batch); "skip" is Accelerate's idiom, skip_first_batches(loader, k)
-# with use_seedable_sampler.
+# loader (tests/workers/ckpt_train.py): "manual" indexes the data itself; "prepared" iterates the prepared loader
+# again after load_state (use_stateful_dataloader=True resumes it); "skip", "skipfirst" and "continue" are the
+# scripts that skip the done batches by hand after load_state (Accelerate's skip_first_batches idiom with and
+# without use_seedable_sampler, diffusers' `continue` loop): load_state must not move their loader as well.
 @pytest.mark.parametrize("loader,accum,stop", [
     ("manual", 1, 7), ("manual", 3, 8), ("prepared", 1, 7), ("prepared", 3, 17), ("skip", 1, 7), ("skip", 3, 8),
+    ("skipfirst", 3, 17), ("continue", 1, 7),
 ])
 def test_exact_resume_one_process(tmp_path, loader, accum, stop):
     """Stopped after micro-step `stop` (mid-epoch; with accum=3, mid-window) and resumed: bit-identical weights."""
@@ -340,7 +342,8 @@ def test_exact_resume_one_process(tmp_path, loader, accum, stop):
 
 def test_exact_resume_two_processes(tmp_path):
     # 6 batches per process and epoch: stopping after 8 is mid-epoch 1 and mid-window for accum=3.
-    jobs = [("manual", 1, 7), ("manual", 3, 8), ("prepared", 3, 8), ("skip", 3, 8)]
+    jobs = [("manual", 1, 7), ("manual", 3, 8), ("prepared", 3, 8), ("skip", 3, 8), ("skipfirst", 3, 8),
+            ("continue", 1, 9)]
     first = [f"{tmp_path}/full-{l}{a}:20:0:0:{a}:{l}" for l, a, _ in jobs]
     first += [f"{tmp_path}/split-{l}{a}:20:{s}:0:{a}:{l}" for l, a, s in jobs]
     launch("ckpt_train.py", *first)

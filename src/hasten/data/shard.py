@@ -31,7 +31,7 @@ class DataLoaderShard(ResumableLoader):
     def __init__(self, dataset, device=None, rng_types=None, synchronized_generator=None, skip_batches: int = 0,
                  use_stateful_dataloader: bool = False, _drop_last: bool = False, _non_blocking: bool = False,
                  torch_device_mesh=None, iteration: int = 0, **kwargs):
-        reject_unsupported(use_stateful_dataloader, torch_device_mesh)
+        reject_unsupported(torch_device_mesh)
         super().__init__(dataset, **kwargs)
         self.device = device
         # Batches from a CPU loader already live on the CPU: skip the per-batch walk of the structure.
@@ -65,7 +65,7 @@ class DataLoaderShard(ResumableLoader):
             skip_in_loop = self.skip_batches
             if isinstance(self.dataset, IterableDataset):
                 skip_in_loop += resume  # a stream cannot be skipped without reading it
-            else:
+            elif resume:
                 self._index_sampler.skip_next(resume)
             batches = super().__iter__()
             position = 0
@@ -74,9 +74,12 @@ class DataLoaderShard(ResumableLoader):
                 keep = position >= skip_in_loop
                 if keep and self._places_batches:
                     current = send_to_device(current, self.device, non_blocking=self._non_blocking)
+                self._snapshot()
                 following = next(batches, END)
                 if keep:
                     self.end_of_dataloader = following is END
+                    if self.end_of_dataloader:
+                        self._snapshot(finished=True)
                     self._batches_yielded += 1
                     yield current
                 position += 1
