@@ -467,10 +467,11 @@ def test_scaler_and_loader_position_are_saved(tmp_path):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     loader = torch.utils.data.DataLoader(torch.arange(20.0).unsqueeze(1).repeat(1, 3), batch_size=4, shuffle=True)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-    batches = iter(loader)
+    batches, seen = iter(loader), []
     for _ in range(2):
+        seen.append(next(batches))
         with accelerator.autocast():
-            accelerator.backward(model(next(batches)).float().pow(2).mean())
+            accelerator.backward(model(seen[-1]).float().pow(2).mean())
         optimizer.step()
         optimizer.zero_grad()
     accelerator.scaler.update(1234.0)
@@ -482,5 +483,10 @@ def test_scaler_and_loader_position_are_saved(tmp_path):
     accelerator.scaler.update(1.0)
     accelerator.load_state(folder)
     assert accelerator.scaler.get_scale() == 1234.0
+    # As in Accelerate, a script's load_state leaves the position alone (the script skips by hand); hasten still
+    # replays the saved epoch's order, so the skipped batches are the ones that were trained on.
+    replayed = list(loader)
+    assert len(replayed) == len(seen + rest) and all(torch.equal(a, b) for a, b in zip(replayed, seen + rest))
+    accelerator._load_state(folder, loader_positions=True)  # automatic resume's load: continue mid-epoch
     resumed = list(loader)  # the next pass continues at the first unseen batch, same order
     assert len(resumed) == len(rest) and all(torch.equal(a, b) for a, b in zip(resumed, rest))
