@@ -166,7 +166,8 @@ class DataLoaderDispatcher(ResumableLoader):
             if is_last and not self._drop_last and observed % n != 0:
                 per_rank = math.ceil(observed / n)
                 batch = pad_rows(batch, first_step, per_rank * n - observed)
-                self.remainder = observed
+            if is_last:
+                self.remainder = observed  # every real row of the last step, padded or not (as Accelerate)
             mine = self.slice_fn(batch, slice(rank * per_rank, (rank + 1) * per_rank),
                                  process_index=rank, num_processes=n)
             if position >= self.skip_batches:
