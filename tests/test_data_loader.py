@@ -20,7 +20,6 @@ from hasten.data_loader import (
     prepare_data_loader,
     skip_first_batches,
 )
-from hasten.core.errors import NotSupportedYetError
 from hasten.state import GradientState
 from launching import launch
 

@@ -9,7 +9,12 @@ import pytest
 import torch
 
 from hasten import Accelerator, DataLoaderConfiguration
-from hasten.data_loader import DataLoaderDispatcher, DataLoaderShard, DataLoaderStateMixin, SkipDataLoader
+from hasten.data_loader import (
+    DataLoaderDispatcher,
+    DataLoaderShard,
+    DataLoaderStateMixin,
+    SkipDataLoader,
+)
 from hasten.state import GradientState
 from tests.launching import launch
 
@@ -83,7 +88,8 @@ def test_state_dict_resumes_after_the_batches_handed_out(cls, workers):
 def test_same_state_as_torchdata_itself(workers):
     """The state of every loader equals a plain StatefulDataLoader's after the same batches, and loads into it."""
     Accelerator()
-    seeded = lambda: torch.Generator().manual_seed(5)  # noqa: E731
+    def seeded():
+        return torch.Generator().manual_seed(5)
     data = list(range(40))
     reference = StatefulDataLoader(data, batch_size=4, shuffle=True, num_workers=workers, generator=seeded())
     ours = [cls(data, batch_size=4, shuffle=True, num_workers=workers, generator=seeded(),
@@ -138,12 +144,12 @@ def test_save_state_writes_accelerates_file_and_resumes(tmp_path):
 
 
 def test_missing_torchdata_names_the_extra():
-    import hasten.data.stateful as stateful
+    from hasten.data import stateful
 
     with mock.patch("hasten.core.availability.is_torchdata_stateful_dataloader_available", return_value=False), \
-            mock.patch.dict(stateful._VARIANTS, clear=True):  # as in a process that never built one
-        with pytest.raises(ImportError, match=r"hasten\[stateful\]"):
-            DataLoaderShard(list(range(4)), batch_size=2, use_stateful_dataloader=True)
+            mock.patch.dict(stateful._VARIANTS, clear=True), \
+            pytest.raises(ImportError, match=r"hasten\[stateful\]"):  # as in a process that never built one
+        DataLoaderShard(list(range(4)), batch_size=2, use_stateful_dataloader=True)
 
 
 def test_two_processes():

@@ -19,8 +19,15 @@ from dataclasses import dataclass, field
 import torch
 
 from ..backends.base import numbered
-from ..core.constants import MODEL_NAME, RNG_STATE_NAME, SAFE_MODEL_NAME, SAMPLER_NAME, SCALER_NAME, SCHEDULER_NAME  # noqa: F401
-from ..core.constants import DL_STATE_NAME
+from ..core.constants import (
+    DL_STATE_NAME,
+    MODEL_NAME,
+    RNG_STATE_NAME,
+    SAFE_MODEL_NAME,
+    SAMPLER_NAME,
+    SCALER_NAME,
+    SCHEDULER_NAME,
+)
 from ..core.errors import CheckpointError, ConfigError
 from ..distributed.operations import broadcast_object_list, gather_object
 from ..distributed.rng import capture_rng_states, restore_rng_states

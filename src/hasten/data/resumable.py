@@ -11,12 +11,12 @@ from torch.utils.data import BatchSampler, DataLoader
 
 from ..core.errors import ConfigError, NotSupportedYetError
 from ..state import GradientState
-from .stateful import StatefulSwitch
 from .samplers import (
     ResumableIndexSampler,
     SeedableRandomSampler,
     set_epoch_through,
 )
+from .stateful import StatefulSwitch
 
 logger = logging.getLogger(__name__)
 

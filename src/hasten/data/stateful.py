@@ -86,6 +86,5 @@ class StatefulSwitch:
     """`SomeLoader(..., use_stateful_dataloader=True)` builds the stateful variant of `SomeLoader`."""
 
     def __new__(cls, *args, use_stateful_dataloader: bool = False, **kwargs):
-        if use_stateful_dataloader and not issubclass(cls, StatefulPosition):
-            cls = stateful_variant(cls)
-        return super().__new__(cls)
+        built = stateful_variant(cls) if use_stateful_dataloader and not issubclass(cls, StatefulPosition) else cls
+        return super().__new__(built)
