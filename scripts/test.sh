@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Set up everything the test suite uses, then run it: what a newcomer runs, and what CI runs.
 # torch is pinned to the machine's CPU wheel (scripts/setup.sh). The optional libraries (DeepSpeed, transformers
-# for the accelerate alias, rich, torchao, bitsandbytes, the experiment trackers) are installed too, each so that
+# for the accelerate alias, rich, torchdata, torchao, bitsandbytes, the experiment trackers) are installed too, each so that
 # one failing to install only skips its own tests, with a line saying so.
 # Usage: bash scripts/test.sh [pytest arguments]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh test
-bash scripts/setup.sh test,deepspeed,alias-test,rich,fp8,bnb \
+bash scripts/setup.sh test,deepspeed,alias-test,rich,fp8,bnb,stateful,hf-datasets \
   || echo "some optional libraries did not install; their tests will skip" >&2
 bash scripts/install_trackers.sh || echo "some tracker libraries did not install; their tests will skip" >&2
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

@@ -91,11 +91,16 @@ def test_loader_positions_and_strict_loading(tmp_path):
         def load_state_dict(self, state):
             self.position = state["position"]
 
+    class StatefulLoader(Loader):
+        use_stateful_dataloader = True
+
     model = torch.nn.Linear(2, 2)
-    save_accelerator_state(tmp_path, [model.state_dict()], [], [], [Loader(5)], 0, step=0)
-    loader = Loader(0)
-    load_accelerator_state(tmp_path, [torch.nn.Linear(2, 2)], [], [], [loader], 0)
-    assert loader.position == 5
+    save_accelerator_state(tmp_path, [model.state_dict()], [], [], [Loader(5), StatefulLoader(7)], 0, step=0)
+    assert {"sampler.bin", "dl_state_dict_1.bin"} <= {p.name for p in tmp_path.iterdir()}
+    loader, stateful = Loader(0), StatefulLoader(0)
+    load_accelerator_state(tmp_path, [torch.nn.Linear(2, 2)], [], [], [loader, stateful], 0)
+    # As in Accelerate: only a use_stateful_dataloader loader is moved (scripts skip a plain one's batches by hand).
+    assert (loader.position, stateful.position) == (0, 7)
     with pytest.raises(RuntimeError, match="Missing key"):  # extra kwargs reach load_state_dict
         load_accelerator_state(tmp_path, [torch.nn.Sequential(torch.nn.Linear(2, 2))], [], [], [], 0, strict=True)
     load_accelerator_state(tmp_path, [torch.nn.Sequential(torch.nn.Linear(2, 2))], [], [], [], 0, strict=False)

@@ -20,7 +20,6 @@ from hasten.data_loader import (
     prepare_data_loader,
     skip_first_batches,
 )
-from hasten.core.errors import NotSupportedYetError
 from hasten.state import GradientState
 from launching import launch
 
@@ -198,8 +197,6 @@ def test_bad_arguments_get_clear_errors():
         prepare_data_loader(DataLoader(list(range(4)), batch_size=None), split_batches=True)
     with pytest.raises(ValueError, match="put_on_device=True"):
         prepare_data_loader(loader, dispatch_batches=True)
-    with pytest.raises(NotSupportedYetError, match="StatefulDataLoader"):
-        prepare_data_loader(loader, use_stateful_dataloader=True)
     with pytest.raises(ValueError, match="torch_device_mesh must be a torch DeviceMesh"):  # a mesh: issue 14
         prepare_data_loader(loader, torch_device_mesh=object())
     with pytest.raises(ValueError, match="process_index=3"):

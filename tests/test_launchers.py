@@ -47,6 +47,22 @@ def test_debug_launcher_runs_two_cpu_processes():
     assert "HASTEN_USE_CPU" not in os.environ  # and its environment restored
 
 
+def _no_sync_keeps_gradients_apart():
+    """Accelerate's test_sync picks its checks by distributed type: one process must be NO (test_noop_sync),
+    not MULTI_CPU, where a one-rank DDP cannot make gradients differ under no_sync."""
+    from hasten import Accelerator
+
+    accelerator = Accelerator()
+    model = accelerator.prepare(torch.nn.Linear(2, 1))
+    return str(accelerator.distributed_type.value), accelerator.num_processes, type(model).__name__
+
+
+def test_debug_launcher_one_process_is_not_distributed():
+    """As Accelerate's debug_launcher(num_processes=1): a single process, DistributedType.NO, model not wrapped."""
+    results = debug_launcher(_no_sync_keeps_gradients_apart, num_processes=1)
+    assert results == {0: ("NO", 1, "Linear")}
+
+
 def test_notebook_launcher_two_processes_and_precision_reaches_them():
     results = notebook_launcher(_collective_report, args=(1,), num_processes=2, mixed_precision="bf16", use_port="0")
     assert [results[r]["objects"] for r in (0, 1)] == [[0, 1], [0, 1]]

@@ -580,11 +580,12 @@ class Accelerator:
         return track_step_times(self, log_every, straggler_factor=straggler_factor, synchronize=synchronize)
 
     # -- checkpoints (hasten/checkpoint/layout.py) --------------------------------------------------------------
-    def _checkpoint_contents(self):
+    def _checkpoint_contents(self, loader_positions: bool = False):
         """What `save_state` writes and `load_state` restores: every object this Accelerator holds right now."""
         from .checkpoint.layout import CheckpointContents
 
         return CheckpointContents(
+            loader_positions=loader_positions,
             backend=self._backend, state=self.state, project=self.project_configuration,
             models=list(self._models), optimizers=list(self._optimizers), schedulers=list(self._schedulers),
             dataloaders=list(self._dataloaders), custom_objects=list(self._custom_objects), scaler=self.scaler,
@@ -606,10 +607,15 @@ class Accelerator:
         wait()
 
     def load_state(self, input_dir=None, load_kwargs=None, **load_model_func_kwargs):
+        self._load_state(input_dir, load_kwargs, loader_positions=False, **load_model_func_kwargs)
+
+    def _load_state(self, input_dir=None, load_kwargs=None, *, loader_positions: bool, **load_model_func_kwargs):
+        """`load_state`; `loader_positions=True` also moves plain prepared loaders to their saved position
+        (automatic resume; a script's load_state does not, as in Accelerate: see docs/checkpointing.md)."""
         from .checkpoint import layout
 
         self._auto_resume = None  # an explicit load replaces the automatic one
-        step = layout.load_state(self._checkpoint_contents(), input_dir, load_kwargs=load_kwargs,
+        step = layout.load_state(self._checkpoint_contents(loader_positions), input_dir, load_kwargs=load_kwargs,
                                         **load_model_func_kwargs)
         if step is not None:
             self.step = step

@@ -18,6 +18,7 @@ from .backends.base import numbered
 from .checkpoint import async_save as background
 from .checkpoint import durable, fast_io, sharding
 from .core.constants import (
+    DL_STATE_NAME,
     MODEL_NAME,
     OPTIMIZER_NAME,
     RNG_STATE_NAME,
@@ -89,8 +90,9 @@ def save_accelerator_state(output_dir: str, model_states: list, optimizers: list
                 _write(path(numbered(stem, i, ".bin")), lambda p, s=obj.state_dict(): durable.save_object(s, p))
         for i, loader in enumerate(dataloaders):
             state_dict = getattr(loader, "state_dict", None)
+            stem = DL_STATE_NAME if getattr(loader, "use_stateful_dataloader", False) else SAMPLER_NAME
             if callable(state_dict):
-                _write(path(numbered(SAMPLER_NAME, i, ".bin")), lambda p, s=state_dict(): durable.save_object(s, p))
+                _write(path(numbered(stem, i, ".bin")), lambda p, s=state_dict(): durable.save_object(s, p))
         if scaler is not None:
             _write(path(SCALER_NAME), lambda p: durable.save_object(scaler.state_dict(), p))
     _write(path(f"{RNG_STATE_NAME}_{process_index}.pkl"), lambda p: durable.save_object(_rng_payload(step), p))
@@ -134,7 +136,11 @@ def load_accelerator_state(input_dir: str, models: list, optimizers: list, sched
     for i, scheduler in enumerate(schedulers):
         scheduler.load_state_dict(fast_io.load_object(path(numbered(SCHEDULER_NAME, i, ".bin")), load_kwargs))
     for i, loader in enumerate(dataloaders):
-        file = path(numbered(SAMPLER_NAME, i, ".bin"))
+        # As in Accelerate, only a use_stateful_dataloader loader is moved; a plain one starts its pass afresh
+        # (scripts that skip batches by hand after loading would otherwise skip twice).
+        if not getattr(loader, "use_stateful_dataloader", False):
+            continue
+        file = path(numbered(DL_STATE_NAME, i, ".bin"))
         if os.path.isfile(file) and callable(getattr(loader, "load_state_dict", None)):
             loader.load_state_dict(fast_io.load_object(file, load_kwargs))
     if scaler is not None:

@@ -22,7 +22,7 @@ from .core.enums import RNGType
 from .core.errors import ConfigError
 from .data.dispatcher import DataLoaderDispatcher
 from .data.metrics import gather_for_metrics
-from .data.resumable import DataLoaderStateMixin, carried_kwargs, get_sampler, reject_unsupported
+from .data.resumable import DataLoaderStateMixin, carried_kwargs, get_sampler
 from .data.samplers import (
     BatchSamplerShard,
     IterableDatasetShard,
@@ -30,6 +30,7 @@ from .data.samplers import (
     SkipBatchSampler,
 )
 from .data.shard import DataLoaderShard
+from .data.stateful import stateful_dataloader_class
 from .data.skipping import SkipDataLoader, skip_first_batches, with_sampler
 from .distributed.operations import broadcast_object_list
 from .parallelism_config import mesh_data_sharding, run_shares_batches
@@ -72,7 +73,8 @@ def prepare_data_loader(dataloader, device=None, num_processes=None, process_ind
                         use_stateful_dataloader=False, torch_device_mesh=None):
     """Wrap `dataloader` so this process reads only its share of every batch (see docs/data.md). With a
     `torch_device_mesh`, the share is this process's data-parallel one: tensor/context ranks read the same batches."""
-    reject_unsupported(use_stateful_dataloader, None)
+    if use_stateful_dataloader:
+        stateful_dataloader_class()  # fail before any work when torchdata is missing
     if torch_device_mesh is not None:
         num_processes, process_index, dispatch_batches = mesh_data_sharding(torch_device_mesh, dispatch_batches)
     if not isinstance(dataloader, DataLoader):
@@ -166,10 +168,11 @@ def prepare_data_loader(dataloader, device=None, num_processes=None, process_ind
 
     if dispatch_batches:
         return DataLoaderDispatcher(new_dataset, split_batches=split_batches, _drop_last=dataloader.drop_last,
-                                    _non_blocking=non_blocking, slice_fn=slice_fn_for_dispatch, **kwargs)
+                                    _non_blocking=non_blocking, slice_fn=slice_fn_for_dispatch,
+                                    use_stateful_dataloader=use_stateful_dataloader, **kwargs)
     return DataLoaderShard(new_dataset, device=device if put_on_device else None, rng_types=rng_types,
                            synchronized_generator=synchronized_generator, _drop_last=dataloader.drop_last,
-                           _non_blocking=non_blocking, **kwargs)
+                           _non_blocking=non_blocking, use_stateful_dataloader=use_stateful_dataloader, **kwargs)
 
 
 # The loaders, samplers and helpers Accelerate publishes at this path; each lives in its own module of `data/`.

@@ -36,6 +36,19 @@ def _run_forked(record_dir, function, *args):
             dist.destroy_process_group()
 
 
+# What torchrun gives each process to find its rank. Accelerate's debug_launcher sets none of them (only
+# WORLD_SIZE), so there one process is `DistributedType.NO`; a one-process debug launch here drops them too.
+_RANK_VARIABLES = ("RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "LOCAL_WORLD_SIZE", "ROLE_WORLD_SIZE",
+                   "GROUP_WORLD_SIZE")
+
+
+def _run_forked_alone(record_dir, function, *args):
+    """`_run_forked` for a one-process `debug_launcher`: the function sees a plain single process."""
+    for name in _RANK_VARIABLES:
+        os.environ.pop(name, None)
+    return _run_forked(record_dir, function, *args)
+
+
 def _record_failure(record_dir: str, error: BaseException) -> None:
     import json
     import time
@@ -85,7 +98,7 @@ def _describe_recorded_failures(record_dir: str) -> str | None:
 
 def _launch_function(function, args, nproc, env, *, master_addr, port, node_rank=0, num_nodes=1,
                      rdzv_backend="static", rdzv_endpoint="", rdzv_conf=None, rdzv_id="none",
-                     max_restarts=0, monitor_interval=0.1, log_line_prefix_template=None):
+                     max_restarts=0, monitor_interval=0.1, log_line_prefix_template=None, body=None):
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -113,7 +126,7 @@ def _launch_function(function, args, nproc, env, *, master_addr, port, node_rank
     os.environ.update(env)
     record_dir = tempfile.TemporaryDirectory(prefix="hasten-launch-")
     try:
-        return elastic_launch(config, _run_forked)(record_dir.name, function, *args)
+        return elastic_launch(config, body or _run_forked)(record_dir.name, function, *args)
     except ChildFailedError as error:
         from .commands.launch import _describe_failures
 
@@ -186,4 +199,6 @@ def debug_launcher(function, args=(), num_processes=2):
     from .commands.launch import get_free_port
 
     env = {"HASTEN_USE_CPU": "true", "HASTEN_MIXED_PRECISION": "no"}
-    return _launch_function(function, args, num_processes, env, master_addr="127.0.0.1", port=get_free_port())
+    body = _run_forked_alone if num_processes == 1 else None  # one process: not distributed, as in Accelerate
+    return _launch_function(function, args, num_processes, env, master_addr="127.0.0.1", port=get_free_port(),
+                            body=body)

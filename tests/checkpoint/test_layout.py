@@ -321,11 +321,13 @@ def _assert_identical(a, b):
         assert torch.equal(a[key], b[key]), f"{key} differs by {(a[key] - b[key]).abs().max()}"
 
 
-# loader: "manual" indexes the data itself; "prepared" just iterates the prepared loader again after load_state
-# (hasten resumes it at the next unseen batch); "skip" is Accelerate's idiom, skip_first_batches(loader, k)
-# with use_seedable_sampler.
+# loader (tests/workers/ckpt_train.py): "manual" indexes the data itself; "prepared" iterates the prepared loader
+# again after load_state (use_stateful_dataloader=True resumes it); "skip", "skipfirst" and "continue" are the
+# scripts that skip the done batches by hand after load_state (Accelerate's skip_first_batches idiom with and
+# without use_seedable_sampler, diffusers' `continue` loop): load_state must not move their loader as well.
 @pytest.mark.parametrize("loader,accum,stop", [
     ("manual", 1, 7), ("manual", 3, 8), ("prepared", 1, 7), ("prepared", 3, 17), ("skip", 1, 7), ("skip", 3, 8),
+    ("skipfirst", 3, 17), ("continue", 1, 7),
 ])
 def test_exact_resume_one_process(tmp_path, loader, accum, stop):
     """Stopped after micro-step `stop` (mid-epoch; with accum=3, mid-window) and resumed: bit-identical weights."""
@@ -340,7 +342,8 @@ def test_exact_resume_one_process(tmp_path, loader, accum, stop):
 
 def test_exact_resume_two_processes(tmp_path):
     # 6 batches per process and epoch: stopping after 8 is mid-epoch 1 and mid-window for accum=3.
-    jobs = [("manual", 1, 7), ("manual", 3, 8), ("prepared", 3, 8), ("skip", 3, 8)]
+    jobs = [("manual", 1, 7), ("manual", 3, 8), ("prepared", 3, 8), ("skip", 3, 8), ("skipfirst", 3, 8),
+            ("continue", 1, 9)]
     first = [f"{tmp_path}/full-{l}{a}:20:0:0:{a}:{l}" for l, a, _ in jobs]
     first += [f"{tmp_path}/split-{l}{a}:20:{s}:0:{a}:{l}" for l, a, s in jobs]
     launch("ckpt_train.py", *first)
@@ -464,10 +467,11 @@ def test_scaler_and_loader_position_are_saved(tmp_path):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     loader = torch.utils.data.DataLoader(torch.arange(20.0).unsqueeze(1).repeat(1, 3), batch_size=4, shuffle=True)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-    batches = iter(loader)
+    batches, seen = iter(loader), []
     for _ in range(2):
+        seen.append(next(batches))
         with accelerator.autocast():
-            accelerator.backward(model(next(batches)).float().pow(2).mean())
+            accelerator.backward(model(seen[-1]).float().pow(2).mean())
         optimizer.step()
         optimizer.zero_grad()
     accelerator.scaler.update(1234.0)
@@ -479,5 +483,10 @@ def test_scaler_and_loader_position_are_saved(tmp_path):
     accelerator.scaler.update(1.0)
     accelerator.load_state(folder)
     assert accelerator.scaler.get_scale() == 1234.0
+    # As in Accelerate, a script's load_state leaves the position alone (the script skips by hand); hasten still
+    # replays the saved epoch's order, so the skipped batches are the ones that were trained on.
+    replayed = list(loader)
+    assert len(replayed) == len(seen + rest) and all(torch.equal(a, b) for a, b in zip(replayed, seen + rest))
+    accelerator._load_state(folder, loader_positions=True)  # automatic resume's load: continue mid-epoch
     resumed = list(loader)  # the next pass continues at the first unseen batch, same order
     assert len(resumed) == len(rest) and all(torch.equal(a, b) for a, b in zip(resumed, rest))

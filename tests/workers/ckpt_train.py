@@ -2,7 +2,12 @@
 
 Run directly or through `hasten launch`, one run per argument, in order:
     ckpt_train.py WORKDIR:STEPS:STOP_AFTER:RESUME:ACCUM:LOADER ...
-(STOP_AFTER 0 = never; RESUME 0/1; LOADER manual|prepared|skip). It writes the final weights to WORKDIR/final_<rank>.pt (when it runs to the end).
+(STOP_AFTER 0 = never; RESUME 0/1; LOADER manual|prepared|skip|skipfirst|continue):
+  manual     indexes the data itself;
+  prepared   iterates the prepared loader again after load_state (use_stateful_dataloader=True: it resumes);
+  skip       load_state, then skip_first_batches(loader, k), with use_seedable_sampler (Accelerate's idiom);
+  skipfirst  the same without use_seedable_sampler (diffusers' scripts);
+  continue   iterates the loader from the start and `continue`s past the first k batches (diffusers' other idiom). It writes the final weights to WORKDIR/final_<rank>.pt (when it runs to the end).
 Dropout, shuffled data, AdamW and an LR schedule make every piece of state matter for an exact resume.
 """
 
@@ -46,7 +51,8 @@ def run(workdir: str, steps: int, stop_after=None, resume: bool = False, accum: 
     accelerator = Accelerator(
         gradient_accumulation_steps=accum,
         project_config=ProjectConfiguration(project_dir=workdir, automatic_checkpoint_naming=True, total_limit=2),
-        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=loader == "skip"),
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=loader == "skip",
+                                                   use_stateful_dataloader=loader == "prepared"),
     )
     model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Dropout(0.3), torch.nn.Linear(16, 1))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -88,10 +94,14 @@ def run(workdir: str, steps: int, stop_after=None, resume: bool = False, accum: 
                 if progress.micro >= steps:
                     break
         else:
-            iterable = dl
-            if loader == "skip" and progress.batch:
+            iterable, resume_step = dl, 0
+            if loader in ("skip", "skipfirst") and progress.batch:
                 iterable = accelerator.skip_first_batches(dl, progress.batch)
-            for x, y in iterable:
+            elif loader == "continue":
+                resume_step = progress.batch
+            for step, (x, y) in enumerate(iterable):
+                if step < resume_step:
+                    continue
                 if micro_step(x, y):
                     return accelerator, accelerator.save_state()
                 if progress.micro >= steps:

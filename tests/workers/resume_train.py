@@ -3,7 +3,8 @@ tests/resilience/test_preemption.py).
 
     resume_train.py WORKDIR RESUME EVENT
 RESUME: `flag` (ProjectConfiguration(automatic_resume=True), no resume code at all) or `call`
-(`accelerator.load_state()` after prepare, plus handle_preemption=True).
+(`accelerator.load_state()` after prepare, plus handle_preemption=True and use_stateful_dataloader=True, which
+an explicit load_state needs to move the loader, as in Accelerate).
 EVENT, on the first attempt only (TORCHELASTIC_RESTART_COUNT 0 or unset), at micro-step S of rank R:
   none          run to the end
   kill:R:S      SIGKILL after micro-step S
@@ -24,7 +25,7 @@ import time
 
 import torch
 
-from hasten import Accelerator, ProjectConfiguration
+from hasten import Accelerator, DataLoaderConfiguration, ProjectConfiguration
 from hasten.resilience import preemption
 from hasten.distributed.rng import set_seed
 
@@ -51,6 +52,8 @@ def main(workdir: str, resume: str, event: str) -> None:
         gradient_accumulation_steps=2,
         project_config=ProjectConfiguration(project_dir=workdir, automatic_checkpoint_naming=True, total_limit=2,
                                             automatic_resume=resume == "flag", handle_preemption=True),
+        # An explicit load_state() moves the loader to its saved position only with Accelerate's switch.
+        dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=resume == "call"),
     )
     rank = accelerator.process_index
     model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Dropout(0.3),

@@ -19,7 +19,15 @@ from dataclasses import dataclass, field
 import torch
 
 from ..backends.base import numbered
-from ..core.constants import MODEL_NAME, RNG_STATE_NAME, SAFE_MODEL_NAME, SAMPLER_NAME, SCALER_NAME, SCHEDULER_NAME  # noqa: F401
+from ..core.constants import (
+    DL_STATE_NAME,
+    MODEL_NAME,
+    RNG_STATE_NAME,
+    SAFE_MODEL_NAME,
+    SAMPLER_NAME,
+    SCALER_NAME,
+    SCHEDULER_NAME,
+)
 from ..core.errors import CheckpointError, ConfigError
 from ..distributed import control
 from ..distributed.rng import capture_rng_states, restore_rng_states
@@ -57,6 +65,10 @@ class CheckpointContents:
     step: int = 0
     save_hooks: list = field(default_factory=list)  # hook(models, weights, folder) before the weights are written
     load_hooks: list = field(default_factory=list)  # hook(models, folder) before anything is read
+    # load_state moves a plain prepared loader to its saved position only when asked (automatic resume does);
+    # as in Accelerate, a script's own load_state leaves it at the start, since such scripts skip by hand.
+    # A use_stateful_dataloader loader is always restored (Accelerate does that too).
+    loader_positions: bool = False
 
     @property
     def rank(self) -> int:
@@ -95,9 +107,19 @@ def _gradients(model) -> dict:
     return {name: p.grad for name, p in model.named_parameters() if p.grad is not None}
 
 
-def _loader_state(loader):
-    state_dict = getattr(loader, "state_dict", None)
-    return state_dict() if callable(state_dict) else None
+def _loader_states(loader) -> dict:
+    """{file stem: state} for one loader: hasten's position (`sampler`: epoch, shuffle, batches yielded) and, for
+    a use_stateful_dataloader loader, torchdata's state (`dl_state_dict`, Accelerate's file)."""
+    states = {}
+    stateful = getattr(loader, "use_stateful_dataloader", False)
+    position = getattr(loader, "_position_state", None)
+    if callable(position):
+        states[SAMPLER_NAME] = position()
+    if stateful:
+        states[DL_STATE_NAME] = loader.state_dict()
+    elif SAMPLER_NAME not in states and callable(getattr(loader, "state_dict", None)):
+        states[SAMPLER_NAME] = loader.state_dict()
+    return states
 
 
 def _as_is(obj, key: str = ""):
@@ -132,12 +154,16 @@ def _loader_files(contents: CheckpointContents, stage=_as_is) -> list:
     """Loader positions: gathered from every process, written once (as one state when all agree)."""
     plan = []
     for i, loader in enumerate(contents.dataloaders):
-        states = _all_gather(_loader_state(loader))
-        if not contents.writer or states[0] is None:
+        gathered = _all_gather(_loader_states(loader))
+        if not contents.writer:
             continue
-        name = numbered(SAMPLER_NAME, i, ".bin")
-        payload = stage(states[0] if all(s == states[0] for s in states) else {"hasten_per_process": states}, name)
-        plan.append((name, lambda p, s=payload: durable.save_object(s, p)))
+        for stem in gathered[0]:
+            states = [g.get(stem) for g in gathered]
+            name = numbered(stem, i, ".bin")
+            # A dispatcher's position is process 0's (the only one that reads the data).
+            one = all(s == states[0] for s in states) or getattr(loader, "position_on_main_only", False)
+            payload = stage(states[0] if one else {"hasten_per_process": states}, name)
+            plan.append((name, lambda p, s=payload: durable.save_object(s, p)))
     return plan
 
 
@@ -380,16 +406,33 @@ def _load_gradients(contents: CheckpointContents, folder: str) -> None:
                 param.grad = grad.to(device=param.device, dtype=param.dtype)
 
 
+def _read_loader_file(contents: CheckpointContents, folder: str, name: str, load_kwargs):
+    path = os.path.join(folder, name)
+    if not os.path.isfile(path):
+        return None  # not saved (an Accelerate checkpoint of a plain loader): the loader starts afresh
+    payload = fast_io.load_object(path, load_kwargs)
+    if isinstance(payload, dict) and "hasten_per_process" in payload:
+        per_process = payload["hasten_per_process"]
+        payload = per_process[min(contents.rank, len(per_process) - 1)]
+    return payload
+
+
 def _load_loaders(contents: CheckpointContents, folder: str, load_kwargs) -> None:
+    """Without `contents.loader_positions`, a plain loader goes back to the saved epoch and shuffle but starts
+    it from its first batch (Accelerate leaves the position alone; scripts skip the done batches by hand). A
+    use_stateful_dataloader loader continues where torchdata's state says (Accelerate does the same)."""
     for i, loader in enumerate(contents.dataloaders):
-        path = os.path.join(folder, numbered(SAMPLER_NAME, i, ".bin"))
-        if not os.path.isfile(path) or not callable(getattr(loader, "load_state_dict", None)):
-            continue  # Accelerate never writes this file; start the loader afresh
-        payload = fast_io.load_object(path, load_kwargs)
-        if isinstance(payload, dict) and "hasten_per_process" in payload:
-            per_process = payload["hasten_per_process"]
-            payload = per_process[min(contents.rank, len(per_process) - 1)]
-        loader.load_state_dict(payload)
+        stateful = getattr(loader, "use_stateful_dataloader", False)
+        position = _read_loader_file(contents, folder, numbered(SAMPLER_NAME, i, ".bin"), load_kwargs)
+        if position is not None:
+            if callable(getattr(loader, "_load_position", None)):
+                loader._load_position(position, within_epoch=contents.loader_positions and not stateful)
+            elif contents.loader_positions and not stateful and callable(getattr(loader, "load_state_dict", None)):
+                loader.load_state_dict(position)
+        if stateful:
+            state = _read_loader_file(contents, folder, numbered(DL_STATE_NAME, i, ".bin"), load_kwargs)
+            if state is not None:
+                loader.load_state_dict(state)
 
 
 def _load_rng(contents: CheckpointContents, folder: str, load_kwargs):

@@ -16,6 +16,7 @@ SAFE_MODEL_NAME = "model"
 OPTIMIZER_NAME = "optimizer"
 SCHEDULER_NAME = "scheduler"
 SAMPLER_NAME = "sampler"
+DL_STATE_NAME = "dl_state_dict"  # a use_stateful_dataloader loader's torchdata state (Accelerate's name)
 SCALER_NAME = "scaler.pt"
 RNG_STATE_NAME = "random_states"
 FSDP_MODEL_NAME = "pytorch_model_fsdp"

@@ -223,8 +223,23 @@ def pad_input_tensors(tensor, batch_size: int, num_processes: int, dim: int = 0)
     return recursively_apply(_pad, tensor)
 
 
+def _is_hf_dataset(obj) -> bool:
+    """A Hugging Face `datasets.Dataset` (recognised without importing `datasets`)."""
+    return type(obj).__module__.startswith("datasets.") and callable(getattr(obj, "select", None)) \
+        and hasattr(obj, "__len__")
+
+
 def split_for_process(inputs, process_index: int, num_processes: int, apply_padding: bool, device=None):
     """This process's contiguous share of `inputs` (see `PartialState.split_between_processes`)."""
+    if _is_hf_dataset(inputs):
+        # `dataset[a:b]` is a dict of columns, not rows: pick the rows (padded with the last row, like lists).
+        length = len(inputs)
+        per, extra = divmod(length, num_processes)
+        start = process_index * per + min(process_index, extra)
+        rows = list(range(start, start + per + (1 if process_index < extra else 0)))
+        if apply_padding and length:
+            rows += [length - 1] * (per + (1 if extra else 0) - len(rows))
+        return inputs.select(rows)
     if isinstance(inputs, Mapping):
         lengths = {len(v) for v in inputs.values()}
         if len(lengths) > 1:

@@ -33,10 +33,12 @@ class DataLoaderDispatcher(ResumableLoader):
     `dispatched_batches`), which every process receives whole.
     """
 
+    position_on_main_only = True  # only process 0 reads the data: its position is the loader's
+
     def __init__(self, dataset, split_batches: bool = False, skip_batches: int = 0,
                  use_stateful_dataloader: bool = False, _drop_last: bool = False, _non_blocking: bool = False,
                  slice_fn=None, torch_device_mesh=None, iteration: int = 0, **kwargs):
-        reject_unsupported(use_stateful_dataloader, torch_device_mesh)
+        reject_unsupported(torch_device_mesh)
         super().__init__(dataset, **kwargs)
         self.state = PartialState()
         self.split_batches = split_batches
@@ -114,7 +116,8 @@ class DataLoaderDispatcher(ResumableLoader):
                 if isinstance(self.dataset, IterableDataset):
                     batches = without_range(super().__iter__(), skip, after=keep)
                 else:
-                    self._index_sampler.skip_next(skip, after=keep)
+                    if skip:
+                        self._index_sampler.skip_next(skip, after=keep)
                     batches = super().__iter__()
             yield from self._dispatch(batches, is_main, reference_first)
             self._finish_pass()
@@ -136,7 +139,11 @@ class DataLoaderDispatcher(ResumableLoader):
                 if isinstance(pending, Exception):
                     message = [("error", pending)]
                 else:
+                    if pending is not None:
+                        self._snapshot()  # the position after the step about to be dispatched
                     following = self._read_step_or_error(batches) if pending is not None else None
+                    if pending is not None and following is None:
+                        self._snapshot(finished=True)
                     message = [None if pending is None else (get_data_structure(pending), following is None)]
             broadcast_object_list(message)
             announced = message[0]
@@ -159,7 +166,8 @@ class DataLoaderDispatcher(ResumableLoader):
             if is_last and not self._drop_last and observed % n != 0:
                 per_rank = math.ceil(observed / n)
                 batch = pad_rows(batch, first_step, per_rank * n - observed)
-                self.remainder = observed
+            if is_last:
+                self.remainder = observed  # every real row of the last step, padded or not (as Accelerate)
             mine = self.slice_fn(batch, slice(rank * per_rank, (rank + 1) * per_rank),
                                  process_index=rank, num_processes=n)
             if position >= self.skip_batches:

@@ -16,6 +16,7 @@ from .samplers import (
     SeedableRandomSampler,
     set_epoch_through,
 )
+from .stateful import StatefulSwitch
 
 logger = logging.getLogger(__name__)
 
@@ -95,8 +96,12 @@ class ItselfAsBase:
         return loader
 
 
-class ResumableLoader(DataLoaderStateMixin, DataLoader):
-    """Shared by the prepared loaders: epoch counter, set_epoch, sampler access and exact-resume state."""
+class ResumableLoader(StatefulSwitch, DataLoaderStateMixin, DataLoader):
+    """Shared by the prepared loaders: epoch counter, set_epoch, sampler access and exact-resume state.
+    With `use_stateful_dataloader=True` the loader is built as a torchdata `StatefulDataLoader` too
+    (`data/stateful.py`), whose `state_dict` then replaces the one below."""
+
+    use_stateful_dataloader = False
 
     def _init_resume(self, iteration: int, skip_batches: int) -> None:
         self.gradient_state = GradientState()
@@ -148,6 +153,9 @@ class ResumableLoader(DataLoaderStateMixin, DataLoader):
                 found.append(generator)
         return found
 
+    def _snapshot(self, finished: bool = False) -> None:
+        """Called before each read ahead; only a stateful loader (data/stateful.py) records anything."""
+
     def _start_pass(self) -> int:
         """Bookkeeping at the start of a pass; returns how many batches a resume asked to skip."""
         self._epoch_start_states = [g.get_state() for g in self._generators()]
@@ -167,6 +175,15 @@ class ResumableLoader(DataLoaderStateMixin, DataLoader):
     def state_dict(self) -> dict:
         """This loader's position as plain JSON data: epoch, batches already yielded in it, and the states
         that decide its shuffle (generators as they were at the start of the epoch, the seedable seed)."""
+        return self._position_state()
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume: the next pass continues epoch `state["epoch"]` at its first unseen batch, same order."""
+        self._load_position(state)
+
+    # hasten's own position, also kept beside torchdata's state by a use_stateful_dataloader loader (whose
+    # state_dict is torchdata's): checkpoint/layout.py saves it as sampler.bin.
+    def _position_state(self) -> dict:
         if self._in_epoch:
             states, done = self._epoch_start_states, self._batches_yielded
         else:
@@ -182,8 +199,9 @@ class ResumableLoader(DataLoaderStateMixin, DataLoader):
             state["sampler_seed"] = sampler.initial_seed
         return state
 
-    def load_state_dict(self, state: dict) -> None:
-        """Resume: the next pass continues epoch `state["epoch"]` at its first unseen batch, same order."""
+    def _load_position(self, state: dict, within_epoch: bool = True) -> None:
+        """Go back to the epoch and shuffle of `state`; with `within_epoch`, also past the batches it had yielded
+        (without, the next pass replays that epoch from its first batch: what a script that skips by hand needs)."""
         generators = self._generators()
         saved = state.get("generator_states", [])
         if len(saved) != len(generators):
@@ -198,18 +216,12 @@ class ResumableLoader(DataLoaderStateMixin, DataLoader):
         if "sampler_seed" in state and isinstance(sampler, SeedableRandomSampler):
             sampler.initial_seed = state["sampler_seed"]
         self.iteration = int(state["epoch"])
-        self._pending_skip = int(state["batches_yielded"])
+        self._pending_skip = int(state["batches_yielded"]) if within_epoch else 0
         self._in_epoch = False
         self._batches_yielded = 0
 
 
-def reject_unsupported(use_stateful_dataloader: bool, torch_device_mesh) -> None:
-    if use_stateful_dataloader:
-        raise NotSupportedYetError(
-            "use_stateful_dataloader=True (torchdata's StatefulDataLoader) is not supported by hasten yet. "
-            "hasten's prepared loaders resume exactly without it: use `loader.state_dict()` / "
-            "`loader.load_state_dict(...)` (or `Accelerator.save_state`) with use_stateful_dataloader=False."
-        )
+def reject_unsupported(torch_device_mesh) -> None:
     if torch_device_mesh is not None:
         raise NotSupportedYetError(
             "Preparing a data loader for a torch device mesh (tensor/context parallelism) is not supported by "

@@ -243,6 +243,9 @@ class IterableDatasetShard(IterableDataset):
         start = self.process_index * per_process
         first_group = None
         group: list = []
+        # Real items in the last group yielded (0: it was whole): in-process readers (num_workers=0) of an unsized
+        # stream learn from it how many gathered rows of the last batch are real (`gather_for_metrics`).
+        self.last_group_real = 0
         for item in self.dataset:
             group.append(item)
             if len(group) == group_size:
@@ -251,6 +254,7 @@ class IterableDatasetShard(IterableDataset):
                     first_group = group
                 group = []
         if group and not self.drop_last:
+            self.last_group_real = len(group)
             group += _cycle_take(first_group or list(group), group_size - len(group))
             yield from group[start:start + per_process]
 

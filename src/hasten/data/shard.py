@@ -31,7 +31,7 @@ class DataLoaderShard(ResumableLoader):
     def __init__(self, dataset, device=None, rng_types=None, synchronized_generator=None, skip_batches: int = 0,
                  use_stateful_dataloader: bool = False, _drop_last: bool = False, _non_blocking: bool = False,
                  torch_device_mesh=None, iteration: int = 0, **kwargs):
-        reject_unsupported(use_stateful_dataloader, torch_device_mesh)
+        reject_unsupported(torch_device_mesh)
         super().__init__(dataset, **kwargs)
         self.device = device
         # Batches from a CPU loader already live on the CPU: skip the per-batch walk of the structure.
@@ -51,9 +51,21 @@ class DataLoaderShard(ResumableLoader):
         if isinstance(shard, BatchSamplerShard):
             return shard.batch_size if shard.split_batches else shard.batch_size * shard.num_processes
         if isinstance(self.dataset, IterableDatasetShard):
-            # As in Accelerate: a sharded stream's global length is unknown, so no duplicate dropping.
-            raise TypeError("the global batch size of a sharded iterable dataset is not tracked")
+            return self.dataset._group_size  # one group of the stream is one global batch
         return holder.batch_size
+
+    @property
+    def total_dataset_length(self) -> int:
+        if isinstance(self.dataset, IterableDatasetShard):
+            return len(self.dataset.dataset)  # the whole stream's length (a TypeError when it has none)
+        return super().total_dataset_length
+
+    def _learn_remainder(self) -> None:
+        """An unsized sharded stream read in this process tells how many rows of its last global batch are real
+        (the rest repeat its first batch), so `gather_for_metrics` can drop exactly the repeats."""
+        if self.remainder == -1 and isinstance(self.dataset, IterableDatasetShard) and self.num_workers == 0 \
+                and not self._drop_last:
+            self.remainder = getattr(self.dataset, "last_group_real", -1)
 
     def __iter__(self):
         if self.rng_types:
@@ -65,7 +77,7 @@ class DataLoaderShard(ResumableLoader):
             skip_in_loop = self.skip_batches
             if isinstance(self.dataset, IterableDataset):
                 skip_in_loop += resume  # a stream cannot be skipped without reading it
-            else:
+            elif resume:
                 self._index_sampler.skip_next(resume)
             batches = super().__iter__()
             position = 0
@@ -74,9 +86,13 @@ class DataLoaderShard(ResumableLoader):
                 keep = position >= skip_in_loop
                 if keep and self._places_batches:
                     current = send_to_device(current, self.device, non_blocking=self._non_blocking)
+                self._snapshot()
                 following = next(batches, END)
                 if keep:
                     self.end_of_dataloader = following is END
+                    if self.end_of_dataloader:
+                        self._snapshot(finished=True)
+                        self._learn_remainder()
                     self._batches_yielded += 1
                     yield current
                 position += 1

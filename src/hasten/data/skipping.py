@@ -14,22 +14,23 @@ from .resumable import (
     ResumableLoader,
     carried_kwargs,
     innermost_batch_sampler,
-    reject_unsupported,
 )
 from .samplers import (
     SkipBatchSampler,
 )
 from .shard import DataLoaderShard
+from .stateful import StatefulSwitch
 
 logger = logging.getLogger(__name__)
 
 
-class SkipDataLoader(DataLoaderStateMixin, DataLoader):
+class SkipDataLoader(StatefulSwitch, DataLoaderStateMixin, DataLoader):
     """A `DataLoader` that drops the first `skip_batches` batches of every pass (for iterable datasets,
-    which cannot skip at the sampler)."""
+    which cannot skip at the sampler). `use_stateful_dataloader=True` makes it a torchdata `StatefulDataLoader`."""
+
+    use_stateful_dataloader = False
 
     def __init__(self, dataset, skip_batches: int = 0, use_stateful_dataloader: bool = False, **kwargs):
-        reject_unsupported(use_stateful_dataloader, None)
         super().__init__(dataset, **kwargs)
         self.skip_batches = skip_batches
         self._drop_last = self.drop_last
@@ -37,11 +38,15 @@ class SkipDataLoader(DataLoaderStateMixin, DataLoader):
 
     base_dataloader = ItselfAsBase()
 
+    def _snapshot(self, finished: bool = False) -> None:
+        """Only a stateful loader (data/stateful.py) records its position."""
+
     def __iter__(self):
         self.begin()
         try:
             for index, batch in enumerate(super().__iter__()):
                 if index >= self.skip_batches:
+                    self._snapshot()
                     yield batch
         finally:
             self.end()

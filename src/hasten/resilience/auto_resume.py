@@ -28,7 +28,7 @@ _KINDS = {
     "models": re.compile(r"^(?:model|pytorch_model|pytorch_model_fsdp)(?:_(\d+))?(?:\.safetensors|\.bin)?$"),
     "optimizers": re.compile(r"^optimizer(?:_(\d+))?(?:\.bin)?$"),
     "schedulers": re.compile(r"^scheduler(?:_(\d+))?\.bin$"),
-    "dataloaders": re.compile(r"^sampler(?:_(\d+))?\.bin$"),
+    "dataloaders": re.compile(r"^(?:sampler|dl_state_dict)(?:_(\d+))?\.bin$"),
     "custom_objects": re.compile(r"^custom_checkpoint_(\d+)\.pkl$"),
 }
 
@@ -86,7 +86,8 @@ class PendingResume:
         if not self._ready(self._held(accelerator)):
             return False
         logger.info("automatic_resume: resuming from %s", self.path)
-        accelerator.load_state(self.path)
+        # A resumed run's script does not skip batches by hand: the loaders continue where they stood.
+        accelerator._load_state(self.path, loader_positions=True)
         return True
 
     def missing(self, accelerator) -> ConfigError:
