@@ -94,10 +94,19 @@ def test_data_loader_adapter_passes_for_its_loader():
         adapter.no_such_attribute
 
 
-@pytest.mark.skipif(utils.is_torchdata_stateful_dataloader_available(), reason="torchdata is installed")
-def test_stateful_adapter_needs_torchdata():
+def test_stateful_adapter_needs_torchdata(monkeypatch):
+    import hasten.core.availability as availability
+
+    monkeypatch.setattr(availability, "is_torchdata_stateful_dataloader_available", lambda: False)
     with pytest.raises(ImportError, match="torchdata"):
         DataLoaderAdapter(list(range(4)), use_stateful_dataloader=True)
+
+
+def test_stateful_adapter_wraps_a_stateful_dataloader():
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+    adapter = DataLoaderAdapter(list(range(4)), use_stateful_dataloader=True, batch_size=2)
+    assert isinstance(adapter.base_dataloader, stateful.StatefulDataLoader)
+    assert [batch.tolist() for batch in adapter] == [[0, 1], [2, 3]]
 
 
 # -- optimizer, launchers ------------------------------------------------------------------------------------------
