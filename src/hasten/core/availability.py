@@ -16,7 +16,7 @@ import sys
 
 import torch
 
-from ..distributed.cluster import env_value, str_to_bool
+from ..distributed.cluster import env_value, parse_flag_from_env, str_to_bool
 
 STR_OPERATION_TO_FUNC = {">": operator.gt, ">=": operator.ge, "==": operator.eq, "!=": operator.ne,
                          "<=": operator.le, "<": operator.lt}
@@ -300,7 +300,7 @@ def is_habana_gaudi1() -> bool:
 
 
 # USE_TORCH_XLA=0 hides an installed torch_xla (as in Accelerate), read once at import.
-USE_TORCH_XLA = os.environ.get("USE_TORCH_XLA", "true").strip().lower() in ("1", "true", "yes", "y", "on")
+USE_TORCH_XLA = parse_flag_from_env("USE_TORCH_XLA", True)
 
 
 def is_torch_xla_available(check_is_tpu: bool = False, check_is_gpu: bool = False) -> bool:

@@ -51,6 +51,7 @@ from collections import deque
 
 from ..core.errors import HangDetectedError
 from .call_sites import call_site, short, skip_prefixes, stack_lines
+from .completion import completion_marker, is_finished
 from .hang_report import (
     DESCRIBE,
     TERMINAL,
@@ -85,45 +86,6 @@ def active() -> bool:
 
 WRAPPED = tuple(DESCRIBE)  # the torch.distributed functions the doctor watches while it is on
 QUEUED_SHARE = 0.9  # a queued collective is reported at this share of the collective timeout (see Doctor._limit)
-
-
-def completion_marker(args, kwargs, result):
-    """What tells that a collective has completed when its call returned first, or None when the call itself
-    waited: the work object of `async_op=True`, or a CUDA event recorded on the current stream after the call
-    (the stream waits for the NCCL kernel, so the event completes when the collective does)."""
-    if result is not None and hasattr(result, "is_completed"):
-        return result
-    tensor = _first_tensor(args)
-    if tensor is None:
-        tensor = _first_tensor(kwargs.values())
-    if tensor is None or tensor.device.type != "cuda":
-        return None
-    import torch
-
-    event = torch.cuda.Event()
-    event.record(torch.cuda.current_stream(tensor.device))
-    return event
-
-
-def is_finished(marker) -> bool:
-    """Completed without error. A work object the backend ended with an error (its own timeout) stays
-    unfinished, so that the report still names the collective."""
-    if hasattr(marker, "query"):
-        return marker.query()
-    return marker.is_completed() and marker.exception() is None
-
-
-def _first_tensor(values):
-    import torch
-
-    for value in values:
-        if isinstance(value, torch.Tensor):
-            return value
-        if isinstance(value, (list, tuple)):
-            found = _first_tensor(value)
-            if found is not None:
-                return found
-    return None
 
 
 # -- the doctor ----------------------------------------------------------------------------------------------
