@@ -13,7 +13,7 @@ def _first_step_quietly(scheduler, *args, **kwargs):
     with gated steps (or a step the scaler skipped) the optimizer's step counter looks behind, though it is
     not. Silenced for this call only, never process-wide."""
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", category=UserWarning, module="torch.optim.lr_scheduler")
+        warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step", category=UserWarning)
         scheduler.step(*args, **kwargs)
 
 
