@@ -322,6 +322,8 @@ def _agent_signals() -> dict:
 
     from torch.distributed.launcher.api import LaunchConfig
 
+    from ..resilience import requeue
+
     names = {f.name for f in dataclasses.fields(LaunchConfig)}
     return {"signals_to_handle": requeue.AGENT_SIGNALS} if "signals_to_handle" in names else {}
 
