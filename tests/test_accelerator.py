@@ -269,3 +269,34 @@ def test_fp16_loss_scaling_keeps_small_gradients():
     acc.backward(model(torch.ones(1, 1)).float().sum() * 1e-8)
     grad = model.weight.grad.item() / acc.scaler.get_scale()
     assert math.isclose(grad, 1e-8, rel_tol=1e-2)
+
+
+def test_should_save_model_follows_is_local_main_process(monkeypatch):
+    """Accelerate: the local main process without a ParallelismConfig (hasten returned True everywhere)."""
+    accelerator = Accelerator()
+    assert accelerator.parallelism_config is None and accelerator.should_save_model is True
+    monkeypatch.setattr(type(accelerator.state), "is_local_main_process", property(lambda self: False))
+    assert accelerator.should_save_model is False
+
+
+def test_lomo_optimizer_is_detected_and_its_fused_backward_runs():
+    """`has_lomo_optimizer` follows the prepared optimizers; backward(loss, learning_rate=) calls fused_backward."""
+    import types
+
+    calls = []
+    module = types.ModuleType("lomo_optim")
+
+    class Lomo(torch.optim.SGD):
+        def fused_backward(self, loss, lr):
+            calls.append(lr)
+            loss.backward()
+
+    Lomo.__module__ = "lomo_optim"
+    accelerator = Accelerator()
+    model = torch.nn.Linear(2, 1)
+    plain = accelerator.prepare(torch.optim.SGD(model.parameters(), lr=0.1))
+    assert accelerator.has_lomo_optimizer is False and plain is not None
+    model, optimizer = accelerator.prepare(model, Lomo(model.parameters(), lr=0.1))
+    assert accelerator.has_lomo_optimizer is True and module is not None
+    accelerator.backward(model(torch.ones(1, 2)).sum(), learning_rate=0.5)
+    assert calls == [0.5] and model.weight.grad is not None

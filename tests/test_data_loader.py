@@ -473,3 +473,15 @@ def test_join_uneven_inputs_override_reaches_prepared_loaders_and_is_restored(ca
         assert holder.even_batches is False
     assert holder.even_batches is True
     assert "even_batches cannot be changed" in caplog.text
+
+
+def test_gather_for_metrics_does_not_swallow_an_error(monkeypatch):
+    """A failure while dropping the last batch's duplicates is raised, not answered with the padded data."""
+    from hasten import Accelerator
+
+    accelerator = Accelerator()
+    state = GradientState()
+    monkeypatch.setattr(type(state), "end_of_dataloader", property(lambda self: True))
+    monkeypatch.setattr(type(state), "remainder", property(lambda self: 1 / 0))
+    with pytest.raises(ZeroDivisionError):
+        accelerator.gather_for_metrics(torch.ones(3))

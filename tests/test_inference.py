@@ -53,8 +53,19 @@ def test_split_points_balance_parameter_bytes_and_keep_blocks_whole():
 def test_device_map_assigns_each_piece_to_a_stage_in_order():
     device_map = generate_device_map(Net(4), 2)
     assert list(device_map.values()) == sorted(device_map.values()) and set(device_map.values()) == {0, 1}
-    with pytest.raises(ConfigError, match="max_memory"):
-        generate_device_map(Net(4), 2, max_memory={0: "1GB"})
+
+
+
+def test_device_map_max_memory_fills_each_process_within_its_budget():
+    model = Net(4)
+    sizes = {n: sum(p.numel() * p.element_size() for p in m.parameters()) for n, m in model.named_modules() if n}
+    device_map = generate_device_map(model, 2, max_memory={0: 10**9, 1: "1GB"})
+    assert set(device_map.values()) == {0}  # everything fits the first budget: nothing moves on
+    budget = sizes["embed"] + sizes["blocks.0"]
+    device_map = generate_device_map(model, 2, max_memory={0: budget, 1: 10**9})
+    assert [n for n, stage in device_map.items() if stage == 0] == ["embed", "blocks.0"]
+    with pytest.raises(ConfigError, match="fits in no process's max_memory"):
+        generate_device_map(model, 2, max_memory={0: 1, 1: 1})
 
 
 def test_batch_size_is_found_in_args_then_kwargs():

@@ -33,6 +33,7 @@ from .parallelism_config import config_for_run, fsdp_plugin_for_layout, mesh_ran
 from .resilience import auto_resume, preemption
 from .state import AcceleratorState, GradientState, PartialState
 from .training.compilation import compile_model
+from .training.lomo import is_lomo_optimizer, lomo_backward
 from .training.precision import PrecisionPolicy
 
 _NOT_PASSED = object()
@@ -183,7 +184,9 @@ class Accelerator:
         if plugin is None:
             raise AttributeError("'Accelerator' object has no attribute 'deepspeed_config' (DeepSpeed is not in use)")
         return plugin.deepspeed_config
-    should_save_model = property(lambda self: True)
+    # Accelerate: the local main process without a ParallelismConfig, every process with one (each holds a shard).
+    should_save_model = property(lambda self: self.state.is_local_main_process if self.parallelism_config is None
+                                 else True)
     parallelism_config = property(lambda self: self.state.parallelism_config)
     torch_device_mesh = property(lambda self: self.state.device_mesh)
     is_composable_parallelism_enabled = property(lambda self: self.state.is_fsdp2)
@@ -327,6 +330,7 @@ class Accelerator:
             return optimizer
         if device_placement is None:
             device_placement = self.device_placement
+        self.has_lomo_optimizer |= is_lomo_optimizer(optimizer)
         self.precision.repoint_optimizer(optimizer)
         wrapped = self._backend.prepare_optimizer(optimizer, device_placement=device_placement, scaler=self.scaler)
         if self._megatron is not None:
@@ -392,6 +396,9 @@ class Accelerator:
                               "GradientAccumulationPlugin(normalize_by_tokens=True) or "
                               "--gradient_accumulation_normalize_by_tokens (or drop the argument)")
         steps = self.gradient_state.num_steps
+        if self.has_lomo_optimizer and kwargs.get("learning_rate") is not None and self.scaler is None:
+            lomo_backward(self._optimizers, loss / steps if steps != 1 else loss, kwargs["learning_rate"])
+            return
         if self._plain_backward:  # runs on every micro-step: no call into the backend when it would add nothing
             (loss / steps if steps != 1 else loss).backward(**kwargs)
             return

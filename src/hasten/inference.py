@@ -80,16 +80,34 @@ def generate_split_points(model: torch.nn.Module, num_stages: int, no_split_modu
 
 
 def generate_device_map(model, num_processes: int = 1, no_split_module_classes=None, max_memory=None) -> dict:
-    """Which process holds each splittable module: `{module name: process index}`, balanced by parameter bytes.
-    (`max_memory` is refused rather than ignored: stages are balanced by size, not by a memory budget.)"""
+    """Which process holds each splittable module: `{module name: process index}`, in order. Without
+    `max_memory`, balanced by parameter bytes; with it (`{process index: bytes or "10GB"}`), each process takes
+    pieces in order while they fit its budget, and a piece that fits nowhere is refused."""
     if max_memory is not None:
-        raise ConfigError("generate_device_map balances stages by parameter size; max_memory is not supported")
+        return _device_map_within(model, num_processes, no_split_module_classes, max_memory)
     points = generate_split_points(model, num_processes, no_split_module_classes) if num_processes > 1 else []
     device_map, stage = {}, 0
     for name, _ in _split_units(model, no_split_module_classes):
         if stage < len(points) and name == points[stage]:
             stage += 1
         device_map[name] = stage
+    return device_map
+
+
+def _device_map_within(model, num_processes: int, no_split_module_classes, max_memory: dict) -> dict:
+    from .big_model.device_map import convert_file_size_to_int
+
+    budgets = [convert_file_size_to_int(max_memory[i]) if i in max_memory else 0 for i in range(num_processes)]
+    device_map, stage, used = {}, 0, 0
+    for name, size in _split_units(model, no_split_module_classes):
+        while stage < num_processes and used + size > budgets[stage]:
+            stage, used = stage + 1, 0
+        if stage == num_processes:
+            raise ConfigError(
+                f"generate_device_map: module {name!r} ({size} bytes) fits in no process's max_memory after the "
+                f"earlier pieces (budgets {budgets} bytes for processes 0..{num_processes - 1}); fix: raise max_memory"
+            )
+        device_map[name], used = stage, used + size
     return device_map
 
 

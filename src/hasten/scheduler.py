@@ -6,8 +6,15 @@ import warnings
 
 from .state import AcceleratorState, GradientState
 
-# torch warns when scheduler.step() seems to precede optimizer.step(); with gated steps it always would.
-warnings.filterwarnings("ignore", category=UserWarning, module="torch.optim.lr_scheduler")
+
+
+def _first_step_quietly(scheduler, *args, **kwargs):
+    """The scheduler's first real step, without torch's "lr_scheduler.step() before optimizer.step()" warning:
+    with gated steps (or a step the scaler skipped) the optimizer's step counter looks behind, though it is
+    not. Silenced for this call only, never process-wide."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step", category=UserWarning)
+        scheduler.step(*args, **kwargs)
 
 
 class AcceleratedScheduler:
@@ -32,13 +39,13 @@ class AcceleratedScheduler:
                 self.scheduler._step_count += 1
             return
         if not self.step_with_optimizer:
-            self.scheduler.step(*args, **kwargs)
+            self._step_once(*args, **kwargs)
             return
         for optimizer in self.optimizers:  # a plain loop: this runs on every optimizer step
             if getattr(optimizer, "step_was_skipped", False):
                 return
         if self.split_batches:
-            self.scheduler.step(*args, **kwargs)
+            self._step_once(*args, **kwargs)
             return
         if self._num_processes is None:
             from .parallelism_config import data_parallel_size
@@ -47,11 +54,17 @@ class AcceleratedScheduler:
             self._num_processes = data_parallel_size(AcceleratorState())
         total_steps = getattr(self.scheduler, "total_steps", None)
         if self._num_processes == 1 and total_steps is None:
-            self.scheduler.step(*args, **kwargs)
+            self._step_once(*args, **kwargs)
             return
         for _ in range(self._num_processes):
             if total_steps is not None and self.scheduler._step_count > total_steps:
                 break
+            self._step_once(*args, **kwargs)
+
+    def _step_once(self, *args, **kwargs):
+        if getattr(self.scheduler, "_step_count", 2) <= 1:
+            _first_step_quietly(self.scheduler, *args, **kwargs)
+        else:
             self.scheduler.step(*args, **kwargs)
 
     def get_last_lr(self):

@@ -350,3 +350,19 @@ def test_unbuilt_deepspeed_names_import_and_refuse_in_one_line():
     with pytest.raises(NotSupportedYetError, match="hasten launch --use_deepspeed") as refused:
         prepare_deepspeed_cmd_env(None)
     assert "\n" not in str(refused.value)
+
+
+def test_deepspeed_optimizer_step_counts_for_preemption(monkeypatch):
+    """The engine steps in backward; the script's optimizer.step() still advances the preemption counter."""
+    from hasten.backends.deepspeed.wrappers import DeepSpeedOptimizerWrapper
+    from hasten.resilience import preemption
+    from hasten.state import GradientState
+
+    counted = []
+    monkeypatch.setattr(preemption, "_active", type("Handler", (), {"count_optimizer_step": lambda self: counted.append(1)})())
+    wrapper = DeepSpeedOptimizerWrapper(torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1))
+    GradientState()._set_sync_gradients(True)
+    wrapper.step()
+    GradientState()._set_sync_gradients(False)
+    wrapper.step()  # an accumulation micro-step: no optimizer step
+    assert counted == [1]

@@ -304,3 +304,44 @@ def test_fsdp2_prepare_auto_wrap_policy_follows_the_plugin():
     policy = fsdp2_prepare_auto_wrap_policy(plugin, model)
     assert [policy(m) for m in model] == [True, False]
     assert fsdp2_prepare_auto_wrap_policy(FullyShardedDataParallelPlugin(fsdp_version=2), model) is None
+
+# -- accepted means honoured (one launch, tests/workers/fsdp_honour.py) ------------------------------------------
+@pytest.fixture(scope="module")
+def honoured(tmp_path_factory):
+    return launch("fsdp_honour.py", tmp_path_factory.mktemp("fsdp_honour"), timeout=300).stdout
+
+
+@pytest.mark.parametrize("check", ["trigger_sync", "unwrap", "save_kwargs", "load_strict", "rng_missing_step",
+                                   "mid_window", "state_dict_config", "use_dcp"])
+def test_fsdp_honours(honoured, check):
+    """trigger_sync: FSDP2 gradient sync is on again after `trigger_sync_in_backward` (and off again inside
+    no_sync); unwrap: get_state_dict(unwrap=False) keeps the compile prefix; save_kwargs: save_state(**kw)
+    refused; load_strict: load_state(strict=False) loads with a missing key, strict=True and assign= refused;
+    rng_missing_step: a rank without its RNG file takes the others' step; mid_window: save_state inside an
+    accumulation window refused; state_dict_config: rank0_only=False gives every rank the state;
+    use_dcp: save_fsdp_model/load_fsdp_model(use_dcp=False) per-rank files."""
+    assert honoured.count(f"ok {check} rank") == 2, honoured
+
+
+def test_fsdp1_only_keys_from_the_environment_warn_under_fsdp2(monkeypatch):
+    import json
+    import warnings
+
+    for name, value in {"FSDP_VERSION": "2", "FSDP_USE_ORIG_PARAMS": "true", "FSDP_BACKWARD_PREFETCH": "BACKWARD_PRE",
+                        "FSDP_SYNC_MODULE_STATES": "true"}.items():
+        monkeypatch.setenv(name, value)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        FullyShardedDataParallelPlugin()
+    text = " ".join(str(w.message) for w in caught)
+    for name in ("use_orig_params (from environment variable FSDP_USE_ORIG_PARAMS)", "backward_prefetch",
+                 "sync_module_states"):
+        assert name in text, text
+    # what `hasten launch` exported as a default stays quiet; what came from a config file is named
+    monkeypatch.setenv("HASTEN_CONFIG_SOURCES", json.dumps({
+        "fsdp_use_orig_params": ["default", "default"], "fsdp_sync_module_states": ["default", "default"],
+        "fsdp_backward_prefetch": ["file", "cfg.yaml"]}))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        FullyShardedDataParallelPlugin()
+    assert [str(w.message).split(" is ")[0] for w in caught] == ["fsdp backward_prefetch (from file cfg.yaml)"]

@@ -490,3 +490,29 @@ def test_scaler_and_loader_position_are_saved(tmp_path):
     accelerator._load_state(folder, loader_positions=True)  # automatic resume's load: continue mid-epoch
     resumed = list(loader)  # the next pass continues at the first unseen batch, same order
     assert len(resumed) == len(rest) and all(torch.equal(a, b) for a, b in zip(resumed, rest))
+
+
+# -- keywords of save_state / load_state: honoured or refused ---------------------------------------------------
+def test_save_state_keywords_the_backend_cannot_pass_are_refused(tmp_path):
+    accelerator, *_ = _setup(automatic=False)
+    with pytest.raises(ConfigError, match="exclude_frozen_parameters.*engine.save_checkpoint.*drop them"):
+        accelerator.save_state(tmp_path / "ckpt", exclude_frozen_parameters=True)
+    assert not (tmp_path / "ckpt").exists()
+
+
+def test_load_state_strict_assign_and_unknown_keywords(tmp_path):
+    accelerator, model, *_ = _setup(automatic=False)
+    accelerator.save_state(tmp_path / "ckpt", safe_serialization=False)
+    _reset()
+    accelerator = Accelerator()
+    bigger = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2), torch.nn.Linear(2, 2))
+    bigger = accelerator.prepare(bigger)
+    with pytest.raises(CheckpointError, match="Missing key"):
+        accelerator.load_state(tmp_path / "ckpt")
+    kept = bigger[2].weight
+    accelerator.load_state(tmp_path / "ckpt", strict=False, assign=True)
+    assert torch.equal(bigger[0].weight, model[0].weight)
+    assert bigger[0].weight.data_ptr() != model[0].weight.data_ptr() and bigger[2].weight is kept
+    with pytest.raises(ConfigError, match="load_state\\(\\) got weights_only_please.*drop them"):
+        accelerator.load_state(tmp_path / "ckpt", weights_only_please=True)
+

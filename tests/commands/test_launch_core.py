@@ -127,3 +127,23 @@ def test_exit_without_destroy_process_group_is_clean():
         outcomes.append((result.returncode, result.stderr[-500:]))
         assert result.stdout.count("NO-DESTROY RANK") == 2, result.stdout + result.stderr
     assert [code for code, _ in outcomes] == [0] * 5, outcomes
+
+
+def test_gpu_count_errors_are_not_swallowed(monkeypatch):
+    """A broken CUDA install is named, not launched as one CPU process."""
+    import torch
+
+    from hasten.config import launch_settings
+    from hasten.core.errors import LaunchError
+
+    def broken():
+        raise RuntimeError("CUDA driver initialization failed")
+
+    monkeypatch.setattr(torch.cuda, "device_count", broken)
+    with pytest.raises(RuntimeError, match="driver initialization"):
+        launch_settings._gpu_count()
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    monkeypatch.setattr(torch.version, "cuda", "12.4")
+    monkeypatch.setattr(launch_settings.os.path, "exists", lambda path: path == "/dev/nvidia0")
+    with pytest.raises(LaunchError, match="sees none.*--cpu"):
+        launch_settings._gpu_count()

@@ -55,6 +55,17 @@ def inner_optimizer(optimizer):
     """The torch optimizer inside hasten's `AcceleratedOptimizer` (or the optimizer itself, when given one)."""
     return getattr(optimizer, "optimizer", optimizer)
 
+def refuse_load_kwargs(backend, load_model_func_kwargs: dict, accepted: tuple) -> None:
+    """One line naming the load_state() keywords this backend has nowhere to pass (Accelerate drops them)."""
+    unknown = sorted(set(load_model_func_kwargs) - set(accepted))
+    if unknown:
+        takes = f"it takes {', '.join(accepted)} besides map_location" if accepted else "it takes map_location and strict"
+        raise ConfigError(
+            f"load_state() got {', '.join(unknown)}, which the {backend.name} backend has nowhere to pass ({takes}); "
+            "fix: drop them"
+        )
+
+
 class Backend:
     """Single-process defaults; distributed backends override what differs."""
 
@@ -141,6 +152,16 @@ class Backend:
         return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
 
     # -- checkpoints ----------------------------------------------------------------------------------------
+    def check_save_kwargs(self, save_model_func_kwargs: dict) -> None:
+        """Called by `save_state` before anything is written: refuse what this backend cannot save as asked.
+        `save_model_func_kwargs` go to an engine's own save function (DeepSpeed's `save_checkpoint`); here,
+        where hasten writes the files itself, there is nothing to pass them to (Accelerate drops them)."""
+        if save_model_func_kwargs:
+            raise ConfigError(
+                f"save_state() got {', '.join(sorted(save_model_func_kwargs))}: extra keywords go to DeepSpeed's "
+                f"engine.save_checkpoint, and the {self.name} backend has none; fix: drop them"
+            )
+
     def save_model_and_optimizer(self, folder: str, models: list, optimizers: list, *, writer: bool = True,
                                  rank: int = 0, safe_serialization: bool = True, before_write=None,
                                  **save_model_func_kwargs) -> list:
@@ -208,7 +229,8 @@ class Backend:
         """Restore what `save_model_and_optimizer` wrote (or what Accelerate wrote) into `models`/`optimizers`.
 
         Every process calls it. `load_kwargs` go to `torch.load` for pickled files (weights_only unless the
-        user opted out); `strict` to `load_state_dict`."""
+        user opted out); `strict` and `assign` (the other keyword `load_state_dict` takes) to `load_state_dict`."""
+        refuse_load_kwargs(self, load_model_func_kwargs, accepted=("assign",))
         # Held until this returns: the optimizer (and .bin model) files are read while the models load.
         queued = fast_io.prefetch(_state_files(folder, len(models), len(optimizers)), load_kwargs, map_location)  # noqa: F841
         for i, model in enumerate(models):
@@ -221,7 +243,7 @@ class Backend:
             else:
                 raise CheckpointError(f"checkpoint file {safe_path} is missing (nor is there {os.path.basename(bin_path)})")
             try:
-                model.load_state_dict(_match_wrapper_prefixes(model, state_dict), strict=strict)
+                model.load_state_dict(_match_wrapper_prefixes(model, state_dict), strict=strict, **load_model_func_kwargs)
             except RuntimeError as error:
                 raise CheckpointError(f"cannot load {os.path.basename(safe_path)} into model {i}: {error}") from None
         for i, optimizer in enumerate(optimizers):

@@ -26,6 +26,7 @@ import torch.distributed as dist
 
 from ..core.errors import CheckpointError, ConfigError, PipelineCallError
 from .fsdp import checkpoint as fsdp_checkpoint
+from .base import Backend, refuse_load_kwargs
 from .base import inner_optimizer as _plain
 from .fsdp.backend import FSDPBackend
 
@@ -139,6 +140,10 @@ class PipelineBackend(FSDPBackend):
     def trigger_sync_in_backward(self, model):
         return contextlib.nullcontext()
 
+    def check_save_kwargs(self, save_model_func_kwargs):
+        # no_sync changes nothing here, so a window's partial sum is in `.grad`, which save_state keeps.
+        Backend.check_save_kwargs(self, save_model_func_kwargs)
+
     def clip_grad_norm_(self, parameters, max_norm, norm_type=2.0):
         """Clip by the norm over every stage's gradients (each process's pieces, combined over the mesh)."""
         from torch.distributed.tensor import DTensor
@@ -210,8 +215,10 @@ class PipelineBackend(FSDPBackend):
 
     def load_model_and_optimizer(self, folder, models, optimizers, *, map_location="cpu", load_kwargs=None,
                                  strict=True, **load_model_func_kwargs) -> None:
+        refuse_load_kwargs(self, load_model_func_kwargs, accepted=())
         for index, model in enumerate(models):
-            fsdp_checkpoint.load_model(model, folder, index)  # DCP reads just this process's keys and pieces
+            # DCP reads just this process's keys and pieces
+            fsdp_checkpoint.load_model(model, folder, index, strict=strict)
         for index, optimizer in enumerate(optimizers):
             path = os.path.join(folder, fsdp_checkpoint.sharded_name(fsdp_checkpoint.OPTIMIZER_NAME, index))
             if not os.path.isfile(os.path.join(path, fsdp_checkpoint.DCP_METADATA)):

@@ -259,6 +259,7 @@ def save_state(contents: CheckpointContents, output_dir=None, safe_serialization
     With `async_save`, return once what changes outside the optimizer step is staged in CPU memory; the rest is
     copied, and the files written and committed, in the background (see `checkpoint/async_save.py`)."""
     background.wait()  # an earlier asynchronous save commits first, and raises here what went wrong in it
+    contents.backend.check_save_kwargs(save_model_func_kwargs)  # same answer on every rank: nothing written yet
     project = contents.project
     target = _target_for(project, output_dir)
     if async_save and not contents.backend.supports_async_save:
@@ -440,7 +441,7 @@ def _load_rng(contents: CheckpointContents, folder: str, load_kwargs):
     path = os.path.join(folder, f"{RNG_STATE_NAME}_{contents.rank}.pkl")
     if not os.path.isfile(path):
         logger.warning("no %s: random states were not restored (resuming on more processes?)", path)
-        return None
+        return _step_of_another_rank(folder, load_kwargs)
     payload = fast_io.load_object(path, load_kwargs)  # an unsafe file raises; anything else is only logged
     step = None
     try:
@@ -449,6 +450,18 @@ def _load_rng(contents: CheckpointContents, folder: str, load_kwargs):
     except Exception as error:  # noqa: BLE001 - Accelerate logs this and goes on
         logger.warning("could not restore random states from %s: %s", path, error)
     return step
+
+
+def _step_of_another_rank(folder: str, load_kwargs):
+    """The step counter every rank saved (the same number in each RNG file), read from the lowest-numbered
+    file there is, so that a rank without its own file syncs on the same micro-steps as the others; None
+    (the counter stays as it is, on every rank alike) when the folder has no RNG file at all."""
+    pattern = re.compile(rf"{re.escape(RNG_STATE_NAME)}_(\d+)\.pkl$")
+    ranks = sorted(int(m.group(1)) for n in os.listdir(folder) if (m := pattern.match(n)))
+    if not ranks:
+        return None
+    payload = fast_io.load_object(os.path.join(folder, f"{RNG_STATE_NAME}_{ranks[0]}.pkl"), load_kwargs)
+    return int(payload.get("step", 0)) if isinstance(payload, dict) else None
 
 
 def _next_iteration(project, folder: str, marker) -> None:

@@ -314,6 +314,20 @@ def _logs_specs(args):
     return DefaultLogsSpecs(log_dir=args.log_dir, tee=Std.from_str(args.tee))
 
 
+def _agent_signals() -> dict:
+    """The agent passes these signals on to the workers, waits up to TORCH_ELASTIC_SHUTDOWN_TIMEOUT (30 s) for
+    them to checkpoint and leave, then raises SignalException here (docs/fault_tolerance.md). Older torch
+    (2.6) has no such field: its agent forwards SIGTERM/SIGINT/SIGHUP/SIGQUIT only (not SIGUSR1)."""
+    import dataclasses
+
+    from torch.distributed.launcher.api import LaunchConfig
+
+    from ..resilience import requeue
+
+    names = {f.name for f in dataclasses.fields(LaunchConfig)}
+    return {"signals_to_handle": requeue.AGENT_SIGNALS} if "signals_to_handle" in names else {}
+
+
 def _run_distributed(args, plan: LaunchPlan) -> int:
     import logging
     import uuid
@@ -351,9 +365,7 @@ def _run_distributed(args, plan: LaunchPlan) -> int:
         monitor_interval=plan.monitor_interval,
         start_method="spawn",
         logs_specs=_logs_specs(args),
-        # The agent passes these signals on to the workers, waits up to TORCH_ELASTIC_SHUTDOWN_TIMEOUT (30 s) for
-        # them to checkpoint and leave, then raises SignalException here (docs/fault_tolerance.md).
-        signals_to_handle=requeue.AGENT_SIGNALS,
+        **_agent_signals(),
     )
     entrypoint, entry_args = _target_command(args)
     # Debug mode's hang doctor leaves its report in the workers' error files for the launcher to print, once.

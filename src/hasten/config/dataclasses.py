@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-import os
+import weakref
 from dataclasses import dataclass, field, fields
 from datetime import timedelta
 from typing import Any, Callable, Optional
@@ -12,22 +12,34 @@ from ..core.enums import DDPCommunicationHookType, DynamoBackend
 from ..core.errors import ConfigError
 
 
+# id(handler) -> the fields its constructor was given; dropped with the handler (weakref.finalize).
+_EXPLICIT: dict = {}
+
+
 class KwargsHandler:
-    """Mixin: `to_kwargs()` returns only the fields that differ from a default instance."""
+    """Mixin: `to_kwargs()` returns the fields the constructor was given, and those that differ from a default
+    instance (values taken from HASTEN_/ACCELERATE_ variables count as set)."""
+
+    def __new__(cls, *args, **kwargs):
+        handler = super().__new__(cls)
+        names = [f.name for f in fields(cls)] if hasattr(cls, "__dataclass_fields__") else []
+        _EXPLICIT[id(handler)] = frozenset(names[:len(args)]) | frozenset(kwargs)
+        weakref.finalize(handler, _EXPLICIT.pop, id(handler), None)
+        return handler
 
     def to_dict(self) -> dict:
         return copy.deepcopy(self.__dict__)
 
     def to_kwargs(self) -> dict:
-        # Defaults are computed with hasten/Accelerate variables hidden, so values that came from the
-        # environment count as explicitly set.
-        saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith(("HASTEN_", "ACCELERATE_"))}
-        try:
+        # The default instance is built with the environment hidden from the settings resolver (in this thread
+        # only: os.environ is never touched), so values that came from the environment differ from it.
+        from .resolve import environment_hidden
+
+        with environment_hidden():
             default = self.__class__().to_dict()
-        finally:
-            os.environ.update(saved)
+        explicit = _EXPLICIT.get(id(self), frozenset())
         this = self.to_dict()
-        return {k: v for k, v in this.items() if k in default and default[k] != v}
+        return {k: v for k, v in this.items() if k in default and (k in explicit or default[k] != v)}
 
 
 @dataclass

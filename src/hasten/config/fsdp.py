@@ -136,6 +136,20 @@ class FullyShardedDataParallelPlugin:
         self.sources[field_name] = "default"
         return default, None
 
+    def _warn_v1_only(self, name: str, variable: Optional[str]) -> None:
+        """An FSDP1-only value from a variable, a config file or a launch flag is dropped under FSDP2: say so,
+        naming where it came from. Not for the values `hasten launch` exports by default (as Accelerate does)."""
+        from .resolve import recorded_sources
+
+        if variable is None:
+            return
+        source, origin = recorded_sources(os.environ).get(_ROWS[name].name, ("environment", variable))
+        if source == "default":
+            return
+        where = f"environment variable {variable}" if source == "environment" else f"{source} {origin}"
+        warnings.warn(f"fsdp {name} (from {where}) is an FSDP1 setting and is ignored with fsdp_version=2; fix: "
+                      f"remove it, or use fsdp_version=1", stacklevel=5)
+
     def _resolve_version(self):
         value, variable = self._pick("fsdp_version", 1, "version")
         try:
@@ -205,6 +219,8 @@ class FullyShardedDataParallelPlugin:
                             "with fsdp_version=2"
                         )
                     warnings.warn(f"fsdp {name} is an FSDP1 setting and is ignored with fsdp_version=2", stacklevel=4)
+                elif value:
+                    self._warn_v1_only(name, variable)
                 value = None  # FSDP2 has no such knob; values from an FSDP1 config file must not be errors
             setattr(self, name, value)
         for name in ("activation_checkpointing", "activation_checkpointing_offload", "cpu_ram_efficient_loading"):
@@ -270,6 +286,8 @@ class FullyShardedDataParallelPlugin:
                 if self.sources["backward_prefetch"] == "argument":
                     warnings.warn("fsdp backward_prefetch is ignored with fsdp_version=2 (FSDP2 prefetches itself)",
                                   stacklevel=4)
+                else:
+                    self._warn_v1_only("backward_prefetch", variable)
                 value = None
         self.backward_prefetch = value
 

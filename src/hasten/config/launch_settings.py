@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from ..core.enums import CP_ON_CPU
-from ..core.errors import ConfigError, NotBuiltError
+from ..core.errors import ConfigError, LaunchError, NotBuiltError
 from . import file as config_file
 from . import settings as table
 from .resolve import FSDP_ENV, PARADIGM_FLAGS, SETTINGS, SOURCES_VARIABLE, Resolved, _text, resolve, slurm_values
@@ -44,12 +44,18 @@ def parse_rdzv_conf(text: str | None, origin: str = "--rdzv_conf") -> dict:
 
 
 def _gpu_count() -> int:
-    try:
-        import torch
+    """The GPUs torch sees. A machine with an NVIDIA device node that a CUDA build of torch cannot see has a
+    broken driver or install: refused, rather than launching one CPU process without a word."""
+    import torch
 
-        return torch.cuda.device_count()
-    except Exception:  # noqa: BLE001
-        return 0
+    count = torch.cuda.device_count()
+    if count == 0 and torch.version.cuda and os.path.exists("/dev/nvidia0"):
+        raise LaunchError(
+            f"this machine has an NVIDIA GPU (/dev/nvidia0) but torch {torch.__version__} (CUDA "
+            f"{torch.version.cuda}) sees none: check the driver (nvidia-smi) and CUDA_VISIBLE_DEVICES, or pass "
+            "--cpu to launch on the CPU"
+        )
+    return count
 
 
 def _where(resolved: Resolved) -> str:

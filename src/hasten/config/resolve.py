@@ -17,6 +17,8 @@ code inside the training processes can still tell a value from a flag apart from
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import os
 from dataclasses import dataclass
@@ -27,6 +29,20 @@ from . import settings as table
 from .settings import Setting
 
 SOURCES = ("code", "flag", "environment", "file", "default")
+
+# Set (in one thread or task only) by `environment_hidden`: resolving then sees no environment variables.
+_ENVIRONMENT_HIDDEN = contextvars.ContextVar("hasten_environment_hidden", default=False)
+
+
+@contextlib.contextmanager
+def environment_hidden():
+    """Resolve settings as if no variable were set, in this thread only (os.environ itself is not touched):
+    `KwargsHandler.to_kwargs` builds its default instance this way."""
+    token = _ENVIRONMENT_HIDDEN.set(True)
+    try:
+        yield
+    finally:
+        _ENVIRONMENT_HIDDEN.reset(token)
 SOURCES_VARIABLE = "HASTEN_CONFIG_SOURCES"
 
 
@@ -171,7 +187,7 @@ def resolve(
     code, flags = dict(code or {}), dict(flags or {})
     if "cpu" in code and "use_cpu" not in code:  # Accelerator(cpu=...) spells it `cpu`
         code["use_cpu"] = code.pop("cpu")
-    env = os.environ if env is None else env
+    env = (({} if _ENVIRONMENT_HIDDEN.get() else os.environ) if env is None else env)
     recorded = recorded_sources(env)
     settings = SETTINGS if settings is None else settings
     # SLURM only supplies the launch structure (machines, ranks): read it only when such a setting is asked for.

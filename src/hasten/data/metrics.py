@@ -34,24 +34,21 @@ def gather_for_metrics(input_data, use_gather_object: bool = False):
         all_tensors = False
     as_objects = use_gather_object or not all_tensors
     data = gather_data_parallel(input_data, as_objects)
-    try:
-        gradient_state = GradientState()
-        if not gradient_state.end_of_dataloader:
-            return data
-        remainder = gradient_state.remainder
-        if remainder == -1:
-            logger.info(
-                "gather_for_metrics: the dataset length is unknown, so duplicated samples on the last batch "
-                "cannot be dropped; returning everything gathered."
-            )
-            return data
-        if remainder > 0:
-            if as_objects:
-                return data[:remainder]
-            return recursively_apply(lambda t: t[:remainder], data, test_type=is_torch_tensor)
+    gradient_state = GradientState()
+    if not gradient_state.end_of_dataloader:
         return data
-    except Exception:  # noqa: BLE001 - Accelerate's contract: never fail after the gather succeeded
+    remainder = gradient_state.remainder
+    if remainder == -1:
+        logger.info(
+            "gather_for_metrics: the dataset length is unknown, so duplicated samples on the last batch "
+            "cannot be dropped; returning everything gathered."
+        )
         return data
+    if remainder > 0:
+        if as_objects:
+            return data[:remainder]
+        return recursively_apply(lambda t: t[:remainder], data, test_type=is_torch_tensor)
+    return data
 
 
 class override_even_batches:

@@ -402,6 +402,14 @@ class DeepSpeedBackend(Backend):
     def _engines(self, models) -> list:
         return [m if _is_engine(m) else self._engine_of.get(m) for m in models]
 
+    def check_save_kwargs(self, save_model_func_kwargs: dict) -> None:
+        """Any keywords: they go to each engine's `save_checkpoint` (client_state, exclude_frozen_parameters...)."""
+        if not GradientState().sync_gradients:
+            raise CheckpointError(
+                "save_state() in the middle of a gradient accumulation window: DeepSpeed's checkpoint does not hold "
+                "the partial gradient sum; save after a step where accelerator.sync_gradients is True"
+            )
+
     def save_model_and_optimizer(self, folder, models, optimizers, *, writer=True, rank=0, safe_serialization=True,
                                  before_write=None, **save_model_func_kwargs) -> list:
         """Each engine writes DeepSpeed's own checkpoint (tags `pytorch_model`, `pytorch_model_1`, ...: module,
@@ -409,11 +417,6 @@ class DeepSpeedBackend(Backend):
         that the caller commits whole. Returns the names this process wrote."""
         if before_write is not None:
             before_write([])  # the engines write their own files: no state dicts for pre-hooks to change
-        if not GradientState().sync_gradients:
-            raise CheckpointError(
-                "save_state() in the middle of a gradient accumulation window: DeepSpeed's checkpoint does not hold "
-                "the partial gradient sum; save after a step where accelerator.sync_gradients is True"
-            )
         names = []
         for i, engine in enumerate(self._engines(models)):
             tag = MODEL_TAG if i == 0 else f"{MODEL_TAG}_{i}"

@@ -27,7 +27,8 @@ class DeepSpeedEngineWrapper:
 
 
 class DeepSpeedOptimizerWrapper(AcceleratedOptimizer):
-    """The engine's optimizer; `step` and `zero_grad` do nothing (the engine did both in `backward`)."""
+    """The engine's optimizer. The engine stepped and zeroed in `backward`: `step` only counts the step for
+    preemption handling (as the plain optimizer's does), `zero_grad` does nothing."""
 
     def __init__(self, optimizer):
         super().__init__(optimizer, device_placement=False, scaler=None)
@@ -37,7 +38,10 @@ class DeepSpeedOptimizerWrapper(AcceleratedOptimizer):
         pass
 
     def step(self, closure=None):
-        pass
+        from ...resilience import preemption
+
+        if self.gradient_state.sync_gradients and preemption._active is not None:
+            preemption._active.count_optimizer_step()
 
     @property
     def step_was_skipped(self) -> bool:

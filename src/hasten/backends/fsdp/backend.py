@@ -18,10 +18,11 @@ import torch
 import torch.distributed as dist
 from torch.utils.weak import WeakIdKeyDictionary
 
-from ...core.errors import ConfigError
+from ...core.errors import CheckpointError, ConfigError
 from ...distributed.bootstrap import init_single_process_group
 from ...distributed.grad_norm import clip_grad_norm_sharded_
-from ..base import Backend, inner_optimizer
+from ...state import GradientState
+from ..base import Backend, inner_optimizer, refuse_load_kwargs
 from ..unwrap import is_fsdp1, is_fsdp2
 from . import checkpoint as fsdp_checkpoint
 
@@ -293,11 +294,12 @@ class FSDPBackend(Backend):
     @contextlib.contextmanager
     def _gradient_sync(self, model, enabled: bool):
         if is_fsdp2(model):
+            before = _requires_gradient_sync(model)
             model.set_requires_gradient_sync(enabled)
             try:
                 yield
             finally:
-                model.set_requires_gradient_sync(not enabled)
+                model.set_requires_gradient_sync(before)  # what it was, not `not enabled`: nesting restores
         elif is_fsdp1(model) and not enabled:
             with model.no_sync():
                 yield
@@ -323,8 +325,24 @@ class FSDPBackend(Backend):
 
     # -- checkpoints ----------------------------------------------------------------------------------------
     def full_state_dict(self, model, unwrap=True):
-        """The whole model's state on the main process (empty elsewhere), gathered one tensor at a time."""
-        return fsdp_checkpoint.full_model_state_dict(model)
+        """The whole model's state, gathered one tensor at a time and kept as the plugin's `state_dict_config`
+        says (by default on the main process only, in CPU memory). `unwrap=False` keeps the key prefixes of
+        the wrappers around the sharded model (`_orig_mod.` of torch.compile), as `model.state_dict()` of the
+        prepared object names them; `unwrap=True` gives the bare module's names."""
+        state = fsdp_checkpoint.full_model_state_dict(model, self.plugin.state_dict_config)
+        if unwrap:
+            return state
+        prefix = _wrapper_prefix(model)
+        return {prefix + key: value for key, value in state.items()} if prefix else state
+
+    def check_save_kwargs(self, save_model_func_kwargs: dict) -> None:
+        super().check_save_kwargs(save_model_func_kwargs)
+        if not GradientState().sync_gradients:
+            raise CheckpointError(
+                "save_state() in the middle of a gradient accumulation window: under FSDP the partial gradient sum "
+                "lives in FSDP's unsharded parameters, which no checkpoint holds; save after a step where "
+                "accelerator.sync_gradients is True"
+            )
 
     def save_model_and_optimizer(self, folder, models, optimizers, *, writer=True, rank=0, safe_serialization=True,
                                  before_write=None, **save_model_func_kwargs) -> list:
@@ -338,9 +356,12 @@ class FSDPBackend(Backend):
         if before_write is not None:
             before_write([])
         sharded = fsdp_checkpoint.is_sharded(self.plugin)
-        written = [fsdp_checkpoint.save_model(model, folder, index, sharded) for index, model in enumerate(models)]
+        model_config, optim_config = self.plugin.state_dict_config, self.plugin.optim_state_dict_config
+        written = [fsdp_checkpoint.save_model(model, folder, index, sharded, model_config)
+                   for index, model in enumerate(models)]
         written += [
-            fsdp_checkpoint.save_optimizer(self.owner_of(optimizer), inner_optimizer(optimizer), folder, index, sharded)
+            fsdp_checkpoint.save_optimizer(self.owner_of(optimizer), inner_optimizer(optimizer), folder, index, sharded,
+                                           optim_config)
             for index, optimizer in enumerate(optimizers)
         ]
         return [name for name in written if name is not None]
@@ -363,8 +384,8 @@ class FSDPBackend(Backend):
                 future = fsdp_checkpoint.async_save_sharded(model, optimizer, folder, index, dcp_group())
                 files.append((fsdp_checkpoint.sharded_name(stem, index), lambda p, f=future: f.result()))
                 continue
-            state = (fsdp_checkpoint.full_model_state_dict(model) if optimizer is None
-                     else fsdp_checkpoint.full_optimizer_state_dict(model, optimizer))
+            state = (fsdp_checkpoint.full_model_state_dict(model, self.plugin.state_dict_config) if optimizer is None
+                     else fsdp_checkpoint.full_optimizer_state_dict(model, optimizer, self.plugin.optim_state_dict_config))
             if rank == 0:
                 name = fsdp_checkpoint.full_name(stem, index)
                 files.append((name, lambda p, s=stage(state, name): torch.save(s, p)))
@@ -372,11 +393,39 @@ class FSDPBackend(Backend):
 
     def load_model_and_optimizer(self, folder, models, optimizers, *, map_location="cpu", load_kwargs=None,
                                  strict=True, **load_model_func_kwargs) -> None:
-        """Read what `save_model_and_optimizer` wrote, whatever number of processes wrote it."""
+        """Read what `save_model_and_optimizer` wrote, whatever number of processes wrote it. `strict` as in
+        `load_state_dict`; `map_location` and `load_kwargs` apply to whole (FULL_STATE_DICT) files, sharded state
+        is read straight into each process's shards."""
+        refuse_load_kwargs(self, load_model_func_kwargs, accepted=())
         for index, model in enumerate(models):
-            fsdp_checkpoint.load_model(model, folder, index)
+            fsdp_checkpoint.load_model(model, folder, index, strict=strict, map_location=map_location,
+                                       load_kwargs=load_kwargs)
         for index, optimizer in enumerate(optimizers):
-            fsdp_checkpoint.load_optimizer(self.owner_of(optimizer), inner_optimizer(optimizer), folder, index)
+            fsdp_checkpoint.load_optimizer(self.owner_of(optimizer), inner_optimizer(optimizer), folder, index,
+                                           map_location=map_location, load_kwargs=load_kwargs)
+
+
+def _wrapper_prefix(model) -> str:
+    """`_orig_mod.` (repeated) for each torch.compile wrapper around the sharded module; '' for none."""
+    prefix = ""
+    while isinstance(getattr(model, "_orig_mod", None), torch.nn.Module):
+        prefix, model = prefix + "_orig_mod.", model._orig_mod
+    return prefix
+
+
+def _requires_gradient_sync(model) -> bool:
+    """Whether an FSDP2 model reduce-scatters in backward now (the flag `set_requires_gradient_sync` sets)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            state = module._get_fsdp_state()
+            groups = getattr(state, "_fsdp_param_groups", None)  # torch >= 2.10; one group before
+            groups = groups if groups is not None else [state._fsdp_param_group]
+            for group in groups:
+                if group is not None:
+                    return bool(group.reduce_grads)
+    return True
 
 
 def _on_any_rank(flag: bool) -> bool:

@@ -51,15 +51,33 @@ def _is_dcp_dir(path: str) -> bool:
 
 
 # -- whole state dicts, gathered tensor by tensor ---------------------------------------------------------------
-def _full_options(**extra):
+def _wants(config) -> tuple[bool, bool]:
+    """(offload_to_cpu, rank0_only) of the plugin's `state_dict_config` / `optim_state_dict_config` (a Full* or
+    Sharded* config; Sharded ones have no rank0_only). None: the plugin's defaults, (True, True)."""
+    return bool(getattr(config, "offload_to_cpu", True)), bool(getattr(config, "rank0_only", True))
+
+
+def _gather(get, config) -> dict:
+    """`get(options)` gathered whole, kept on the CPU and/or on rank 0 only as `config` asks."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
-    # cpu_offload also means "only rank 0 keeps the gathered tensors": torch drops each one elsewhere right away.
-    return StateDictOptions(full_state_dict=True, cpu_offload=True, **extra)
+    offload, rank0_only = _wants(config)
+    if offload and rank0_only:
+        # torch's cpu_offload also drops each gathered tensor on the other ranks right away: the cheap path.
+        return get(StateDictOptions(full_state_dict=True, cpu_offload=True))
+    state = get(StateDictOptions(full_state_dict=True, cpu_offload=False))  # every rank gathers on its device
+    if rank0_only and _rank() != 0:
+        return {}
+    if offload:
+        from ...core.nested import recursively_apply
+
+        state = recursively_apply(lambda t: t.cpu(), state, error_on_other_type=False)
+    return state
 
 
-def _fsdp1_full_context(model):
-    """FSDP1's own rank-0-only gathering; its CPU offload of the result fails when the device is the CPU."""
+def _fsdp1_full_context(model, config=None, optim_config=None):
+    """FSDP1's own gathering, with the plugin's offload/rank0_only; its CPU offload of the result fails when the
+    device is the CPU, so it is skipped there (the result is in CPU memory anyway)."""
     from torch.distributed.fsdp import (
         FullOptimStateDictConfig,
         FullStateDictConfig,
@@ -67,22 +85,26 @@ def _fsdp1_full_context(model):
         StateDictType,
     )
 
-    offload = next(model.parameters()).device.type != "cpu"
+    on_cpu = next(model.parameters()).device.type == "cpu"
+    offload, rank0_only = _wants(config)
+    optim_offload, optim_rank0_only = _wants(optim_config)
     return FullyShardedDataParallel.state_dict_type(
-        model, StateDictType.FULL_STATE_DICT, FullStateDictConfig(offload_to_cpu=offload, rank0_only=True),
-        FullOptimStateDictConfig(offload_to_cpu=offload, rank0_only=True),
+        model, StateDictType.FULL_STATE_DICT, FullStateDictConfig(offload_to_cpu=offload and not on_cpu,
+                                                                  rank0_only=rank0_only),
+        FullOptimStateDictConfig(offload_to_cpu=optim_offload and not on_cpu, rank0_only=optim_rank0_only),
     )
 
 
-def full_model_state_dict(model) -> dict:
-    """The whole model (unsharded names, e.g. `layers.0.weight`) on the main process; `{}` on the others."""
+def full_model_state_dict(model, config=None) -> dict:
+    """The whole model (unsharded names, e.g. `layers.0.weight`); by default (`config` None, or the plugin's
+    `state_dict_config` with offload_to_cpu and rank0_only) in CPU memory on the main process, `{}` elsewhere."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
     if is_fsdp1(model):
-        with _fsdp1_full_context(model):
+        with _fsdp1_full_context(model, config):
             state = model.state_dict()
-        return state if _rank() == 0 else {}
-    return get_model_state_dict(model, options=_full_options())
+        return state if _rank() == 0 or not _wants(config)[1] else {}
+    return _gather(lambda options: get_model_state_dict(model, options=options), config)
 
 
 def load_full_model_state_dict(model, state_dict: dict, strict: bool = True):
@@ -95,16 +117,17 @@ def load_full_model_state_dict(model, state_dict: dict, strict: bool = True):
     return set_model_state_dict(model, state_dict, options=StateDictOptions(full_state_dict=True, strict=strict))
 
 
-def full_optimizer_state_dict(model, optimizer) -> dict:
+def full_optimizer_state_dict(model, optimizer, config=None) -> dict:
+    """The whole optimizer state, kept as the plugin's `optim_state_dict_config` asks (see full_model_state_dict)."""
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
     if is_fsdp1(model):
         from torch.distributed.fsdp import FullyShardedDataParallel
 
-        with _fsdp1_full_context(model):
+        with _fsdp1_full_context(model, optim_config=config):
             state = FullyShardedDataParallel.optim_state_dict(model, optimizer)
-        return state if _rank() == 0 else {}
-    return get_optimizer_state_dict(model, optimizer, options=_full_options())
+        return state if _rank() == 0 or not _wants(config)[1] else {}
+    return _gather(lambda options: get_optimizer_state_dict(model, optimizer, options=options), config)
 
 
 def load_full_optimizer_state_dict(model, optimizer, state_dict: dict) -> None:
@@ -117,33 +140,88 @@ def load_full_optimizer_state_dict(model, optimizer, state_dict: dict) -> None:
 
 
 # -- save_state / load_state -----------------------------------------------------------------------------------
-def save_model(model, output_dir: str, index: int, sharded: bool):
-    """Write one model's state; returns the file/folder name this process wrote (None if it wrote nothing)."""
+def _sharded_options(config):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(cpu_offload=_wants(config)[0])
+
+
+def save_model(model, output_dir: str, index: int, sharded: bool, config=None):
+    """Write one model's state; returns the file/folder name this process wrote (None if it wrote nothing).
+    `config`: the plugin's `state_dict_config` (its offload_to_cpu, and rank0_only for whole state dicts)."""
     if sharded:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
         name = sharded_name(MODEL_NAME, index)
-        dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=os.path.join(output_dir, name))
+        state = get_model_state_dict(model, options=_sharded_options(config))
+        dcp.save({"model": state}, checkpoint_id=os.path.join(output_dir, name))
         return name
     name = full_name(MODEL_NAME, index)
-    state = full_model_state_dict(model)
+    state = full_model_state_dict(model, config)
     if _rank() != 0:
         return None
     torch.save(state, os.path.join(output_dir, name))
     return name
 
 
-def save_optimizer(model, optimizer, output_dir: str, index: int, sharded: bool):
+def per_rank_name(index: int) -> str:
+    return f"{MODEL_NAME}_{index}_rank{_rank()}.bin"
+
+
+def _local(value):
+    """This process's piece of a sharded tensor, as a plain tensor (safe to pickle with weights_only)."""
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(value, DTensor):
+        return value.to_local()
+    if isinstance(value, ShardedTensor):
+        return value.local_tensor()
+    return value
+
+
+def save_model_per_rank(model, output_dir: str, index: int, config=None) -> str:
+    """Each process `torch.save`s its own shards (plain tensors), no collective: Accelerate's `use_dcp=False`."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    state = get_model_state_dict(model, options=_sharded_options(config))
+    name = per_rank_name(index)
+    torch.save({key: _local(value) for key, value in state.items()}, os.path.join(output_dir, name))
+    return name
+
+
+def load_model_per_rank(model, input_dir: str, index: int) -> None:
+    """Read what `save_model_per_rank` wrote on this rank into this process's shards (same process count)."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    path = os.path.join(input_dir, per_rank_name(index))
+    if not os.path.isfile(path):
+        raise CheckpointError(f"{path} is missing: use_dcp=False checkpoints hold one file per process and load on "
+                              "the same number of processes (or save with use_dcp=True to reshard)")
+    saved = torch.load(path, map_location="cpu", weights_only=True)
+    state = get_model_state_dict(model)  # views of the parameters' own shards
+    with torch.no_grad():
+        for key, value in state.items():
+            target = _local(value)
+            if key not in saved or saved[key].shape != target.shape:
+                raise CheckpointError(f"{path}: {key} is missing or has another shape than this process's shard "
+                                      "(saved on another number of processes?)")
+            target.copy_(saved[key])
+
+
+def save_optimizer(model, optimizer, output_dir: str, index: int, sharded: bool, config=None):
+    """As save_model; `config` is the plugin's `optim_state_dict_config`."""
     if sharded:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
         name = sharded_name(OPTIMIZER_NAME, index)
-        dcp.save({"optimizer": get_optimizer_state_dict(model, optimizer)}, checkpoint_id=os.path.join(output_dir, name))
+        state = get_optimizer_state_dict(model, optimizer, options=_sharded_options(config))
+        dcp.save({"optimizer": state}, checkpoint_id=os.path.join(output_dir, name))
         return name
     name = full_name(OPTIMIZER_NAME, index)
-    state = full_optimizer_state_dict(model, optimizer)
+    state = full_optimizer_state_dict(model, optimizer, config)
     if _rank() != 0:
         return None
     torch.save(state, os.path.join(output_dir, name))
@@ -204,54 +282,62 @@ def _load_planner(state: dict):
     return dcp.DefaultLoadPlanner(flatten_sharded_tensors=nested(state))
 
 
-def load_model(model, input_dir: str, index: int) -> None:
+def load_model(model, input_dir: str, index: int, *, strict: bool = True, map_location="cpu",
+               load_kwargs: dict | None = None) -> None:
+    """Restore one model. Sharded (DCP) state is read straight into this process's shards where they live;
+    a whole file is read with `torch.load(map_location=, **load_kwargs)` (weights_only unless opted out).
+    `strict` as in `load_state_dict`: False tolerates keys missing from the model or the checkpoint."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
+
     path, sharded = _find(input_dir, MODEL_NAME, index)
     if sharded:
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import (
-            get_model_state_dict,
-            set_model_state_dict,
-        )
 
         # DCP reads into the tensors it is given: this process's shards, however many processes saved them.
         state = {"model": get_model_state_dict(model)}
-        dcp.load(state, checkpoint_id=path, planner=_load_planner(state))
-        set_model_state_dict(model, state["model"])
+        planner = _load_planner(state)
+        if not strict:
+            planner = dcp.DefaultLoadPlanner(flatten_sharded_tensors=planner.flatten_sharded_tensors,
+                                             allow_partial_load=True)
+        dcp.load(state, checkpoint_id=path, planner=planner)
+        set_model_state_dict(model, state["model"], options=StateDictOptions(strict=strict))
         return
-    load_full_model_from_rank0(model, path)
+    load_full_model_from_rank0(model, path, strict=strict, map_location=map_location, load_kwargs=load_kwargs)
 
 
-def load_full_model_from_rank0(model, path: str) -> None:
+def _read_whole(path: str, load_kwargs, map_location):
+    """A whole-state file, memory-mapped (`mmap`: the pages are read as the broadcast needs them, and processes of
+    a machine that read it share them), through hasten's safe loader (`load_kwargs` as `load_state` was given)."""
+    from ...checkpoint.fast_io import load_object
+
+    return load_object(path, {"mmap": True, **(load_kwargs or {})}, map_location)
+
+
+def load_full_model_from_rank0(model, path: str, *, strict: bool = True, map_location="cpu",
+                               load_kwargs: dict | None = None) -> None:
     """Load a whole-model file that only rank 0 reads; every tensor is broadcast from it, one at a time, and each
     process keeps its shard. Every rank reading the file cost one whole model of host RAM per process (a 70B bf16
-    model on 8 ranks: ~1.1 TB); rank 0 maps the file (`mmap`) instead of reading it into memory."""
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        set_model_state_dict,
-    )
+    model on 8 ranks: ~1.1 TB)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-    state = torch.load(path, map_location="cpu", weights_only=True, mmap=True) if _rank() == 0 else {}
-    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=several_processes(), strict=True)
+    state = _read_whole(path, load_kwargs, map_location) if _rank() == 0 else {}
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=several_processes(), strict=strict)
     set_model_state_dict(model, state, options=options)
 
 
-def load_optimizer(model, optimizer, input_dir: str, index: int) -> None:
+def load_optimizer(model, optimizer, input_dir: str, index: int, *, map_location="cpu",
+                   load_kwargs: dict | None = None) -> None:
     path, sharded = _find(input_dir, OPTIMIZER_NAME, index)
     if sharded:
         load_optimizer_flat_or_not(model, optimizer, path)
         return
     if is_fsdp1(model):
-        # FSDP1's optimizer state is not DTensors, which torch's rank-0 broadcast needs: every rank maps the file
-        # (`mmap`: the processes of a machine share its pages instead of each holding a copy).
-        load_full_optimizer_state_dict(model, optimizer, torch.load(path, map_location="cpu", weights_only=True,
-                                                                    mmap=True))
+        # FSDP1's optimizer state is not DTensors, which torch's rank-0 broadcast needs: every rank maps the file.
+        load_full_optimizer_state_dict(model, optimizer, _read_whole(path, load_kwargs, map_location))
         return
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        set_optimizer_state_dict,
-    )
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-    state = torch.load(path, map_location="cpu", weights_only=True, mmap=True) if _rank() == 0 else {}
+    state = _read_whole(path, load_kwargs, map_location) if _rank() == 0 else {}
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=several_processes())
     set_optimizer_state_dict(model, optimizer, state, options=options)
 

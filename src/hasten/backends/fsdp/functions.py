@@ -27,16 +27,28 @@ def _refuse_adapter_only(adapter_only: bool) -> None:
                                    "yet; save the whole model (adapter_only=False)")
 
 
-def save_fsdp_model(fsdp_plugin, accelerator, model, output_dir, model_index: int = 0, adapter_only: bool = False):
-    """Write `model`'s state as the plugin's `state_dict_type` says (sharded: a DCP folder; full: one file)."""
+def save_fsdp_model(fsdp_plugin, accelerator, model, output_dir, model_index: int = 0, adapter_only: bool = False,
+                    use_dcp: bool = True):
+    """Write `model`'s state as the plugin's `state_dict_type` says (sharded: a DCP folder; full: one file).
+    `use_dcp=False` (sharded only): each process `torch.save`s its own shards to
+    `pytorch_model_fsdp_<i>_rank<r>.bin`, no collective; load those with `load_fsdp_model(use_dcp=False)` on
+    the same number of processes."""
     _refuse_adapter_only(adapter_only)
     os.makedirs(output_dir, exist_ok=True)
-    return checkpoint.save_model(model, os.fspath(output_dir), model_index, checkpoint.is_sharded(fsdp_plugin))
+    sharded = checkpoint.is_sharded(fsdp_plugin)
+    if sharded and not use_dcp:
+        return checkpoint.save_model_per_rank(model, os.fspath(output_dir), model_index, fsdp_plugin.state_dict_config)
+    return checkpoint.save_model(model, os.fspath(output_dir), model_index, sharded, fsdp_plugin.state_dict_config)
 
 
-def load_fsdp_model(fsdp_plugin, accelerator, model, input_dir, model_index: int = 0, adapter_only: bool = False):
-    """Load what `save_fsdp_model` wrote (sharded or full, whichever is there) into the prepared `model`."""
+def load_fsdp_model(fsdp_plugin, accelerator, model, input_dir, model_index: int = 0, adapter_only: bool = False,
+                    use_dcp: bool = True):
+    """Load what `save_fsdp_model` wrote (sharded or full, whichever is there) into the prepared `model`;
+    `use_dcp=False` reads the per-rank files `save_fsdp_model(use_dcp=False)` wrote."""
     _refuse_adapter_only(adapter_only)
+    if not use_dcp and checkpoint.is_sharded(fsdp_plugin):
+        checkpoint.load_model_per_rank(model, os.fspath(input_dir), model_index)
+        return
     checkpoint.load_model(model, os.fspath(input_dir), model_index)
 
 
