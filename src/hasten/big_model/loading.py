@@ -404,6 +404,10 @@ def load_checkpoint_in_model(model: torch.nn.Module, checkpoint, device_map=None
     if broadcast_from_rank0:
         raise NotSupportedYetError("load_checkpoint_in_model: broadcast_from_rank0 is not supported by hasten yet; "
                                    "load the checkpoint on every rank")
+    if not full_state_dict:
+        # Only read together with broadcast_from_rank0 (a sharded model filled from rank 0's full copy).
+        raise NotSupportedYetError("load_checkpoint_in_model: full_state_dict=False (loading sharded pieces from "
+                                   "rank 0) is not supported by hasten yet; load the checkpoint on every rank")
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype.replace("torch.", ""))
     keep_fp32 = tuple(keep_in_fp32_modules or ())
