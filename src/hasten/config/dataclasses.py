@@ -65,6 +65,22 @@ class DistributedDataParallelKwargs(KwargsHandler):
     comm_wrapper: DDPCommunicationHookType = DDPCommunicationHookType.NO
     comm_state_option: dict = field(default_factory=dict)
 
+    def __post_init__(self):
+        hook = DDPCommunicationHookType(self.comm_hook)
+        if self.check_reduction:
+            # torch's DDP only warns that it is deprecated: the reducer always checks its reductions.
+            raise ConfigError("DistributedDataParallelKwargs(check_reduction=True) has no effect in torch's DDP; "
+                              "fix: drop it (find_unused_parameters=True for parameters that get no gradient)")
+        if DDPCommunicationHookType(self.comm_wrapper) != DDPCommunicationHookType.NO and \
+                hook == DDPCommunicationHookType.NO:
+            raise ConfigError(f"DistributedDataParallelKwargs(comm_wrapper={self.comm_wrapper!r}) wraps a "
+                              "communication hook, but comm_hook is 'no'; fix: set comm_hook too (e.g. 'power_sgd')")
+        if self.comm_state_option and hook not in (DDPCommunicationHookType.POWER_SGD,
+                                                   DDPCommunicationHookType.BATCHED_POWER_SGD):
+            raise ConfigError(f"DistributedDataParallelKwargs(comm_state_option={self.comm_state_option!r}) "
+                              f"configures PowerSGD, but comm_hook is {hook.value!r}; fix: comm_hook='power_sgd' "
+                              "or 'batched_power_sgd', or drop comm_state_option")
+
     def to_dict(self, ignore_keys=("comm_hook", "comm_wrapper", "comm_state_option")) -> dict:
         return {k: v for k, v in super().to_dict().items() if k not in ignore_keys}
 
