@@ -178,3 +178,51 @@ def test_megatron_config_tp2_pp2_on_four_processes_equals_one_process(tmp_path):
     assert "megatron file: tp_degree 2 x pp_degree 2" in result.stdout
     assert "megatron code: tp_degree 2 x distributed optimizer over 2 ranks equals one process" in result.stdout
     assert "megatron refused" in result.stdout
+
+
+# Every field only the Megatron-LM library reads, at a value other than Accelerate's default: refused in one line
+# that names the native way (the fields at their defaults are accepted: test_defaults_are_accelerates).
+MEGATRON_ONLY_VALUES = {
+    "use_custom_fsdp": True, "overlap_cpu_optimizer_d2h_h2d": True, "no_load_optim": True, "eod_mask_loss": True,
+    "no_save_optim": True, "optimizer_cpu_offload": True, "use_precision_aware_optimizer": True,
+    "decoder_last_pipeline_num_layers": 2, "recompute_granularity": "selective", "recompute_method": "block",
+    "recompute_num_layers": 2, "attention_backend": False, "expert_model_parallel_size": 2,
+    "context_parallel_size": 2, "attention_dropout": 0.1, "hidden_dropout": 0.1, "attention_softmax_in_fp32": False,
+    "expert_tensor_parallel_size": 2, "calculate_per_token_loss": False, "use_rotary_position_embeddings": False,
+    "pipeline_model_parallel_split_rank": 1, "num_layers_per_virtual_pipeline_stage": 2,
+    "is_train_batch_min": False, "train_iters": 10, "train_samples": 10, "weight_decay_incr_style": "linear",
+    "start_weight_decay": 0.1, "end_weight_decay": 0.1, "lr_decay_style": "cosine", "lr_decay_iters": 10,
+    "lr_decay_samples": 10, "lr_warmup_iters": 10, "lr_warmup_samples": 10, "lr_warmup_fraction": 0.1,
+    "min_lr": 0.1, "consumed_samples": [0], "no_wd_decay_cond": print, "scale_lr_cond": print, "lr_mult": 2.0,
+    "megatron_dataset_flag": True, "seq_length": 128, "encoder_seq_length": 128, "decoder_seq_length": 128,
+    "tensorboard_dir": "/tmp/tb", "set_all_logging_options": True, "eval_iters": 5, "eval_interval": 5,
+    "return_logits": True, "custom_train_step_class": object, "custom_train_step_kwargs": {"a": 1},
+    "custom_model_provider_function": print, "custom_prepare_model_function": print,
+    "custom_megatron_datasets_provider_function": print, "custom_get_batch_function": print,
+    "custom_loss_function": print, "other_megatron_args": {"swiglu": True},
+}
+
+
+@pytest.mark.parametrize("name, value", sorted(MEGATRON_ONLY_VALUES.items()))
+def test_every_megatron_only_field_away_from_its_default_is_refused(name, value):
+    with pytest.raises(MegatronLMOnlyError, match=rf"MegatronLMPlugin\({name}=.*fix: ") as caught:
+        MegatronLMPlugin(**{name: value})
+    assert "\n" not in str(caught.value)
+
+
+def test_megatron_only_fields_cover_the_dataclass():
+    """The parametrized list above is every field that is neither honoured nor a record of the honoured ones."""
+    import dataclasses
+
+    honoured = {"tp_degree", "pp_degree", "num_micro_batches", "gradient_clipping", "sequence_parallelism",
+                "recompute_activations", "use_distributed_optimizer", "megatron_lm_default_args"}
+    assert {f.name for f in dataclasses.fields(MegatronLMPlugin)} == honoured | set(MEGATRON_ONLY_VALUES)
+
+
+def test_megatron_lm_default_args_records_the_honoured_fields():
+    plugin = MegatronLMPlugin(tp_degree=2, pp_degree=2, num_micro_batches=4, gradient_clipping=0.5,
+                              use_distributed_optimizer=True)
+    assert plugin.megatron_lm_default_args == {
+        "tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2, "num_micro_batches": 4,
+        "clip_grad": 0.5, "recompute_activations": False, "use_distributed_optimizer": True,
+        "sequence_parallel": False}
