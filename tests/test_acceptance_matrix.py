@@ -4,7 +4,7 @@ shows its effect or its one-line refusal ("accepted means honoured", docs/migrat
 Entries are enumerated by introspection (tests/acceptance_entries.py); the mapping is data
 (tests/acceptance_map.py: MAP entry -> "tests/<path>::<test>", and NOT_YET_COVERED, an explicit list that only
 shrinks). The meta-test fails when an entry has no mapping, when a mapped test does not exist (parsed with ast),
-or when the mapped test (with the worker scripts and fixtures it uses) never mentions the entry and its owner.
+or when the mapped test (with the worker scripts, fixtures and module constants it uses) never mentions the entry and its owner.
 
 Regenerate candidates with `python tests/test_acceptance_matrix.py` (it keeps existing mappings and proposes
 one for each uncovered entry whose words a test mentions; review what it adds).
@@ -35,11 +35,16 @@ def _functions(path: str) -> dict:
     text = file.read_text()
     tree = ast.parse(text)
     defs = {node.name: node for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    # Module-level constants a test is parametrized over (or reads) are part of what it exercises.
+    constants = {target.id: ast.get_source_segment(text, node) or "" for node in tree.body
+                 if isinstance(node, ast.Assign) for target in node.targets if isinstance(target, ast.Name)}
 
     def body(node, seen=()):
         source = ast.get_source_segment(text, node) or ""
         for decorator in node.decorator_list:  # parametrize cases
             source += ast.get_source_segment(text, decorator) or ""
+        for name in sorted(n for n in constants if re.search(rf"\b{n}\b", source)):
+            source += constants[name]
         for worker in set(re.findall(r"[\"']([\w]+\.py)[\"']", source)):
             script = TESTS / "workers" / worker
             if script.is_file():

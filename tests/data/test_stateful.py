@@ -162,3 +162,18 @@ def test_two_processes():
                   "stateful dispatch=False workers=2", "stateful dispatch=True workers=0",
                   "stateful dispatch=True workers=2"):
         assert out.count(f"OK {check}") == 2, f"{check} missing from\n{out}"  # lines of two ranks may interleave
+
+
+def test_prepare_data_loader_builds_a_stateful_loader_when_asked():
+    from torch.utils.data import DataLoader
+
+    from hasten.data_loader import prepare_data_loader
+
+    stateful = prepare_data_loader(DataLoader(list(range(12)), batch_size=4), num_processes=1, process_index=0,
+                                   put_on_device=False, use_stateful_dataloader=True)
+    assert isinstance(stateful, StatefulDataLoader) and stateful.use_stateful_dataloader
+    next(iter(stateful))
+    assert stateful.state_dict()  # torchdata's state, resumable
+    plain = prepare_data_loader(DataLoader(list(range(12)), batch_size=4), num_processes=1, process_index=0,
+                                put_on_device=False)
+    assert not isinstance(plain, StatefulDataLoader)
