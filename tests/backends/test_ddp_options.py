@@ -18,7 +18,7 @@ def test_ddp_and_process_group_options_take_effect(tmp_path):
     for check in ("InitProcessGroupKwargs", "bucket_cap_mb", "dim", "broadcast_buffers", "find_unused_parameters",
                   "gradient_as_bucket_view", "static_graph", "comm_hook comm_wrapper comm_state_option",
                   "clip_grad_norm_ norm_type", "gather_for_metrics input_data"):
-        assert result.stdout.count(f"OK {check}\n") == 2, (check, result.stdout)
+        assert result.stdout.count(f"OK {check}") == 2, (check, result.stdout)  # lines of two ranks may interleave
     assert result.stdout.count("ALL DONE") == 2
 
 
