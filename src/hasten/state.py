@@ -113,8 +113,10 @@ class PartialState(_SharedState):
 
         self._cpu = cpu or device_type == "cpu"
         self.debug = bool(_setting("debug", None, env))
+        backend = None if distributed_type == DistributedType.NO else environment.choose_backend(device_type,
+                                                                                                 requested_backend)
         # One timeout for every collective: gloo/NCCL here, DeepSpeed's groups, the hang doctor.
-        self.collective_timeout = collective_timeout(kwargs.get("timeout"))
+        self.collective_timeout = collective_timeout(kwargs.get("timeout"), backend)
         self.cluster = cluster
         self.distributed_type = distributed_type
         # The device is chosen, and made current, before the group is joined: NCCL binds each process to the
@@ -128,7 +130,6 @@ class PartialState(_SharedState):
         else:
             import torch.distributed as dist
 
-            backend = environment.choose_backend(device_type, requested_backend)
             if not dist.is_initialized():
                 init_process_group(cluster, backend, kwargs)
             self.backend = dist.get_backend()

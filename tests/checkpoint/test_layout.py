@@ -140,7 +140,14 @@ def test_argument_errors(tmp_path):
         accelerator.load_state(tmp_path / "nothing")
     accelerator.project_configuration.automatic_checkpoint_naming = True
     accelerator.project_configuration.set_directories(str(tmp_path))
-    # A fresh project has nothing to resume: a no-op (issue 17: auto-resume); only damaged folders raise.
+    # A fresh project has nothing to resume: Accelerate's errors (no folder; an empty one) name the setting that
+    # makes it a no-op, automatic_resume=True (issue 17); damaged folders raise either way.
+    with pytest.raises(FileNotFoundError, match="automatic_resume=True"):
+        accelerator.load_state()
+    os.makedirs(tmp_path / "checkpoints")
+    with pytest.raises(IndexError, match="no checkpoint in"):
+        accelerator.load_state()
+    accelerator.project_configuration.automatic_resume = True
     assert accelerator.load_state() is None and accelerator.project_configuration.iteration == 0
     os.makedirs(tmp_path / "checkpoints" / "checkpoint_0")
     with pytest.raises(CheckpointError, match="no complete checkpoint"):

@@ -82,10 +82,13 @@ def _train_and_save(tmp_path, batches=3):
     return {k: v.clone() for k, v in model.state_dict().items()}, scheduler.get_last_lr(), remaining
 
 
-def test_load_state_on_a_fresh_project_is_a_no_op(tmp_path, caplog):
+def test_load_state_on_a_fresh_project_is_a_no_op_with_automatic_resume(tmp_path, caplog):
     accelerator = _accelerator(tmp_path)
     model, optimizer, *_ = _objects()
     model, optimizer = accelerator.prepare(model, optimizer)
+    with pytest.raises(FileNotFoundError, match="automatic_resume=True"):  # Accelerate's error by default
+        accelerator.load_state()
+    accelerator.project_configuration.automatic_resume = True
     before = {k: v.clone() for k, v in model.state_dict().items()}
     with caplog.at_level("INFO", logger="hasten.checkpoint.layout"):
         assert accelerator.load_state() is None

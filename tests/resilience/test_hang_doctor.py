@@ -209,6 +209,14 @@ def test_collective_timeout_setting_reaches_the_process_group_kwargs(monkeypatch
     monkeypatch.setenv("HASTEN_COLLECTIVE_TIMEOUT", "42")
     assert collective_timeout() == timedelta(seconds=42)
     assert collective_timeout(timedelta(minutes=2)) == timedelta(seconds=120)  # code wins
+    # Unset, an NCCL group keeps torch's own 600 s (what an Accelerate script gets); a set value applies to it too.
+    monkeypatch.delenv("HASTEN_COLLECTIVE_TIMEOUT")
+    assert collective_timeout(None, "nccl") == timedelta(seconds=600)
+    assert collective_timeout(None, "cpu:gloo,cuda:nccl") == timedelta(seconds=600)
+    assert collective_timeout(None, "gloo") == timedelta(seconds=1800)
+    assert collective_timeout(timedelta(seconds=900), "nccl") == timedelta(seconds=900)
+    monkeypatch.setenv("HASTEN_COLLECTIVE_TIMEOUT", "42")
+    assert collective_timeout(None, "nccl") == timedelta(seconds=42)
 
 
 def test_checker_compares_each_collective_with_the_reference_ranks_in_batches():

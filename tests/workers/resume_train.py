@@ -69,8 +69,8 @@ def main(workdir: str, resume: str, event: str) -> None:
     loader, scheduler = accelerator.prepare(loader, scheduler)
     progress = Progress()
     accelerator.register_for_checkpointing(progress)
-    if resume == "call":
-        accelerator.load_state()  # no checkpoint on the first attempt: a no-op
+    if resume == "call" and os.path.isdir(os.path.join(workdir, "checkpoints")):
+        accelerator.load_state()  # as an Accelerate script resumes: once a checkpoint was saved
     print(f"START rank={rank} attempt={os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')} micro={progress.micro} "
           f"iteration={accelerator.save_iteration}", flush=True)
 

@@ -379,7 +379,14 @@ def _resolve_input(contents: CheckpointContents, input_dir) -> str:
         found = folders.newest_checkpoint(root)
         if found is None and folders.list_checkpoints(root):  # folders there, none whole: refuse to start over
             raise CheckpointError(f"no complete checkpoint in {root} to load (each one is damaged; see the warnings)")
-        if found is None:  # a fresh project: nothing to resume (Accelerate raises here); see docs/fault_tolerance.md
+        if found is None:
+            if not getattr(project, "automatic_resume", False):  # Accelerate's errors, in its cases
+                fix = ("; set ProjectConfiguration(automatic_resume=True) to start from the beginning when there is "
+                       "no checkpoint yet")
+                if not os.path.isdir(root):
+                    raise FileNotFoundError(f"load_state(): {root} does not exist: no checkpoint was saved yet{fix}")
+                raise IndexError(f"load_state(): no checkpoint in {root} yet{fix}")
+            # automatic_resume (a hasten setting): a fresh project has nothing to resume; see docs/fault_tolerance.md
             logger.info("load_state(): no checkpoint in %s yet; starting from the beginning", root)
         return found
     path = os.path.abspath(os.path.expanduser(str(input_dir)))

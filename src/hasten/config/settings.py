@@ -152,7 +152,8 @@ SETTINGS: tuple[Setting, ...] = (
             minimum=1, owner="InitProcessGroupKwargs", code="timeout", group="General",
             env=("HASTEN_COLLECTIVE_TIMEOUT",), export="HASTEN_COLLECTIVE_TIMEOUT",
             help="Seconds a collective may wait before the run fails: gloo, NCCL, DeepSpeed and debug mode's hang "
-                 "doctor (in code: InitProcessGroupKwargs(timeout=...)) (hasten only)."),
+                 "doctor (in code: InitProcessGroupKwargs(timeout=...)); unset, NCCL groups keep torch's 600 s "
+                 "(hasten only)."),
     Setting("hang_doctor_wait", "float", 2.0, env=("HASTEN_HANG_DOCTOR_WAIT",), minimum=0, owner="PartialState",
             help="Debug mode: seconds a rank writing the hang doctor's report waits for the others to say where "
                  "they are (hasten only)."),

@@ -21,7 +21,7 @@ def init_process_group(cluster: environment.ClusterInfo, backend: str, kwargs: d
     """
     import torch.distributed as dist
 
-    timeout = collective_timeout(kwargs.pop("timeout", None))
+    timeout = collective_timeout(kwargs.pop("timeout", None), backend)
     if kwargs.get("init_method") is not None:
         dist.init_process_group(backend, rank=cluster.rank, world_size=cluster.world_size, timeout=timeout, **kwargs)
         if backend == "gloo":
@@ -51,14 +51,21 @@ def init_process_group(cluster: environment.ClusterInfo, backend: str, kwargs: d
     record_uncaught_errors()
 
 
-def collective_timeout(code=None) -> timedelta:
+NCCL_DEFAULT_TIMEOUT = 600.0  # torch's own default for NCCL groups, which Accelerate keeps when nothing is set
+
+
+def collective_timeout(code=None, backend: str | None = None) -> timedelta:
     """The one collective timeout (gloo, NCCL, DeepSpeed and the hang doctor): `InitProcessGroupKwargs(timeout=)`
-    in code, else `HASTEN_COLLECTIVE_TIMEOUT` / `--collective_timeout` / the config file, else 1800 s."""
+    in code, else `HASTEN_COLLECTIVE_TIMEOUT` / `--collective_timeout` / the config file, else the default:
+    600 s for NCCL (torch's, as under Accelerate), 1800 s for gloo."""
     if isinstance(code, timedelta):
         code = code.total_seconds()
     from ..config.resolve import runtime_value
 
-    return timedelta(seconds=float(runtime_value("collective_timeout", code).value))
+    resolved = runtime_value("collective_timeout", code)
+    if resolved.source == "default" and backend is not None and "nccl" in str(backend):
+        return timedelta(seconds=NCCL_DEFAULT_TIMEOUT)
+    return timedelta(seconds=float(resolved.value))
 
 
 def _wait_for_every_process(store, world_size: int, timeout) -> None:
