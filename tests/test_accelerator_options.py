@@ -266,3 +266,36 @@ def test_project_configuration_logging_dir_is_where_trackers_write(tmp_path):
     lines = (logs / "run" / "metrics.jsonl").read_text().splitlines()
     assert json.loads(lines[-1])["values"] == {"loss": 1.5}
     assert not project.exists() or not any(project.rglob("metrics.jsonl"))
+
+
+@pytest.mark.parametrize("save_on_each_node", [True, False])
+def test_project_configuration_save_on_each_node_decides_which_ranks_write(tmp_path, save_on_each_node):
+    """ProjectConfiguration(save_on_each_node=True): the local main process of every machine writes; False: only
+    the global main process. Shown as rank 1 of a second machine (its local main process)."""
+    acc = Accelerator(project_config=ProjectConfiguration(project_dir=str(tmp_path),
+                                                          save_on_each_node=save_on_each_node))
+    from hasten.state import PartialState
+
+    for state in (acc.state, PartialState()):
+        state.process_index, state.local_process_index = 1, 0  # a second machine's first process
+    assert not acc.is_main_process and acc.is_local_main_process
+    acc.save({"x": torch.ones(2)}, str(tmp_path / "obj.pt"))
+    assert (tmp_path / "obj.pt").exists() == save_on_each_node
+
+
+def test_torch_tp_plugin_becomes_the_tensor_parallel_layout():
+    """Accelerator(torch_tp_plugin=TorchTensorParallelPlugin(tp_size=n)) (deprecated, as in Accelerate) is
+    ParallelismConfig(tp_size=n); given with a parallelism_config, or as another type, it is refused in one line."""
+    from hasten.core.errors import ConfigError
+    from hasten.parallelism_config import ParallelismConfig, TorchTensorParallelPlugin
+    from hasten.state import AcceleratorState, GradientState
+
+    with pytest.warns(FutureWarning, match="TorchTensorParallelPlugin is deprecated"):
+        acc = Accelerator(torch_tp_plugin=TorchTensorParallelPlugin(tp_size=1))
+    assert acc.parallelism_config is not None and acc.parallelism_config.tp_size == 1
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    with pytest.raises(ConfigError, match="either torch_tp_plugin or parallelism_config"):
+        Accelerator(torch_tp_plugin=TorchTensorParallelPlugin(tp_size=1), parallelism_config=ParallelismConfig())
+    with pytest.raises(TypeError, match="torch_tp_plugin must be a TorchTensorParallelPlugin"):
+        Accelerator(torch_tp_plugin={"tp_size": 2})

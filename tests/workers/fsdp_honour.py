@@ -119,9 +119,20 @@ ok("state_dict_config")
 # save_fsdp_model(use_dcp=False): one torch.save file per rank, read back by load_fsdp_model(use_dcp=False).
 acc, model, optimizer = setup()
 folder = os.path.join(root, "per_rank")
-save_fsdp_model(acc.state.fsdp_plugin, acc, model, folder, use_dcp=False)
+save_fsdp_model(acc.state.fsdp_plugin, accelerator=acc, model=model, output_dir=folder, model_index=0, use_dcp=False)
 assert os.path.isfile(os.path.join(folder, f"pytorch_model_fsdp_0_rank{acc.process_index}.bin"))
 assert not os.path.isdir(os.path.join(folder, "pytorch_model_fsdp_0"))
+# model_index names the files (a second model beside the first); output_dir is where they go; the accelerator must
+# be the run's Accelerator
+second = os.path.join(root, "per_rank_second")
+save_fsdp_model(acc.state.fsdp_plugin, accelerator=acc, model=model, output_dir=second, model_index=1, use_dcp=False)
+acc.wait_for_everyone()
+assert sorted(os.listdir(second)) == [f"pytorch_model_fsdp_1_rank{r}.bin" for r in range(2)], os.listdir(second)
+try:
+    save_fsdp_model(acc.state.fsdp_plugin, accelerator=None, model=model, output_dir=second, use_dcp=False)
+    raise AssertionError("save_fsdp_model(accelerator=None) was accepted")
+except TypeError as error:
+    assert "accelerator must be the run's Accelerator" in str(error), error
 before = {k: v.full_tensor().clone() for k, v in model.state_dict().items()}
 with torch.no_grad():
     for p in model.parameters():

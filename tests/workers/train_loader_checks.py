@@ -94,17 +94,17 @@ def check_gather_for_metrics_and_skip():
 
 
 def check_even_batches():
-    """DataLoaderConfiguration(even_batches=...): 5 samples in batches of 2 on 2 ranks. True (the default) pads
-    rank 1's last step with samples from the start; False leaves rank 1 one step short."""
+    """DataLoaderConfiguration(even_batches=...): 5 samples in batches of 2 on 2 ranks. True (the default) fills
+    both ranks' last step with samples from the start; False leaves rank 1 one step short and rank 0's short."""
     seen = {}
     for even in (True, False):
         reset()
         acc = Accelerator(dataloader_config=DataLoaderConfiguration(even_batches=even))
         seen[even] = [b.tolist() for (b,) in acc.prepare(DataLoader(TensorDataset(torch.arange(5)), batch_size=2))]
     if acc.process_index == 0:
-        assert seen == {True: [[0, 1], [4]], False: [[0, 1], [4]]}, seen
+        assert seen == {True: [[0, 1], [4, 0]], False: [[0, 1], [4]]}, seen
     else:
-        assert seen == {True: [[2, 3], [0]], False: [[2, 3]]}, seen
+        assert seen == {True: [[2, 3], [1, 2]], False: [[2, 3]]}, seen
     print("OK even_batches")
 
 
