@@ -140,6 +140,31 @@ with torch.no_grad():
 load_fsdp_model(acc.state.fsdp_plugin, acc, model, folder, use_dcp=False)
 assert all(torch.equal(before[k], v.full_tensor()) for k, v in model.state_dict().items())
 ok("use_dcp")
+
+# FSDP1: limit_all_gathers reaches the wrapper; param_init_fn is what materialises a model built on "meta"
+initialised = []
+
+
+def init_on_cpu(module):
+    initialised.append(type(module).__name__)
+    module.to_empty(device="cpu", recurse=False)
+    with torch.no_grad():
+        for parameter in module.parameters(recurse=False):
+            parameter.fill_(0.5)
+
+
+plugin = FullyShardedDataParallelPlugin(fsdp_version=1, limit_all_gathers=False, param_init_fn=init_on_cpu)
+acc = fresh_accelerator(fsdp_plugin=plugin)
+with torch.device("meta"):
+    meta_model = make_model(0)
+wrapped = acc.prepare(meta_model)
+assert wrapped.limit_all_gathers is False
+assert initialised and all(p.device.type == "cpu" for p in wrapped.parameters()), initialised
+from torch.distributed.fsdp import FullyShardedDataParallel  # noqa: E402
+
+with FullyShardedDataParallel.summon_full_params(wrapped):  # the flat shards carry padding: read the whole weights
+    assert all(torch.all(p == 0.5) for p in wrapped.parameters())
+ok("fsdp1_init")
 acc.wait_for_everyone()
 if acc.is_main_process:
     shutil.rmtree(root, ignore_errors=True)
