@@ -55,6 +55,14 @@ def test_device_map_assigns_each_piece_to_a_stage_in_order():
     assert list(device_map.values()) == sorted(device_map.values()) and set(device_map.values()) == {0, 1}
 
 
+@pytest.mark.parametrize("processes", [1, 2, 3, 5])
+def test_generate_device_map_num_processes_is_the_number_of_stages(processes):
+    """generate_device_map(model, num_processes=n): n stages, 0..n-1, in order."""
+    device_map = generate_device_map(Net(4), num_processes=processes)
+    assert sorted(set(device_map.values())) == list(range(processes))
+    assert list(device_map.values()) == sorted(device_map.values())
+
+
 
 def test_device_map_max_memory_fills_each_process_within_its_budget():
     model = Net(4)

@@ -22,5 +22,6 @@ def test_demo_trains_on_two_processes():
 
 def test_prepared_loaders_split_flush_and_metrics():
     result = launch("train_loader_checks.py")
-    for check in ("split_batches equivalence", "accumulation flush", "gather_for_metrics skip_first_batches"):
+    for check in ("split_batches equivalence", "accumulation flush", "gather_for_metrics skip_first_batches",
+                  "even_batches"):
         assert result.stdout.count(f"OK {check}") == 2, result.stdout

@@ -347,6 +347,9 @@ def test_unbuilt_deepspeed_names_import_and_refuse_in_one_line():
     with pytest.raises(NotSupportedYetError, match="Ulysses sequence parallelism is not built") as refused:
         DeepSpeedSequenceParallelConfig(sp_seq_length=128)
     assert "\n" not in str(refused.value)
+    for field in ({"sp_seq_length_is_variable": True}, {"sp_attn_implementation": "sdpa"}):
+        with pytest.raises(NotSupportedYetError, match="Ulysses sequence parallelism is not built"):
+            DeepSpeedSequenceParallelConfig(**field)
     with pytest.raises(NotSupportedYetError, match="hasten launch --use_deepspeed") as refused:
         prepare_deepspeed_cmd_env(None)
     assert "\n" not in str(refused.value)
@@ -366,3 +369,67 @@ def test_deepspeed_optimizer_step_counts_for_preemption(monkeypatch):
     GradientState()._set_sync_gradients(False)
     wrapper.step()  # an accumulation micro-step: no optimizer step
     assert counted == [1]
+
+
+@needs_deepspeed
+def test_plugin_fields_reach_the_deepspeed_config_and_engine_inputs(monkeypatch):
+    """DeepSpeedPlugin fields shown where DeepSpeed reads them: offload devices and NVMe paths and
+    zero3_save_16bit_model in the generated config; is_train_batch_min picks the smallest (True) or largest (False)
+    batch size of the loaders given to prepare() as the micro-batch; transformer_moe_cls_names marks those blocks
+    as ZeRO-3 leaves; dschf is transformers' view of the config while ZeRO-3 init is on; msamp_opt_level refused."""
+    from hasten import Accelerator
+    from hasten.state import AcceleratorState, GradientState
+
+    plugin = DeepSpeedPlugin(zero_stage=3, offload_optimizer_device="nvme", offload_optimizer_nvme_path="/nvme/opt",
+                             offload_param_device="nvme", offload_param_nvme_path="/nvme/param",
+                             zero3_save_16bit_model=True)
+    zero = plugin.deepspeed_config["zero_optimization"]
+    assert zero["offload_optimizer"] == {"device": "nvme", "nvme_path": "/nvme/opt"}
+    assert zero["offload_param"] == {"device": "nvme", "nvme_path": "/nvme/param"}
+    assert zero["stage3_gather_16bit_weights_on_model_save"] is True
+    assert DeepSpeedPlugin(zero_stage=3, offload_param_device="cpu").deepspeed_config["zero_optimization"][
+        "offload_param"] == {"device": "cpu"}
+
+    loaders = [torch.utils.data.DataLoader(list(range(16)), batch_size=size) for size in (2, 8)]
+    for is_min, micro in ((True, 2), (False, 8)):
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+        acc = Accelerator(deepspeed_plugin=DeepSpeedPlugin(zero_stage=2, is_train_batch_min=is_min))
+        config = acc._backend._fill_config(acc.state.deepspeed_plugin, torch.nn.Linear(2, 2), None, None, loaders,
+                                           False, 1)
+        assert config["train_micro_batch_size_per_gpu"] == micro
+
+    class Expert(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(2, 2)
+
+    model = torch.nn.Sequential(Expert(), torch.nn.Linear(2, 2))
+    DeepSpeedPlugin(zero_stage=3, transformer_moe_cls_names="Expert").set_moe_leaf_modules(model)
+    from deepspeed.utils import z3_leaf_module
+
+    assert z3_leaf_module(model[0]) and not z3_leaf_module(model[1])
+    with pytest.raises(ConfigError, match="transformer_moe_cls_names lists Router"):
+        DeepSpeedPlugin(zero_stage=3, transformer_moe_cls_names="Router").set_moe_leaf_modules(model)
+
+    import hasten.config.deepspeed as ds_config
+
+    import transformers.integrations
+
+    class TransformersView:  # stands for transformers' HfDeepSpeedConfig, which needs the accelerate alias installed
+        def __init__(self, config):
+            self.config = config
+
+    monkeypatch.setattr(ds_config, "_transformers_sees_accelerate", lambda: True)
+    monkeypatch.setattr(transformers.integrations, "HfDeepSpeedConfig", TransformersView)
+    plugin = DeepSpeedPlugin(zero_stage=3, zero3_init_flag=True)
+    plugin.set_deepspeed_weakref()
+    assert isinstance(plugin.dschf, TransformersView)
+    assert plugin.dschf.config["zero_optimization"]["stage"] == 3
+    assert plugin.dschf.config["train_micro_batch_size_per_gpu"] == 1  # "auto" made concrete for transformers
+    with plugin.zero3_init_context_manager(enable=False):
+        assert plugin.dschf is None
+    assert plugin.dschf is not None
+
+    with pytest.raises(NotSupportedYetError, match="msamp_opt_level"):
+        DeepSpeedPlugin(msamp_opt_level="O2")

@@ -80,6 +80,8 @@ def test_launcher_defaults_do_not_break_fsdp2(monkeypatch):
     ({}, {"FSDP_MIN_NUM_PARAMS": "1e8x"}, "min_num_params='1e8x' (from environment variable FSDP_MIN_NUM_PARAMS)"),
     ({}, {"FSDP_OFFLOAD_PARAMS": "maybe"}, "offload_params='maybe'"),
     ({"fsdp_version": 2, "forward_prefetch": True}, {}, "FSDP1 setting"),
+    ({"fsdp_version": 2, "param_init_fn": lambda module: None}, {}, "param_init_fn is an FSDP1 setting"),
+    ({"fsdp_version": 2, "limit_all_gathers": False}, {}, "limit_all_gathers=False is an FSDP1 setting"),
     ({"activation_checkpointing_offload": True}, {}, "needs activation_checkpointing=True"),
     ({"mixed_precision_policy": "fp64"}, {}, "choose one of fp32, bf16"),
     ({"fsdp_version": 2, "mixed_precision_policy": {"buffer_dtype": torch.float16}}, {}, "allowed: ['output_dtype'"),
@@ -312,14 +314,15 @@ def honoured(tmp_path_factory):
 
 
 @pytest.mark.parametrize("check", ["trigger_sync", "unwrap", "save_kwargs", "load_strict", "rng_missing_step",
-                                   "mid_window", "state_dict_config", "use_dcp"])
+                                   "mid_window", "state_dict_config", "use_dcp", "fsdp1_init"])
 def test_fsdp_honours(honoured, check):
     """trigger_sync: FSDP2 gradient sync is on again after `trigger_sync_in_backward` (and off again inside
     no_sync); unwrap: get_state_dict(unwrap=False) keeps the compile prefix; save_kwargs: save_state(**kw)
     refused; load_strict: load_state(strict=False) loads with a missing key, strict=True and assign= refused;
     rng_missing_step: a rank without its RNG file takes the others' step; mid_window: save_state inside an
     accumulation window refused; state_dict_config: rank0_only=False gives every rank the state;
-    use_dcp: save_fsdp_model/load_fsdp_model(use_dcp=False) per-rank files."""
+    use_dcp: save_fsdp_model/load_fsdp_model(use_dcp=False) per-rank files, named by model_index, in output_dir;
+    fsdp1_init: FSDP1 limit_all_gathers=False reaches the wrapper and param_init_fn materialises a meta model."""
     assert honoured.count(f"ok {check} rank") == 2, honoured
 
 

@@ -329,3 +329,35 @@ def test_docs_settings_page_is_generated_from_the_table():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert module.PAGE.read_text() == module.render(), "docs/settings.md is stale: run python scripts/settings_doc.py"
+
+
+# The TPU and SageMaker rows that only Accelerate's own launchers set: each route a row has (flag, file key,
+# variable) is refused in one line that names the row's feature.
+LAUNCHER_ONLY_UNBUILT = ("no_tpu_cluster", "vm", "tpu_vm", "tpu_name", "tpu_zone", "command_file", "in_tpu_pod",
+                         "aws_access_key_id", "aws_secret_access_key", "use_sagemaker", "sagemaker_distributed_type")
+
+
+@pytest.mark.parametrize("name", LAUNCHER_ONLY_UNBUILT)
+def test_tpu_and_sagemaker_rows_are_refused_by_each_route_they_have(name, home, monkeypatch):
+    row = table.BY_NAME[name]
+    assert not row.built
+    routes = 0
+    if row.flags:
+        argv = [row.flags[0]] if row.switch else [row.flags[0], str(_sample(row))]
+        with pytest.raises(NotBuiltError, match="is not built in hasten yet; fix: ") as caught:
+            _plan(*argv)
+        assert str(caught.value).startswith(row.flags[0]) and "\n" not in str(caught.value)
+        routes += 1
+    if row.file_key:
+        _write(home, _sample_file(row))
+        with pytest.raises(NotBuiltError, match="is not built in hasten yet; fix: ") as caught:
+            _plan()
+        assert "\n" not in str(caught.value)
+        routes += 1
+    if row.env:
+        monkeypatch.setenv(row.env[-1], str(_sample(row)))
+        with pytest.raises(NotBuiltError, match=f"environment variable {row.env[-1]}=") as caught:
+            Accelerator()
+        assert str(caught.value).endswith(row.refusal())
+        routes += 1
+    assert routes, f"{name} has no flag, file key or variable"

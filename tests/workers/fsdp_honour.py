@@ -119,9 +119,20 @@ ok("state_dict_config")
 # save_fsdp_model(use_dcp=False): one torch.save file per rank, read back by load_fsdp_model(use_dcp=False).
 acc, model, optimizer = setup()
 folder = os.path.join(root, "per_rank")
-save_fsdp_model(acc.state.fsdp_plugin, acc, model, folder, use_dcp=False)
+save_fsdp_model(acc.state.fsdp_plugin, accelerator=acc, model=model, output_dir=folder, model_index=0, use_dcp=False)
 assert os.path.isfile(os.path.join(folder, f"pytorch_model_fsdp_0_rank{acc.process_index}.bin"))
 assert not os.path.isdir(os.path.join(folder, "pytorch_model_fsdp_0"))
+# model_index names the files (a second model beside the first); output_dir is where they go; the accelerator must
+# be the run's Accelerator
+second = os.path.join(root, "per_rank_second")
+save_fsdp_model(acc.state.fsdp_plugin, accelerator=acc, model=model, output_dir=second, model_index=1, use_dcp=False)
+acc.wait_for_everyone()
+assert sorted(os.listdir(second)) == [f"pytorch_model_fsdp_1_rank{r}.bin" for r in range(2)], os.listdir(second)
+try:
+    save_fsdp_model(acc.state.fsdp_plugin, accelerator=None, model=model, output_dir=second, use_dcp=False)
+    raise AssertionError("save_fsdp_model(accelerator=None) was accepted")
+except TypeError as error:
+    assert "accelerator must be the run's Accelerator" in str(error), error
 before = {k: v.full_tensor().clone() for k, v in model.state_dict().items()}
 with torch.no_grad():
     for p in model.parameters():
@@ -129,6 +140,31 @@ with torch.no_grad():
 load_fsdp_model(acc.state.fsdp_plugin, acc, model, folder, use_dcp=False)
 assert all(torch.equal(before[k], v.full_tensor()) for k, v in model.state_dict().items())
 ok("use_dcp")
+
+# FSDP1: limit_all_gathers reaches the wrapper; param_init_fn is what materialises a model built on "meta"
+initialised = []
+
+
+def init_on_cpu(module):
+    initialised.append(type(module).__name__)
+    module.to_empty(device="cpu", recurse=False)
+    with torch.no_grad():
+        for parameter in module.parameters(recurse=False):
+            parameter.fill_(0.5)
+
+
+plugin = FullyShardedDataParallelPlugin(fsdp_version=1, limit_all_gathers=False, param_init_fn=init_on_cpu)
+acc = fresh_accelerator(fsdp_plugin=plugin)
+with torch.device("meta"):
+    meta_model = make_model(0)
+wrapped = acc.prepare(meta_model)
+assert wrapped.limit_all_gathers is False
+assert initialised and all(p.device.type == "cpu" for p in wrapped.parameters()), initialised
+from torch.distributed.fsdp import FullyShardedDataParallel  # noqa: E402
+
+with FullyShardedDataParallel.summon_full_params(wrapped):  # the flat shards carry padding: read the whole weights
+    assert all(torch.all(p == 0.5) for p in wrapped.parameters())
+ok("fsdp1_init")
 acc.wait_for_everyone()
 if acc.is_main_process:
     shutil.rmtree(root, ignore_errors=True)

@@ -93,7 +93,23 @@ def check_gather_for_metrics_and_skip():
     print("OK gather_for_metrics skip_first_batches")
 
 
+def check_even_batches():
+    """DataLoaderConfiguration(even_batches=...): 5 samples in batches of 2 on 2 ranks. True (the default) fills
+    both ranks' last step with samples from the start; False leaves rank 1 one step short and rank 0's short."""
+    seen = {}
+    for even in (True, False):
+        reset()
+        acc = Accelerator(dataloader_config=DataLoaderConfiguration(even_batches=even))
+        seen[even] = [b.tolist() for (b,) in acc.prepare(DataLoader(TensorDataset(torch.arange(5)), batch_size=2))]
+    if acc.process_index == 0:
+        assert seen == {True: [[0, 1], [4, 0]], False: [[0, 1], [4]]}, seen
+    else:
+        assert seen == {True: [[2, 3], [1, 2]], False: [[2, 3]]}, seen
+    print("OK even_batches")
+
+
 if __name__ == "__main__":
+    check_even_batches()
     check_split_batches_equivalence()
     check_accumulation_flushes_at_end_of_loader()
     check_gather_for_metrics_and_skip()

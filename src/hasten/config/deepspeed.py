@@ -276,8 +276,10 @@ class DeepSpeedPlugin:
             self.enable_msamp = str(os.environ.get("ACCELERATE_FP8_BACKEND", "")).upper() == "MSAMP"
         if self.enable_msamp:
             raise NotSupportedYetError("DeepSpeedPlugin(enable_msamp=True): MS-AMP is not supported by hasten yet")
-        if self.msamp_opt_level is None:
-            self.msamp_opt_level = "O1"
+        if self.msamp_opt_level is not None:  # it only tunes MS-AMP, which is refused above: never silently dropped
+            raise NotSupportedYetError(f"DeepSpeedPlugin(msamp_opt_level={self.msamp_opt_level!r}): MS-AMP is not "
+                                       "supported by hasten yet; drop msamp_opt_level")
+        self.msamp_opt_level = "O1"
         if self.hf_ds_config is not None and self.hf_ds_config != "none":
             self._use_config(given)
         else:

@@ -118,9 +118,22 @@ class FullyShardedDataParallelPlugin:
         self._resolve_state_dict_type()
         self._resolve_prefetch()
         self._resolve_ignored_modules()
+        self._refuse_v1_only_arguments()
         self.cpu_offload = self._offload_policy(self.cpu_offload)
         if self.mixed_precision_policy is not None:
             self.mixed_precision_policy = self._mixed_precision(self.mixed_precision_policy)
+
+    def _refuse_v1_only_arguments(self) -> None:
+        # FSDP2 (fully_shard) has neither knob: it always bounds in-flight all-gathers, and it never calls an init
+        # function on meta modules (cpu_ram_efficient_loading materialises them). Dropping them would be silent.
+        if self.fsdp_version != 2:
+            return
+        if self.param_init_fn is not None:
+            raise ConfigError("fsdp param_init_fn is an FSDP1 setting that FSDP2 never calls; fix: use "
+                              "cpu_ram_efficient_loading=True to materialise a meta model, or fsdp_version=1")
+        if self.limit_all_gathers is False:
+            raise ConfigError("fsdp limit_all_gathers=False is an FSDP1 setting; FSDP2 always limits all-gathers, "
+                              "fix: leave it at True, or use fsdp_version=1")
 
     # -- resolution: argument > FSDP_* variable > default -------------------------------------------------
     def _pick(self, field_name: str, default, env_name: Optional[str] = None):

@@ -196,7 +196,10 @@ class FSDPBackend(Backend):
 
         plugin = self.plugin
         device = self.state.device
-        if _on_any_rank(any(p.is_meta for p in model.parameters())):
+        on_meta = _on_any_rank(any(p.is_meta for p in model.parameters()))
+        if on_meta and plugin.param_init_fn is not None:
+            pass  # FSDP1 calls the user's param_init_fn on each meta module it wraps: that materialises the model
+        elif on_meta:
             # FSDP1 materialises meta modules through sync_module_states, which fails on CPU processes.
             if device.type == "cpu":
                 raise ConfigError(
@@ -207,7 +210,8 @@ class FSDPBackend(Backend):
                 "FSDP1 in hasten does not load models built on the meta device yet; use fsdp_version=2 with "
                 "cpu_ram_efficient_loading=True"
             )
-        model = model.to(device)
+        if not on_meta:
+            model = model.to(device)
         if plugin.sync_module_states:
             # FSDP1's own sync_module_states fails on CPU processes; broadcasting before wrapping is the same.
             with torch.no_grad():

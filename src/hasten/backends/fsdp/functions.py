@@ -27,6 +27,14 @@ def _refuse_adapter_only(adapter_only: bool) -> None:
                                    "yet; save the whole model (adapter_only=False)")
 
 
+def _check_accelerator(accelerator, function: str) -> None:
+    # hasten reads ranks from the process state the Accelerator built; the argument is kept for Accelerate's
+    # signature, so it must be that Accelerator (or something with its ranks), not a placeholder.
+    if not hasattr(accelerator, "process_index"):
+        raise TypeError(f"{function}: accelerator must be the run's Accelerator, got {type(accelerator).__name__}; "
+                        "fix: pass the Accelerator that prepared the model")
+
+
 def save_fsdp_model(fsdp_plugin, accelerator, model, output_dir, model_index: int = 0, adapter_only: bool = False,
                     use_dcp: bool = True):
     """Write `model`'s state as the plugin's `state_dict_type` says (sharded: a DCP folder; full: one file).
@@ -34,6 +42,7 @@ def save_fsdp_model(fsdp_plugin, accelerator, model, output_dir, model_index: in
     `pytorch_model_fsdp_<i>_rank<r>.bin`, no collective; load those with `load_fsdp_model(use_dcp=False)` on
     the same number of processes."""
     _refuse_adapter_only(adapter_only)
+    _check_accelerator(accelerator, "save_fsdp_model")
     os.makedirs(output_dir, exist_ok=True)
     sharded = checkpoint.is_sharded(fsdp_plugin)
     if sharded and not use_dcp:
