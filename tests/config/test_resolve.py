@@ -9,6 +9,7 @@ import pytest
 from hasten.commands import config as config_command
 from hasten.commands.launch import launch_command_parser, plan_launch
 from hasten.config.resolve import SOURCES_VARIABLE, explain_values, resolve
+from hasten.core.errors import ConfigError
 
 # One value of mixed_precision per source, all different, so the winner shows which source won.
 VALUE = {"code": "fp8", "flag": "bf16", "environment": "fp16", "file": "no", "default": "no"}
@@ -185,3 +186,23 @@ def test_the_two_documented_exceptions_to_code_wins():
     assert (values["use_cpu"].value, values["use_cpu"].source) == (True, "environment")
     values = resolve(code={"cpu": True}, env={"ACCELERATE_USE_CPU": "false"})
     assert (values["use_cpu"].value, values["use_cpu"].source) == (True, "code")
+
+
+def test_multi_device_switch_asks_for_one_process_per_device_and_at_least_two(home):
+    """`--multi_gpu` (no GPU here): the plan starts 2 processes, and a layout of 1 process is refused in one line."""
+    assert plan("--multi_gpu").num_processes == 2
+    assert plan().num_processes == 1  # without it: one per GPU, at least 1
+    with pytest.raises(ConfigError, match=r"multi-GPU \(from --multi_gpu\) needs 2 or more processes"):
+        plan("--multi_gpu", "--num_processes", "1")
+
+
+def test_tee_reaches_torchrun_logs_specs():
+    """`--tee` is handed to torchrun's log handling (which streams of each process are copied to the console)."""
+    from torch.distributed.elastic.multiprocessing import Std
+
+    from hasten.commands.launch import _logs_specs
+
+    assert _logs_specs(launch_command_parser().parse_args(["train.py"])) is None  # nothing asked: torch's default
+    for value, expected in (("1", Std.OUT), ("2", Std.ERR), ("3", Std.ALL)):
+        specs = _logs_specs(launch_command_parser().parse_args(["--tee", value, "train.py"]))
+        assert specs._tee == expected  # torch keeps it private; the one place to read it back

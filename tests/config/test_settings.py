@@ -361,3 +361,19 @@ def test_tpu_and_sagemaker_rows_are_refused_by_each_route_they_have(name, home, 
         assert str(caught.value).endswith(row.refusal())
         routes += 1
     assert routes, f"{name} has no flag, file key or variable"
+
+
+@pytest.mark.parametrize("variable, value, words", [
+    ("ACCELERATE_CONFIG_DS_FIELDS", "zero_stage,offload_optimizer_device",
+     "the DeepSpeed field list Accelerate's launcher hands over"),
+    ("ACCELERATE_ALLOW_CP_STANDALONE", "true", "context parallelism without FSDP"),
+])
+def test_rows_hasten_does_not_read_are_refused_naming_what_they_are(variable, value, words):
+    """Two of Accelerate's variables have no effect in hasten: setting one is refused in one line that names the
+    feature (not another one) and the fix."""
+    from hasten.config.settings import refuse_unbuilt_environment
+    from hasten.core.errors import NotBuiltError
+
+    with pytest.raises(NotBuiltError, match=words) as caught:
+        refuse_unbuilt_environment({variable: value})
+    assert "fix: unset it" in str(caught.value) and "\n" not in str(caught.value)

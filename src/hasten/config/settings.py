@@ -345,9 +345,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("deepspeed_allow_jit", "bool", False, env=("HASTEN_DEEPSPEED_ALLOW_JIT",), owner="DeepSpeedBackend",
             role="environment", help="On a CPU, let DeepSpeed compile its own Adam op on first use (minutes) instead of "
                                      "refusing it (hasten only)."),
-    _ds_launcher("config_ds_fields", flag=False, env=_pair("CONFIG_DS_FIELDS"),
-                 help="Set by Accelerate's DeepSpeed launcher; hasten checks each value against the DeepSpeed config "
-                      "instead."),
+    _not_built("the DeepSpeed field list Accelerate's launcher hands over (CONFIG_DS_FIELDS)",
+               "unset it: hasten compares each DeepSpeed value with the DeepSpeed config itself",
+               "DeepSpeed (with --use_deepspeed)", requires="use_deepspeed")(
+        "config_ds_fields", flag=False, env=_pair("CONFIG_DS_FIELDS"),
+        help="Set by Accelerate's DeepSpeed launcher; hasten checks each value against the DeepSpeed config instead."),
     # -- fp8 (hasten.training.fp8; the recipe handlers in hasten.config.fp8 read these rows) -------------------------------------
     Setting("fp8_config", "dict", {}, file_key=("fp8_config",), role="file",
             help="fp8 recipe settings (the keys below), used with mixed_precision fp8."),
@@ -433,7 +435,9 @@ SETTINGS: tuple[Setting, ...] = (
             ("sp_attn_implementation", "str", "Attention implementation."),
         )
     ),
-    _nd("allow_cp_standalone", "bool", flag=False, env=_pair("ALLOW_CP_STANDALONE"), requires=None,
+    _not_built("context parallelism without FSDP (ALLOW_CP_STANDALONE)",
+               "unset it and give ParallelismConfig a dp_shard_size: hasten runs cp with FSDP2", "ParallelismConfig")(
+        "allow_cp_standalone", "bool", flag=False, env=_pair("ALLOW_CP_STANDALONE"),
         help="Context parallelism without FSDP."),
     # -- Megatron-LM: served natively on the one mesh (docs/parallelism.md, "Megatron-LM settings") ---------------
     Setting("megatron_lm_config", "dict", {}, file_key=("megatron_lm_config",), role="file", prefix="megatron_lm_",
