@@ -123,6 +123,45 @@ class PrepareForLaunch:
         return self.launcher(*args)
 
 
+_SAGEMAKER_FLAG_ONLY = (
+    "SageMaker doesn’t support argparse actions for `store_true` or `store_false`. Please define explicit types"
+)
+
+
+def _script_value(text: str):
+    """A script argument's value as SageMaker's hyperparameters want it: True/False as bools, whole numbers as
+    ints ("3", "3.0"), other numbers as floats ("5e-5", "50.5"), anything else as the text itself."""
+    if text in ("True", "False"):
+        return text == "True"
+    try:
+        number = float(text)
+    except ValueError:
+        return text
+    return int(number) if number.is_integer() else number
+
+
+def _convert_nargs_to_dict(nargs: list) -> dict:
+    """The training script's `--name value` arguments as a dict for SageMaker's hyperparameters.
+
+    Each `--name` (or `-name`) must be followed by one value; the key is the name without dashes, with `-` read
+    as `_` (as argparse names its destinations); a negative number is a value. A flag with no value (a `store_true` switch) is a ValueError:
+    SageMaker passes every hyperparameter as `--name value`.
+    """
+    result = {}
+    index = 0
+    while index < len(nargs):
+        item = nargs[index]
+        if not item.startswith("-"):
+            raise ValueError(f"training script argument {item!r} follows no --name; SageMaker hyperparameters are "
+                             "passed as `--name value` pairs")
+        following = nargs[index + 1] if index + 1 < len(nargs) else None
+        if following is None or (following.startswith("-") and isinstance(_script_value(following), str)):
+            raise ValueError(f"{_SAGEMAKER_FLAG_ONLY} ({item} has no value; fix: pass it as `{item} True`)")
+        result[item.lstrip("-").replace("-", "_")] = _script_value(following)
+        index += 2
+    return result
+
+
 def prepare_deepspeed_cmd_env(args):
     """Accelerate builds a `deepspeed`/pdsh command for multi-node DeepSpeed here. hasten launches DeepSpeed
     through torchrun like every other backend, so DeepSpeed's own hostfile launchers are refused in one line."""

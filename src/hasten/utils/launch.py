@@ -2,6 +2,7 @@
 
 from ..launch.prepare import (  # noqa: F401
     PrepareForLaunch,
+    _convert_nargs_to_dict,
     env_var_path_add,
     prepare_deepspeed_cmd_env,
     prepare_multi_gpu_env,
