@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from hasten.utils.launch import _convert_nargs_to_dict
@@ -25,3 +27,50 @@ def test_a_switch_without_a_value_is_refused_with_accelerates_words(nargs):
 def test_a_value_without_a_name_is_refused():
     with pytest.raises(ValueError, match="'stray' follows no --name"):
         _convert_nargs_to_dict(["stray", "--epochs", "3"])
+
+
+# -- `_validate_launch_command`: the parsed command line completed as the launch resolves it --------------------
+
+def test_validate_launch_command_fills_what_the_command_line_left_out(tmp_path, monkeypatch):
+    from hasten.commands.launch import _validate_launch_command, launch_command_parser
+
+    for name in [n for n in os.environ if n.startswith(("HASTEN_", "ACCELERATE_", "FSDP_"))]:
+        monkeypatch.delenv(name)
+    config = tmp_path / "config.yaml"
+    config.write_text("compute_environment: LOCAL_MACHINE\ndebug: true\nnum_processes: 1\ndistributed_type: 'NO'\n"
+                      "mixed_precision: bf16\nfsdp_config:\n  fsdp_sync_module_states: false\n")
+    args = launch_command_parser().parse_args(["--num-processes", "2", "--config-file", str(config), "train.py"])
+    assert not args.debug and args.mixed_precision is None
+    args, loaded, mp_from_config = _validate_launch_command(args)
+    assert args.debug is True and args.num_processes == 2  # the file fills, the flag keeps its value
+    assert args.mixed_precision == "bf16" and mp_from_config is True
+    assert loaded.debug is True and loaded.mixed_precision == "bf16"
+
+    args, loaded, mp_from_config = _validate_launch_command(
+        launch_command_parser().parse_args(["--config_file", str(config), "--mixed_precision", "no", "train.py"]))
+    assert args.mixed_precision == "no" and mp_from_config is False
+
+
+def test_validate_launch_command_without_a_file_uses_the_defaults(tmp_path, monkeypatch):
+    from hasten.commands.launch import _validate_launch_command, launch_command_parser
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path))  # no default config file there
+    args, loaded, mp_from_config = _validate_launch_command(launch_command_parser().parse_args(["--cpu", "t.py"]))
+    assert loaded is None and mp_from_config is False
+    assert args.num_processes == 1 and args.debug is False
+
+
+def test_cpu_launch_exports_intel_openmp_pinning_unless_the_user_set_it(monkeypatch):
+    from hasten.commands.launch import launch_command_parser
+    from hasten.utils.launch import prepare_simple_launcher_cmd_env
+
+    monkeypatch.delenv("KMP_AFFINITY", raising=False)
+    monkeypatch.delenv("KMP_BLOCKTIME", raising=False)
+    parser = launch_command_parser()
+    _, env = prepare_simple_launcher_cmd_env(parser.parse_args(["--cpu", "t.py"]))
+    assert env["KMP_AFFINITY"] == "granularity=fine,compact,1,0" and env["KMP_BLOCKTIME"] == "1"
+    _, env = prepare_simple_launcher_cmd_env(parser.parse_args(["t.py"]))
+    assert "KMP_AFFINITY" not in env and "KMP_BLOCKTIME" not in env
+    monkeypatch.setenv("KMP_BLOCKTIME", "0")
+    _, env = prepare_simple_launcher_cmd_env(parser.parse_args(["--cpu", "t.py"]))
+    assert env["KMP_BLOCKTIME"] == "0"

@@ -172,6 +172,28 @@ def plan_launch(args: argparse.Namespace) -> LaunchPlan:
     )
 
 
+def _validate_launch_command(args: argparse.Namespace):
+    """Accelerate's step that completes a parsed command line: returns `(args, config, mp_from_config_flag)`.
+
+    Every setting the command line left out is written onto `args` as `hasten launch` resolves it (flag >
+    environment > config file > default), so `args` then reads as the launch will run; `config` is the config
+    file's `ClusterConfig` (None without a file) and `mp_from_config_flag` whether mixed_precision came from the
+    file. Conflicting flags and impossible values raise as `hasten launch` raises them.
+    """
+    from ..config import settings as table
+    from ..config.launch_settings import resolve_launch
+    from .config.config_args import load_config_from_file
+
+    resolved_settings = resolve_launch(args)
+    for name, resolved in resolved_settings.values.items():
+        row = table.get(name)
+        if row.flags and resolved.source != "flag" and hasattr(args, row.flag_dest):
+            setattr(args, row.flag_dest, resolved.value)
+    path = resolved_settings.config_path
+    config = load_config_from_file(path) if path else None
+    return args, config, resolved_settings.values["mixed_precision"].source == "file"
+
+
 def _port_in_use(host: str, port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
