@@ -117,6 +117,26 @@ print("SPEC-OK")
     assert "SPEC-OK" in run(python, "-W", "error::ImportWarning", "-c", script).stdout
 
 
+def test_accelerates_logger_names_are_hastens_loggers(aliased):
+    # Accelerate's own tests (and users' scripts) capture or silence records by Accelerate's logger names.
+    python, _ = aliased
+    script = """
+import logging, unittest
+before = logging.getLogger("accelerate.utils.environment")  # made before the alias: a logger of its own
+assert before.name == "accelerate.utils.environment"
+import accelerate.utils
+assert logging.getLogger("accelerate") is logging.getLogger("hasten")
+assert logging.getLogger("accelerate.utils.environment") is logging.getLogger("hasten.utils.environment")
+assert logging.getLogger("accelerated") is not logging.getLogger("hastend")  # only the package's own names
+case = unittest.TestCase()
+with case.assertLogs("accelerate.utils.environment", level="WARNING") as captured:
+    assert accelerate.utils.convert_dict_to_env_variables({"A": "1", "B": "<x"}) == ["A=1\\n"]
+assert len(captured.records) == 1, captured.output
+print("LOGGERS-OK")
+"""
+    assert "LOGGERS-OK" in run(python, "-c", script).stdout
+
+
 def test_hasten_env_shows_the_alias(aliased, tmp_path):
     python, _ = aliased
     assert "`accelerate` alias: active: `import accelerate` loads hasten" in run(python, "-m", "hasten", "env").stdout
