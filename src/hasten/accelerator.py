@@ -632,11 +632,15 @@ class Accelerator:
         save(obj, f, save_on_each_node=self.project_configuration.save_on_each_node, safe_serialization=safe_serialization)
 
     def register_for_checkpointing(self, *objects):
-        invalid = [type(o).__name__ for o in objects if not (hasattr(o, "state_dict") and hasattr(o, "load_state_dict"))]
+        invalid = [(index, type(o).__name__) for index, o in enumerate(objects)
+                   if not (hasattr(o, "state_dict") and hasattr(o, "load_state_dict"))]
         if invalid:
+            # Accelerate's words first (code matches "Item at index N"); N is the argument's position
             raise ConfigError(
-                f"register_for_checkpointing needs objects with `state_dict` and `load_state_dict`; these lack "
-                f"them: {', '.join(invalid)}"
+                "All `objects` must include a `state_dict` and `load_state_dict` function to be stored. The following "
+                "inputs are invalid:" + "".join(f"\n\t- Item at index {index}, `{name}`" for index, name in invalid)
+                + "\nregister_for_checkpointing saves each object through those two methods; wrap the others in an "
+                "object that has them"
             )
         self._custom_objects.extend(objects)
         self._resume_when_ready()

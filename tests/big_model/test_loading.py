@@ -29,8 +29,11 @@ def test_set_module_tensor_to_device_keeps_parameter_class_and_grad():
     assert layer.weight.dtype == torch.float32 and torch.equal(layer.weight, torch.ones(2, 3))  # cast to old dtype
     set_module_tensor_to_device(layer, "bias", "cpu", value=torch.zeros(2), dtype=torch.float16)
     assert layer.bias.dtype == torch.float16
-    with pytest.raises(ValueError, match=r"shape \(5,\), the model expects \(2,\)"):
+    with pytest.raises(ValueError, match=r"shape \(5,\), the model expects \(2,\)") as refused:
         set_module_tensor_to_device(layer, "bias", "cpu", value=torch.zeros(5))
+    # the text is exactly Accelerate's (code compares it whole); hasten's own words are a note
+    assert str(refused.value) == ('Trying to set a tensor of shape torch.Size([5]) in "bias" (which has shape '
+                                  'torch.Size([2])), this looks incorrect.')
     with pytest.raises(ValueError, match="no parameter or buffer named 'scale'"):
         set_module_tensor_to_device(layer, "scale", "cpu")
     model = nn.Sequential(nn.BatchNorm1d(2))

@@ -192,8 +192,13 @@ def set_module_tensor_to_device(module, tensor_name, device, value=None, dtype=N
         dtype = getattr(torch, dtype.replace("torch.", ""))
     if value is not None:
         if old.shape != value.shape and type(old).__name__ != "Params4bit":
-            raise ValueError(f"cannot set {tensor_name}: the value has shape {tuple(value.shape)}, the model expects "
-                             f"{tuple(old.shape)}; the checkpoint does not match this model")
+            # Accelerate's exact words (code compares the whole text); ours ride along as a note
+            error = ValueError(f'Trying to set a tensor of shape {value.shape} in "{name}" (which has shape '
+                               f'{old.shape}), this looks incorrect.')
+            if hasattr(error, "add_note"):
+                error.add_note(f"cannot set {tensor_name}: the value has shape {tuple(value.shape)}, the model "
+                               f"expects {tuple(old.shape)}; the checkpoint does not match this model")
+            raise error
     if not is_buffer and is_quantized_parameter(old):
         # bitsandbytes weights are quantized on arrival and carry settings and statistics that a plain
         # Parameter rebuild would drop.
