@@ -74,3 +74,18 @@ def test_load_state_dict_checks_the_format(tmp_path):
         load_state_dict(str(tmp_path / "tf.safetensors"))
     torch.save({"b": torch.zeros(3)}, str(tmp_path / "w.bin"))
     assert torch.equal(load_state_dict(str(tmp_path / "w.bin"))["b"], torch.zeros(3))
+
+
+@pytest.mark.parametrize("device_map", [None, {"": "cpu"}])
+def test_checkpoint_weights_the_model_lacks_are_logged_in_accelerates_words(tmp_path, caplog, device_map):
+    from hasten.utils import load_checkpoint_in_model
+
+    state = nn.Linear(2, 2).state_dict()
+    state["foo"] = torch.ones(3)
+    path = tmp_path / "weights.pt"
+    torch.save(state, path)
+    with caplog.at_level("WARNING"):
+        load_checkpoint_in_model(nn.Linear(2, 2), str(path), device_map=device_map)
+    assert any("were not used when initializing Linear: ['foo']" in record.getMessage() for record in caplog.records)
+    with pytest.raises((ValueError, RuntimeError)):
+        load_checkpoint_in_model(nn.Linear(2, 2), str(path), device_map=device_map, strict=True)

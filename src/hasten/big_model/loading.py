@@ -448,7 +448,12 @@ def load_checkpoint_in_model(model: torch.nn.Module, checkpoint, device_map=None
     if missing:
         logger.warning("load_checkpoint_in_model: %d weight(s) not in the checkpoint: %s", len(missing), missing[:10])
     if unexpected:
-        logger.warning("load_checkpoint_in_model: %d unexpected weight(s) in the checkpoint: %s", len(unexpected), unexpected[:10])
+        # Accelerate's words first: users' log filters match them
+        logger.warning(
+            f"Some weights of the model checkpoint at {checkpoint} were not used when initializing "
+            f"{type(model).__name__}: {unexpected[:10]}{'...' if len(unexpected) > 10 else ''} ({len(unexpected)} in "
+            "all). Check that the checkpoint belongs to this model, or pass strict=True to refuse it."
+        )
 
 
 # -- models with offloaded weights -----------------------------------------------------------------------------
