@@ -74,3 +74,32 @@ def test_cpu_launch_exports_intel_openmp_pinning_unless_the_user_set_it(monkeypa
     monkeypatch.setenv("KMP_BLOCKTIME", "0")
     _, env = prepare_simple_launcher_cmd_env(parser.parse_args(["--cpu", "t.py"]))
     assert env["KMP_BLOCKTIME"] == "0"
+
+
+def test_setup_fp8_env_writes_the_variables_the_processes_read():
+    from hasten.commands.launch import launch_command_parser
+    from hasten.utils.launch import setup_fp8_env
+
+    args = launch_command_parser().parse_args(["--mixed_precision", "fp8", "--fp8_backend", "te", "--fp8_margin",
+                                               "1", "t.py"])
+    args.fp8_override_linear_precision = (True, False, True)
+    env = setup_fp8_env(args, {"KEEP": "1"})
+    assert env["KEEP"] == "1" and env["HASTEN_FP8_BACKEND"].lower() == "te" and env["HASTEN_FP8_MARGIN"] == "1"
+    assert (env["HASTEN_FP8_OVERRIDE_FPROP"], env["HASTEN_FP8_OVERRIDE_DGRAD"], env["HASTEN_FP8_OVERRIDE_WGRAD"]) == (
+        "true", "false", "true")
+    assert "HASTEN_FP8_FORMAT" not in env  # not typed: nothing written
+
+
+def test_prepare_extend_env_parallelism_config():
+    from hasten.commands.launch import launch_command_parser
+    from hasten.core.errors import NotBuiltError
+    from hasten.utils.launch import prepare_extend_env_parallelism_config
+
+    parser = launch_command_parser()
+    args = parser.parse_args(["--parallelism_config_dp_shard_size", "2", "--parallelism_config_tp_size", "2", "t.py"])
+    env = prepare_extend_env_parallelism_config(args, {})
+    assert env["HASTEN_USE_PARALLELISM_CONFIG"] == "true"
+    assert env["PARALLELISM_CONFIG_DP_SHARD_SIZE"] == "2" and env["PARALLELISM_CONFIG_TP_SIZE"] == "2"
+    args = parser.parse_args(["--parallelism_config_sp_size", "2", "t.py"])
+    with pytest.raises(NotBuiltError, match="parallelism_config_sp_size"):
+        prepare_extend_env_parallelism_config(args, {})

@@ -8,6 +8,7 @@ It never manages processes itself: more than one process always goes through
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import runpy
 import signal
@@ -37,12 +38,56 @@ def _add(parser_or_group, *names, **kwargs):
     return parser_or_group.add_argument(*spellings, **kwargs)
 
 
+# a paradigm switch -> the help group of its own options (shown only when the switch is typed, see below)
+options_to_group = {
+    "multi_gpu": "Distributed GPUs",
+    "tpu": "TPU",
+    "use_deepspeed": "DeepSpeed (with --use_deepspeed)",
+    "use_fsdp": "FSDP (with --use_fsdp; exported as FSDP_* variables)",
+    "use_megatron_lm": "Megatron-LM (with --use_megatron_lm; served by hasten's TP/PP/FSDP)",
+    "fp8_backend": "FP8 (with --mixed_precision fp8)",
+}
+
+
+def clean_option(option: str):
+    """`--some-flag` -> `some_flag` (the argparse destination); anything not starting with `--` -> None.
+    Any `--fp8_*` spelling names the FP8 group's switch, `fp8_backend`."""
+    if "fp8_backend" in option:
+        return "fp8_backend"
+    if option.startswith("--"):
+        return option[2:].replace("-", "_")
+    return None
+
+
+class CustomHelpFormatter(argparse.HelpFormatter):
+    """`hasten launch --help`: each flag under its `--snake_case` spelling only (the `--kebab-case` twin is
+    accepted but not listed twice), and, when the command line names a paradigm (`--use_fsdp -h`), the option
+    groups of the other paradigms are left out, so the help shows what that run can use."""
+
+    def add_argument(self, action):
+        args = sys.argv[1:]
+        if args[:1] == ["launch"]:
+            args = args[1:]
+        typed = {clean_option(arg) for arg in args}
+        chosen = [dest for dest in options_to_group if dest in typed]
+        group = getattr(getattr(action, "container", None), "title", None)
+        if chosen and group in options_to_group.values() and group not in {options_to_group[d] for d in chosen}:
+            return  # another paradigm's options
+        if action.option_strings:
+            action = copy.copy(action)  # the parser keeps every spelling; only the listing is shortened
+            action.option_strings = [s for s in action.option_strings if "-" not in s[2:]] or action.option_strings
+        super().add_argument(action)
+
+
 def launch_command_parser(subparsers=None) -> argparse.ArgumentParser:
-    description = "Launch a training script on one or more processes (and machines)."
+    description = ("Launch a training script on one or more processes (and machines). Every flag is listed as "
+                   "--snake_case and also answers to its --kebab-case spelling (--num-processes).")
     if subparsers is not None:
-        parser = subparsers.add_parser("launch", description=description, allow_abbrev=False)
+        parser = subparsers.add_parser("launch", description=description, allow_abbrev=False,
+                                       formatter_class=CustomHelpFormatter)
     else:
-        parser = _Parser(prog="hasten launch", description=description, allow_abbrev=False)
+        parser = _Parser(prog="hasten launch", description=description, allow_abbrev=False,
+                         formatter_class=CustomHelpFormatter)
     add_launch_arguments(parser)
     parser.add_argument("training_script", help="The script (or module with -m) to run.")
     parser.add_argument("training_script_args", nargs=argparse.REMAINDER, help="Arguments for the script.")
@@ -417,6 +462,43 @@ def _run_distributed(args, plan: LaunchPlan) -> int:
               "(run with --debug for the full trace)", file=sys.stderr)
         return 1
     return 0
+
+
+def simple_launcher(args: argparse.Namespace) -> None:
+    """Accelerate's one-process launcher: run the script as a child process with the launch's environment
+    (`prepare_simple_launcher_cmd_env`). A non-zero exit raises `subprocess.CalledProcessError` (with `--quiet`:
+    `sys.exit(1)`)."""
+    import subprocess
+
+    from ..launch.prepare import prepare_simple_launcher_cmd_env
+
+    command, env = prepare_simple_launcher_cmd_env(args)
+    process = subprocess.Popen(command, env=env)
+    process.wait()
+    if process.returncode != 0:
+        if getattr(args, "quiet", False):
+            sys.exit(1)
+        raise subprocess.CalledProcessError(returncode=process.returncode, cmd=command)
+
+
+def multi_gpu_launcher(args: argparse.Namespace) -> None:
+    """Accelerate's torchrun launcher: start the processes through torchrun's elastic agent exactly as
+    `hasten launch` does (any device type, gloo on CPUs). A failed run raises `LaunchError` naming the exit code
+    (the failing ranks are printed above it)."""
+    from ..launch.prepare import _with_launch_defaults
+
+    args = _with_launch_defaults(args)
+    code = _run_distributed(args, plan_launch(args))
+    if code != 0:
+        raise LaunchError(f"the launched processes failed (exit code {code}); the failing ranks are named above")
+
+
+def deepspeed_launcher(args: argparse.Namespace) -> None:
+    """Accelerate's DeepSpeed launcher. hasten starts DeepSpeed's processes through torchrun like every other
+    backend (on each machine, with --num_machines/--machine_rank), so this is `multi_gpu_launcher` with
+    `use_deepspeed` on; DeepSpeed's own pdsh/hostfile launchers are refused when the launch is resolved."""
+    args.use_deepspeed = True
+    multi_gpu_launcher(args)
 
 
 def launch_command(args: argparse.Namespace) -> int:

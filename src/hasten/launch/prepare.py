@@ -81,6 +81,46 @@ def prepare_multi_gpu_env(args) -> dict:
     return {**os.environ, **plan.env}
 
 
+def _export_rows(args, prefix: str, current_env: dict) -> dict:
+    """Write each `args.<row>` that is set for the table rows named `prefix*` under the variable the training
+    processes read (the row's export); a row hasten has not built is refused in one line when set."""
+    from ..config import settings as table
+    from ..config.resolve import _text
+
+    for row in table.SETTINGS:
+        if not row.name.startswith(prefix) or not row.flags:
+            continue
+        value = getattr(args, row.flag_dest, None)
+        if value is None or value is False:
+            continue
+        row.refuse(f"--{row.flag_dest}", value)
+        if not row.built or row.export is None:
+            continue
+        if row.name == "fp8_override_linear_precision":
+            for part, flag in zip(("fprop", "dgrad", "wgrad"), value):
+                current_env[table.get(f"fp8_override_{part}").export] = _text(flag)
+        else:
+            current_env[row.export] = _text(value)
+    return current_env
+
+
+def setup_fp8_env(args, current_env: dict) -> dict:
+    """Add the FP8 settings of a parsed launch command line (`--fp8_*`) to `current_env`, under the variables
+    the training processes read (`HASTEN_FP8_*`; the three overrides of `fp8_override_linear_precision` each
+    get their own). Returns `current_env`."""
+    return _export_rows(args, "fp8_", current_env)
+
+
+def prepare_extend_env_parallelism_config(args, current_env: dict) -> dict:
+    """Turn on the parallelism config for the run and add its sizes and options from a parsed launch command
+    line (`--parallelism_config_*`) to `current_env` (`PARALLELISM_CONFIG_*`). Sequence-parallel settings,
+    which hasten has not built, are refused in one line when set. Returns `current_env`."""
+    from ..config import settings as table
+
+    current_env[table.get("use_parallelism_config").export] = "true"
+    return _export_rows(args, "parallelism_config_", current_env)
+
+
 def env_var_path_add(env_var_name: str, path_to_add: str) -> str:
     """`os.environ[env_var_name]` (a `:`-separated list of paths) with `path_to_add` appended; the result is
     returned, the environment is not changed."""
