@@ -103,3 +103,18 @@ def test_prepare_extend_env_parallelism_config():
     args = parser.parse_args(["--parallelism_config_sp_size", "2", "t.py"])
     with pytest.raises(NotBuiltError, match="parallelism_config_sp_size"):
         prepare_extend_env_parallelism_config(args, {})
+
+
+def test_an_untyped_switch_reads_false_and_the_file_still_applies(tmp_path, monkeypatch):
+    from hasten.commands.launch import launch_command_parser
+    from hasten.config.launch_settings import resolve_launch
+
+    for name in [n for n in os.environ if n.startswith(("HASTEN_", "ACCELERATE_"))]:
+        monkeypatch.delenv(name)
+    args = launch_command_parser().parse_args(["t.py"])
+    assert args.multi_gpu is False and args.use_fsdp is False and args.cpu is False  # as Accelerate's parser
+    config = tmp_path / "c.yaml"
+    config.write_text("distributed_type: MULTI_CPU\nnum_processes: 2\nuse_cpu: true\ndebug: true\n")
+    settings = resolve_launch(launch_command_parser().parse_args(["--config_file", str(config), "t.py"]))
+    assert settings["use_cpu"] is True and settings["debug"] is True and settings["num_processes"] == 2
+    assert settings.values["use_cpu"].source == "file"

@@ -136,7 +136,8 @@ def _flag_type(row):
 def add_launch_arguments(parser) -> None:
     """Every launch flag except the script, generated from the settings table (`hasten.config.settings`).
 
-    `hasten config explain` takes the same flags. Settings flags default to None so that "not typed" is known:
+    `hasten config explain` takes the same flags. Settings flags default to None (switches to False) so that
+    "not typed" is known:
     the environment and the config file only fill settings whose flag was not typed. Flags of features hasten
     has not built are accepted here and refused with one line when the launch is resolved.
     """
@@ -159,7 +160,10 @@ def add_launch_arguments(parser) -> None:
         else:
             kwargs["default"] = None
         if row.switch:
+            # an untyped switch reads False, as in Accelerate's parser (code tests `args.multi_gpu is False`);
+            # the resolver reads False from a switch as "not typed", so the file and the environment still apply
             kwargs["action"] = "store_true"
+            kwargs["default"] = False
         elif row.append:
             kwargs["action"] = "append"
         elif row.choices and row.built and row.kind == "str":
