@@ -90,3 +90,12 @@ def test_deepspeed_launcher_is_the_torchrun_launch_with_deepspeed_on(monkeypatch
     monkeypatch.setattr(launch, "multi_gpu_launcher", lambda args: seen.append(args.use_deepspeed))
     deepspeed_launcher(launch_command_parser().parse_args(["t.py"]))
     assert seen == [True]
+
+
+def test_the_cli_test_script_runs_under_launch(capfd):
+    from hasten.commands.launch import launch_command
+    from hasten.test_utils.testing import path_in_accelerate_package
+
+    script = path_in_accelerate_package("test_utils", "scripts", "test_cli.py")
+    assert launch_command(launch_command_parser().parse_args(["--cpu", str(script)])) in (0, None)
+    assert "Successfully ran on" in capfd.readouterr().out
