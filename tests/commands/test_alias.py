@@ -259,3 +259,21 @@ def test_a_transformers_no_trainer_script_runs_unchanged(with_transformers, tmp_
 def test_transformers_trainer_trains_and_saves_on_two_processes(with_transformers, tmp_path):
     launch_in(with_transformers, "alias_trainer.py", tmp_path / "out", cwd=tmp_path)
     assert (tmp_path / "out" / "checkpoint-6" / "model.safetensors").exists()
+
+
+# trl and peft are not hasten's dependencies: install them with torch pinned (pip install trl peft
+# "torch==<installed>"), and without timm/torchvision, whose torchvision breaks transformers' AutoProcessor.
+def test_trl_dpo_steps_on_two_processes(with_transformers, tmp_path):
+    pytest.importorskip("trl", reason="trl is not installed: pip install trl (with torch pinned) to run this test")
+    pytest.importorskip("datasets", reason="datasets is not installed (trl needs it)")
+    launch_in(with_transformers, "alias_trl_dpo.py", tmp_path / "out", cwd=tmp_path)
+
+
+def test_peft_fsdp_auto_wrap_policy_on_two_processes(with_transformers, tmp_path):
+    pytest.importorskip("peft", reason="peft is not installed: pip install peft (with torch pinned) to run this test")
+    python = with_transformers
+    command = [python, "-m", "hasten", "launch", "--use_fsdp", "--fsdp_version", "1", "--num_processes", "2",
+               str(DISTRIBUTED / "alias_peft_fsdp.py")]
+    result = run(*command, check=False, cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, f"--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}"
+    assert sorted(re.findall(r"CHECKS-PASSED (\d+) ", result.stdout)) == ["0", "1"], result.stdout
