@@ -26,7 +26,7 @@ from .config.dataclasses import (
 )
 from .config.resolve import runtime_value
 from .config.settings import refuse_unbuilt_environment
-from .core.availability import is_bitsandbytes_multi_backend_available
+from .core.availability import is_bitsandbytes_multi_backend_available, is_xpu_available
 from .core.enums import DistributedType, DynamoBackend
 from .core.errors import ConfigError, NotSupportedYetError
 from .distributed import operations
@@ -306,10 +306,12 @@ class Accelerator:
                                   "cannot train in a distributed run; launch one process (or set "
                                   "HASTEN_BYPASS_DEVICE_MAP=1)")
             device_placement = False
-        # looked up here at call time (mock.patch("accelerate.accelerator.is_bitsandbytes_multi_backend_available")
-        # reaches it) and only for a quantized model on the CPU: the probe imports bitsandbytes
-        device_placement = quantized_model_placement(model, self.device, self.use_distributed, device_placement,
-                                                     bnb_runs_on_cpu=lambda: is_bitsandbytes_multi_backend_available())
+        # As Accelerate: bitsandbytes trains on the CPU with its multi-backend build, and not on a machine with XPUs.
+        # Both probes are looked up here at call time (mock.patch("accelerate.accelerator.is_xpu_available")
+        # reaches them) and only for a quantized model on the CPU: the first imports bitsandbytes.
+        device_placement = quantized_model_placement(
+            model, self.device, self.use_distributed, device_placement,
+            bnb_runs_on_cpu=lambda: is_bitsandbytes_multi_backend_available() and not is_xpu_available())
         if any(p.is_meta for p in model.parameters()) and device_placement:
             raise ConfigError("prepare() got a model with parameters on the meta device; load its weights first")
         self.precision.convert_models([model], fsdp2=self.is_fsdp2)

@@ -102,8 +102,8 @@ def quantized_model_placement(model, device: torch.device, distributed: bool, de
                               bnb_runs_on_cpu=lambda: True) -> bool:
     """Whether `prepare()` should move `model` to `device`: False for a bitsandbytes model dispatched with a
     device map (its weights are where they will run). Refuses a quantized model that cannot train there: weights
-    offloaded to disk (or to the CPU under a GPU run, or under a CPU run when `bnb_runs_on_cpu()` says the
-    installed bitsandbytes has no CPU backend), several devices in a distributed run, another device."""
+    offloaded to disk (or to the CPU under a GPU run, or under a CPU run when `bnb_runs_on_cpu()` says
+    bitsandbytes cannot train on the CPU here), several devices in a distributed run, another device."""
     if not (getattr(model, "is_loaded_in_8bit", False) or getattr(model, "is_loaded_in_4bit", False)):
         return device_placement
     device_map = getattr(model, "hf_device_map", None)
@@ -119,7 +119,7 @@ def quantized_model_placement(model, device: torch.device, distributed: bool, de
         # Accelerate's words first (code matches "CPU or disk offload")
         raise ConfigError(f"You can't train a model that has been loaded in 8-bit or 4-bit precision with CPU or disk "
                           f"offload: prepare() got a {bits} model with modules offloaded to {'/'.join(offloaded)}, which cannot "
-                          f"train{'' if device.type != 'cpu' or bnb_runs_on_cpu() else ' (the installed bitsandbytes has no CPU backend)'}"
+                          f"train{'' if device.type != 'cpu' or bnb_runs_on_cpu() else ' (bitsandbytes cannot train on the CPU here: it has no multi-backend build, or the machine has XPUs)'}"
                           f"; load it with device_map={{'': {_map_value(device)!r}}}")
     if "cpu" in placed:
         devices.add(torch.device("cpu"))
