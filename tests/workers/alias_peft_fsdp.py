@@ -38,7 +38,7 @@ optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad]
 model, optimizer = accelerator.prepare(model, optimizer)
 wrapped = [type(m.module).__name__ for m in model.modules() if isinstance(m, FSDP)]
 check(isinstance(model, FSDP), f"prepare() gave {type(model)}")
-check(wrapped.count("GPT2Block") == 2, f"each GPT2Block is its own FSDP unit (the policy's transformer rule): {wrapped}")
+check(wrapped.count("GPT2Block") == 2, f"each GPT2Block is an FSDP unit (the policy's transformer rule): {wrapped}")
 check(any(name in ("Linear", "Embedding") for name in wrapped), f"the trainable LoRA leaves are wrapped: {wrapped}")
 ids = torch.tensor([[(row + step) % 16 for step in range(12)] for row in range(8)])
 losses = []

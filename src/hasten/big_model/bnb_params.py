@@ -116,11 +116,13 @@ def quantized_model_placement(model, device: torch.device, distributed: bool, de
     # offloading, like "disk".
     offloaded = sorted(p for p in placed if p == "disk" or device.type != "cpu" or not bnb_runs_on_cpu())
     if offloaded:
+        cpu_note = ""
+        if device.type == "cpu" and not bnb_runs_on_cpu():
+            cpu_note = " (bitsandbytes cannot train on the CPU here: no multi-backend build, or the machine has XPUs)"
         # Accelerate's words first (code matches "CPU or disk offload")
         raise ConfigError(f"You can't train a model that has been loaded in 8-bit or 4-bit precision with CPU or disk "
-                          f"offload: prepare() got a {bits} model with modules offloaded to {'/'.join(offloaded)}, which cannot "
-                          f"train{'' if device.type != 'cpu' or bnb_runs_on_cpu() else ' (bitsandbytes cannot train on the CPU here: it has no multi-backend build, or the machine has XPUs)'}"
-                          f"; load it with device_map={{'': {_map_value(device)!r}}}")
+                          f"offload: prepare() got a {bits} model with modules offloaded to {'/'.join(offloaded)}, "
+                          f"which cannot train{cpu_note}; load it with device_map={{'': {_map_value(device)!r}}}")
     if "cpu" in placed:
         devices.add(torch.device("cpu"))
     if len(devices) > 1 and distributed:

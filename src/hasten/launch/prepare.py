@@ -183,8 +183,8 @@ def _script_value(text: str):
 def _convert_nargs_to_dict(nargs: list) -> dict:
     """The training script's `--name value` arguments as a dict for SageMaker's hyperparameters.
 
-    Each `--name` (or `-name`) must be followed by one value; the key is the name without dashes, with `-` read
-    as `_` (as argparse names its destinations); a negative number is a value. A flag with no value (a `store_true` switch) is a ValueError:
+    Each `--name` (or `-name`) must be followed by one value; the key is the name without dashes, with `-`
+    read as `_` (as argparse names its destinations); a negative number is a value. A flag with no value (a `store_true` switch) is a ValueError:
     SageMaker passes every hyperparameter as `--name value`.
     """
     result = {}
