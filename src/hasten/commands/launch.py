@@ -468,15 +468,32 @@ def _run_distributed(args, plan: LaunchPlan) -> int:
     return 0
 
 
+def _with_launch_defaults(args):
+    """`args` with every `hasten launch` option it lacks set to the parser's default (callers, like Accelerate's
+    own tests, build the Namespace by hand with Accelerate's fields only)."""
+    defaults = vars(launch_command_parser().parse_args(["script.py"]))
+    for name, value in defaults.items():
+        if not hasattr(args, name):
+            setattr(args, name, value)
+        elif value is None and getattr(args, name) is False:
+            setattr(args, name, None)  # an unset on/off flag, in hasten's terms ("not typed")
+    return args
+
+
+def _script_command(args) -> list:
+    command = [] if args.no_python else [sys.executable, *(["-m"] if args.module else [])]
+    return [*command, args.training_script, *args.training_script_args]
+
+
 def simple_launcher(args: argparse.Namespace) -> None:
     """Accelerate's one-process launcher: run the script as a child process with the launch's environment
     (`prepare_simple_launcher_cmd_env`). A non-zero exit raises `subprocess.CalledProcessError` (with `--quiet`:
     `sys.exit(1)`)."""
     import subprocess
 
-    from ..launch.prepare import prepare_simple_launcher_cmd_env
-
-    command, env = prepare_simple_launcher_cmd_env(args)
+    args = _with_launch_defaults(args)
+    plan = plan_launch(args)  # as prepare_simple_launcher_cmd_env: the command and the run's environment
+    command, env = _script_command(args), {**os.environ, **plan.env}
     process = subprocess.Popen(command, env=env)
     process.wait()
     if process.returncode != 0:
@@ -489,8 +506,6 @@ def multi_gpu_launcher(args: argparse.Namespace) -> None:
     """Accelerate's torchrun launcher: start the processes through torchrun's elastic agent exactly as
     `hasten launch` does (any device type, gloo on CPUs). A failed run raises `LaunchError` naming the exit code
     (the failing ranks are printed above it)."""
-    from ..launch.prepare import _with_launch_defaults
-
     args = _with_launch_defaults(args)
     code = _run_distributed(args, plan_launch(args))
     if code != 0:

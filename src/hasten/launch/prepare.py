@@ -7,7 +7,6 @@ flags, then environment, then config file), so what they return is what the laun
 from __future__ import annotations
 
 import os
-import sys
 
 from ..core.enums import DistributedType
 from ..core.errors import ConfigError
@@ -20,22 +19,8 @@ _RANKED_TYPES = (
 )
 
 
-def _with_launch_defaults(args):
-    """`args` with every `hasten launch` option it lacks set to the parser's default (callers, like Accelerate's
-    own tests, build the Namespace by hand with Accelerate's fields only)."""
-    from ..commands.launch import launch_command_parser
-
-    defaults = vars(launch_command_parser().parse_args(["script.py"]))
-    for name, value in defaults.items():
-        if not hasattr(args, name):
-            setattr(args, name, value)
-        elif value is None and getattr(args, name) is False:
-            setattr(args, name, None)  # an unset on/off flag, in hasten's terms ("not typed")
-    return args
-
-
 def _plan(args):
-    from ..commands.launch import plan_launch
+    from ..commands.launch import _with_launch_defaults, plan_launch
 
     args = _with_launch_defaults(args)
     if getattr(args, "no_python", False) and getattr(args, "module", False):
@@ -43,14 +28,11 @@ def _plan(args):
     return plan_launch(args)
 
 
-def _script_command(args) -> list:
-    command = [] if args.no_python else [sys.executable, *(["-m"] if args.module else [])]
-    return [*command, args.training_script, *args.training_script_args]
-
-
 def prepare_simple_launcher_cmd_env(args) -> tuple:
     """(command, environment) to run the script as one process: `[python, script, *script_args]` and a copy of
     `os.environ` with the run's settings added (the `HASTEN_*` variables `hasten launch` exports)."""
+    from ..commands.launch import _script_command
+
     plan = _plan(args)
     return _script_command(args), {**os.environ, **plan.env}
 
