@@ -258,6 +258,12 @@ def test_register_for_checkpointing_validates():
     acc = Accelerator()
     with pytest.raises(ConfigError, match="object"):
         acc.register_for_checkpointing(object())
+    with pytest.raises(ValueError) as refused:  # Accelerate's words, each offender by its argument position
+        acc.register_for_checkpointing(torch.nn.Linear(1, 1), torch.zeros(1), object())
+    message = str(refused.value)
+    assert message.startswith("All `objects` must include a `state_dict` and `load_state_dict` function")
+    assert "Item at index 1, `Tensor`" in message and "Item at index 2, `object`" in message
+    assert "Item at index 0" not in message
     acc.register_for_checkpointing(torch.nn.Linear(1, 1))
     assert len(acc._custom_objects) == 1
 

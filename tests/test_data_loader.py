@@ -91,8 +91,11 @@ def test_batch_sampler_shard_with_varying_batch_sizes_redeals_whole_batches():
 
 
 def test_batch_sampler_shard_rejects_bad_splits():
-    with pytest.raises(ValueError, match="divisible by 2"):
+    with pytest.raises(ValueError, match="divisible by 2") as refused:
         BatchSamplerShard(batches(10, 3), 2, 0, split_batches=True)
+    # Accelerate's words first: code matches them
+    assert str(refused.value).startswith("To use `BatchSamplerShard` in `split_batches` mode, the batch size (3) "
+                                         "needs to be a round multiple of the number of processes (2)")
     with pytest.raises(ValueError, match="batch size"):
         BatchSamplerShard([[0, 1]], 2, 0, split_batches=True)
     with pytest.raises(ValueError, match="process_index=2"):

@@ -116,6 +116,15 @@ def test_handler_options_not_built_are_refused():
     with pytest.raises(ConfigError) as error:
         TorchContextParallelConfig(cp_comm_strategy="ring")
     assert "allgather, alltoall" in _one_line(error)
+    assert _one_line(error).startswith("Invalid cp_comm_strategy: ring")  # Accelerate's words first
+
+
+def test_a_bad_comm_strategy_from_the_environment_names_it_in_accelerates_words(monkeypatch):
+    monkeypatch.setenv("PARALLELISM_CONFIG_CP_COMM_STRATEGY", "invalid")
+    with pytest.raises(ValueError) as error:
+        TorchContextParallelConfig()
+    assert _one_line(error).startswith("Invalid cp_comm_strategy: invalid")
+    assert "PARALLELISM_CONFIG_CP_COMM_STRATEGY" in _one_line(error)
 
 
 @pytest.mark.parametrize("kwargs, processes, backend", [

@@ -26,6 +26,7 @@ from .config.dataclasses import (
 )
 from .config.resolve import runtime_value
 from .config.settings import refuse_unbuilt_environment
+from .core.availability import is_bitsandbytes_multi_backend_available, is_xpu_available
 from .core.enums import DistributedType, DynamoBackend
 from .core.errors import ConfigError, NotSupportedYetError
 from .distributed import operations
@@ -308,7 +309,12 @@ class Accelerator:
                                   "cannot train in a distributed run; launch one process (or set "
                                   "HASTEN_BYPASS_DEVICE_MAP=1)")
             device_placement = False
-        device_placement = quantized_model_placement(model, self.device, self.use_distributed, device_placement)
+        # As Accelerate: bitsandbytes trains on the CPU with its multi-backend build, and not on a machine with XPUs.
+        # Both probes are looked up here at call time (mock.patch("accelerate.accelerator.is_xpu_available")
+        # reaches them) and only for a quantized model on the CPU: the first imports bitsandbytes.
+        device_placement = quantized_model_placement(
+            model, self.device, self.use_distributed, device_placement,
+            bnb_runs_on_cpu=lambda: is_bitsandbytes_multi_backend_available() and not is_xpu_available())
         if any(p.is_meta for p in model.parameters()) and device_placement:
             raise ConfigError("prepare() got a model with parameters on the meta device; load its weights first")
         self.precision.convert_models([model], fsdp2=self.is_fsdp2)
@@ -639,11 +645,15 @@ class Accelerator:
         save(obj, f, save_on_each_node=self.project_configuration.save_on_each_node, safe_serialization=safe_serialization)
 
     def register_for_checkpointing(self, *objects):
-        invalid = [type(o).__name__ for o in objects if not (hasattr(o, "state_dict") and hasattr(o, "load_state_dict"))]
+        invalid = [(index, type(o).__name__) for index, o in enumerate(objects)
+                   if not (hasattr(o, "state_dict") and hasattr(o, "load_state_dict"))]
         if invalid:
+            # Accelerate's words first (code matches "Item at index N"); N is the argument's position
             raise ConfigError(
-                f"register_for_checkpointing needs objects with `state_dict` and `load_state_dict`; these lack "
-                f"them: {', '.join(invalid)}"
+                "All `objects` must include a `state_dict` and `load_state_dict` function to be stored. The following "
+                "inputs are invalid:" + "".join(f"\n\t- Item at index {index}, `{name}`" for index, name in invalid)
+                + "\nregister_for_checkpointing saves each object through those two methods; wrap the others in an "
+                "object that has them"
             )
         self._custom_objects.extend(objects)
         self._resume_when_ready()

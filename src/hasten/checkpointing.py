@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import warnings
 
 import torch
 
@@ -46,8 +45,9 @@ def clean_state_dict_for_safetensors(state_dict: dict) -> dict:
     kept = sharding.drop_aliases(state_dict)
     dropped = [name for name, value in state_dict.items() if isinstance(value, torch.Tensor) and name not in kept]
     if dropped:
-        warnings.warn(f"removed shared tensors {dropped} while saving (they alias earlier entries); "
-                      "load_state ties them again", UserWarning, stacklevel=2)
+        # logged, as Accelerate logs it (callers capture the record, not a Python warning)
+        logger.warning(f"Removed shared tensor {dropped} while saving: they alias earlier entries of the state "
+                       "dict, and loading ties them again")
     cleaned = {}
     for name, value in state_dict.items():
         if name in kept:

@@ -102,8 +102,9 @@ def prepare_data_loader(dataloader, device=None, num_processes=None, process_ind
             )
         if batch_size % num_processes != 0:
             raise ConfigError(
-                f"split_batches=True cuts every batch into {num_processes} equal parts, but the DataLoader's batch "
-                f"size is {batch_size}. Use a batch size divisible by {num_processes}, or split_batches=False."
+                f"To use a `DataLoader` in `split_batches` mode, the batch size ({batch_size}) needs to be a round "
+                f"multiple of the number of processes ({num_processes}): split_batches=True cuts every batch into "
+                f"{num_processes} equal parts. Use a batch size divisible by {num_processes}, or split_batches=False."
             )
 
     kwargs = carried_kwargs(dataloader)

@@ -70,7 +70,15 @@ class TorchContextParallelConfig:
     cp_comm_strategy: Optional[str] = None
 
     def __post_init__(self):
-        self.cp_comm_strategy = _setting("parallelism_config_cp_comm_strategy", self.cp_comm_strategy)
+        try:
+            self.cp_comm_strategy = _setting("parallelism_config_cp_comm_strategy", self.cp_comm_strategy)
+        except ConfigError as error:  # a bad value (or PARALLELISM_CONFIG_CP_COMM_STRATEGY): Accelerate's words first
+            import os
+
+            text = self.cp_comm_strategy or os.environ.get("PARALLELISM_CONFIG_CP_COMM_STRATEGY")
+            if str(error).startswith("Invalid cp_comm_strategy"):
+                raise
+            raise ConfigError(f"Invalid cp_comm_strategy: {text} ({error})") from None
         if self.cp_comm_strategy not in CP_COMM_STRATEGIES:
             raise ConfigError(f"Invalid cp_comm_strategy: {self.cp_comm_strategy} (cp_comm_strategy must be one of "
                               f"{', '.join(CP_COMM_STRATEGIES)})")

@@ -29,8 +29,11 @@ def test_set_module_tensor_to_device_keeps_parameter_class_and_grad():
     assert layer.weight.dtype == torch.float32 and torch.equal(layer.weight, torch.ones(2, 3))  # cast to old dtype
     set_module_tensor_to_device(layer, "bias", "cpu", value=torch.zeros(2), dtype=torch.float16)
     assert layer.bias.dtype == torch.float16
-    with pytest.raises(ValueError, match=r"shape \(5,\), the model expects \(2,\)"):
+    with pytest.raises(ValueError, match=r"shape \(5,\), the model expects \(2,\)") as refused:
         set_module_tensor_to_device(layer, "bias", "cpu", value=torch.zeros(5))
+    # the text is exactly Accelerate's (code compares it whole); hasten's own words are a note
+    assert str(refused.value) == ('Trying to set a tensor of shape torch.Size([5]) in "bias" (which has shape '
+                                  'torch.Size([2])), this looks incorrect.')
     with pytest.raises(ValueError, match="no parameter or buffer named 'scale'"):
         set_module_tensor_to_device(layer, "scale", "cpu")
     model = nn.Sequential(nn.BatchNorm1d(2))
@@ -71,3 +74,18 @@ def test_load_state_dict_checks_the_format(tmp_path):
         load_state_dict(str(tmp_path / "tf.safetensors"))
     torch.save({"b": torch.zeros(3)}, str(tmp_path / "w.bin"))
     assert torch.equal(load_state_dict(str(tmp_path / "w.bin"))["b"], torch.zeros(3))
+
+
+@pytest.mark.parametrize("device_map", [None, {"": "cpu"}])
+def test_checkpoint_weights_the_model_lacks_are_logged_in_accelerates_words(tmp_path, caplog, device_map):
+    from hasten.utils import load_checkpoint_in_model
+
+    state = nn.Linear(2, 2).state_dict()
+    state["foo"] = torch.ones(3)
+    path = tmp_path / "weights.pt"
+    torch.save(state, path)
+    with caplog.at_level("WARNING"):
+        load_checkpoint_in_model(nn.Linear(2, 2), str(path), device_map=device_map)
+    assert any("were not used when initializing Linear: ['foo']" in record.getMessage() for record in caplog.records)
+    with pytest.raises((ValueError, RuntimeError)):
+        load_checkpoint_in_model(nn.Linear(2, 2), str(path), device_map=device_map, strict=True)

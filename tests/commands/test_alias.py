@@ -117,6 +117,26 @@ print("SPEC-OK")
     assert "SPEC-OK" in run(python, "-W", "error::ImportWarning", "-c", script).stdout
 
 
+def test_accelerates_logger_names_are_hastens_loggers(aliased):
+    # Accelerate's own tests (and users' scripts) capture or silence records by Accelerate's logger names.
+    python, _ = aliased
+    script = """
+import logging, unittest
+before = logging.getLogger("accelerate.utils.environment")  # made before the alias: a logger of its own
+assert before.name == "accelerate.utils.environment"
+import accelerate.utils
+assert logging.getLogger("accelerate") is logging.getLogger("hasten")
+assert logging.getLogger("accelerate.utils.environment") is logging.getLogger("hasten.utils.environment")
+assert logging.getLogger("accelerated") is not logging.getLogger("hastend")  # only the package's own names
+case = unittest.TestCase()
+with case.assertLogs("accelerate.utils.environment", level="WARNING") as captured:
+    assert accelerate.utils.convert_dict_to_env_variables({"A": "1", "B": "<x"}) == ["A=1\\n"]
+assert len(captured.records) == 1, captured.output
+print("LOGGERS-OK")
+"""
+    assert "LOGGERS-OK" in run(python, "-c", script).stdout
+
+
 def test_hasten_env_shows_the_alias(aliased, tmp_path):
     python, _ = aliased
     assert "`accelerate` alias: active: `import accelerate` loads hasten" in run(python, "-m", "hasten", "env").stdout
@@ -239,3 +259,21 @@ def test_a_transformers_no_trainer_script_runs_unchanged(with_transformers, tmp_
 def test_transformers_trainer_trains_and_saves_on_two_processes(with_transformers, tmp_path):
     launch_in(with_transformers, "alias_trainer.py", tmp_path / "out", cwd=tmp_path)
     assert (tmp_path / "out" / "checkpoint-6" / "model.safetensors").exists()
+
+
+# trl and peft are not hasten's dependencies: install them with torch pinned (pip install trl peft
+# "torch==<installed>"), and without timm/torchvision, whose torchvision breaks transformers' AutoProcessor.
+def test_trl_dpo_steps_on_two_processes(with_transformers, tmp_path):
+    pytest.importorskip("trl", reason="trl is not installed: pip install trl (with torch pinned) to run this test")
+    pytest.importorskip("datasets", reason="datasets is not installed (trl needs it)")
+    launch_in(with_transformers, "alias_trl_dpo.py", tmp_path / "out", cwd=tmp_path)
+
+
+def test_peft_fsdp_auto_wrap_policy_on_two_processes(with_transformers, tmp_path):
+    pytest.importorskip("peft", reason="peft is not installed: pip install peft (with torch pinned) to run this test")
+    python = with_transformers
+    command = [python, "-m", "hasten", "launch", "--use_fsdp", "--fsdp_version", "1", "--num_processes", "2",
+               str(DISTRIBUTED / "alias_peft_fsdp.py")]
+    result = run(*command, check=False, cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, f"--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}"
+    assert sorted(re.findall(r"CHECKS-PASSED (\d+) ", result.stdout)) == ["0", "1"], result.stdout

@@ -37,7 +37,7 @@ def write(path, config):
     return str(path)
 
 
-def test_conversion_maps_the_strategy_and_drops_fsdp1_only_keys(capsys):
+def test_conversion_maps_the_strategy_and_drops_fsdp1_only_keys(caplog):
     converted = convert_config_to_fsdp2(json.loads(json.dumps(FSDP1)))
     assert converted["fsdp_config"] == {
         "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
@@ -50,7 +50,7 @@ def test_conversion_maps_the_strategy_and_drops_fsdp1_only_keys(capsys):
         "fsdp_version": 2,
     }
     assert converted["num_processes"] == 2 and converted["distributed_type"] == "FSDP"
-    warnings = capsys.readouterr().err
+    warnings = caplog.text  # logged, as Accelerate's command logs them
     for key in ("fsdp_backward_prefetch", "fsdp_forward_prefetch", "fsdp_sync_module_states", "fsdp_use_orig_params"):
         assert f"dropped {key}" in warnings
 
@@ -65,11 +65,12 @@ def test_every_sharding_strategy_has_its_reshard_value(strategy, reshard):
         assert converted["fsdp_config"] == {"fsdp_reshard_after_forward": reshard, "fsdp_version": 2}
 
 
-def test_already_fsdp2_or_no_fsdp_block_is_left_alone(capsys):
+def test_already_fsdp2_or_no_fsdp_block_is_left_alone(caplog):
     v2 = {"fsdp_config": {"fsdp_version": 2, "fsdp_reshard_after_forward": True}}
     assert convert_config_to_fsdp2(v2) == v2
     assert convert_config_to_fsdp2({"num_processes": 2}) == {"num_processes": 2}
-    assert "already has fsdp_version: 2" in capsys.readouterr().err
+    assert "Config already specifies FSDP2, skipping conversion..." in caplog.records[0].getMessage()
+    assert "fsdp_version: 2" in caplog.records[0].getMessage()
 
 
 def test_command_writes_a_file_hasten_launch_accepts(tmp_path):
@@ -89,7 +90,7 @@ def test_command_refuses_to_clobber_without_overwrite(tmp_path, capsys):
     existing = tmp_path / "b.yaml"
     existing.write_text("keep: me\n")
     assert cli.main(["to-fsdp2", "--config_file", source, "--output_file", str(existing)]) == 1
-    assert "already exists; pass --overwrite" in capsys.readouterr().err
+    assert "Output file `" + str(existing) + "` already exists and --overwrite is not set" in capsys.readouterr().err
     assert existing.read_text() == "keep: me\n"
     assert cli.main(["to-fsdp2", "--config_file", source]) == 1
     assert "give --output_file PATH, or --overwrite" in capsys.readouterr().err
@@ -109,6 +110,12 @@ def test_python_api_raises_accelerates_exception_types(tmp_path):
     args.config_file = write(tmp_path / "a.yaml", FSDP1)
     args.overwrite, args.output_file = False, args.config_file
     with pytest.raises(FileExistsError):
+        to_fsdp2_command(args)
+    # the output's existence is asked through pathlib (Accelerate's tests patch Path.exists)
+    from unittest import mock
+
+    args.output_file = str(tmp_path / "not-there.yaml")
+    with mock.patch("pathlib.Path.exists", return_value=True), pytest.raises(FileExistsError):
         to_fsdp2_command(args)
 
 
@@ -140,3 +147,56 @@ def test_accelerate_module_paths_and_subparsers(module, names):
 def test_merge_command_reports_a_bad_folder(tmp_path, capsys):
     assert cli.main(["merge-weights", str(tmp_path / "nothing"), str(tmp_path / "out")]) == 1
     assert "hasten merge-weights:" in capsys.readouterr().err
+
+
+# -- Accelerate's helper names in the command modules -------------------------------------------------------------
+
+def test_env_command_returns_the_report_and_finds_commands_on_path(monkeypatch, capsys):
+    from hasten.commands import env
+
+    monkeypatch.setattr(env, "which", lambda name: None)  # Accelerate's tests patch this name
+    info = env.env_command(env.env_command_parser().parse_args([]))
+    assert info["`accelerate` bash location"] == "Not found" and info["`hasten` bash location"] == "Not found"
+    monkeypatch.setattr(env, "which", lambda name: f"/bin/{name}")
+    info = env.env_command(env.env_command_parser().parse_args(["--markdown"]))
+    assert info["`hasten` bash location"] == "/bin/hasten"
+    assert "- `accelerate` bash location: /bin/accelerate" in capsys.readouterr().out
+
+
+def test_test_command_launches_the_self_check_with_the_config_file(monkeypatch, capsys):
+    from hasten.commands import test as test_cmd
+
+    calls = []
+    monkeypatch.setattr(test_cmd.subprocess, "call", lambda command: calls.append(command) or 0)
+    test_cmd.test_command(test_cmd.test_command_parser().parse_args(["--config_file", "c.yaml"]))
+    assert "--config_file=c.yaml" in calls[0] and calls[0][-1] == "--self-check-worker"
+    assert test_cmd.SUCCESS in capsys.readouterr().out
+    monkeypatch.setattr(test_cmd.subprocess, "call", lambda command: 3)
+    with pytest.raises(RuntimeError, match="exit code 3"):
+        test_cmd.test_command(test_cmd.test_command_parser().parse_args([]))
+
+
+def test_config_helpers_follow_the_settings_table():
+    from hasten.commands.config import config, config_utils
+    from hasten.config import settings
+
+    assert "INDUCTOR" in config_utils.DYNAMO_BACKENDS and "NO" not in config_utils.DYNAMO_BACKENDS
+    assert len(config_utils.DYNAMO_BACKENDS) == len(settings.get("dynamo_backend").choices) - 1
+    parser = argparse.ArgumentParser(prog="hasten <command> [<args>]",
+                                     formatter_class=config_utils.SubcommandHelpFormatter)
+    assert "<command> [<args>]" not in parser.format_usage()
+    assert callable(config.main)
+
+
+def test_to_fsdp2_mappings_are_the_conversion_it_runs():
+    from hasten.commands.merge import description
+    from hasten.commands.to_fsdp2 import ARGUMENT_KEY_MAPPING, ARGUMENT_VALUE_MAPPING, ConversionStatus
+
+    assert ARGUMENT_KEY_MAPPING["fsdp_sharding_strategy"] == "fsdp_reshard_after_forward"
+    assert ARGUMENT_KEY_MAPPING["fsdp_use_orig_params"] is ConversionStatus.REMOVED
+    assert ARGUMENT_KEY_MAPPING["fsdp_forward_prefetch"] is ConversionStatus.NOT_YET_IMPLEMENTED
+    dropped = [key for key, target in ARGUMENT_KEY_MAPPING.items() if isinstance(target, ConversionStatus)]
+    converted = convert_config_to_fsdp2({"fsdp_config": {key: True for key in dropped}})
+    assert converted["fsdp_config"] == {"fsdp_version": 2}
+    assert ARGUMENT_VALUE_MAPPING["fsdp_sharding_strategy"]["SHARD_GRAD_OP"] is False
+    assert "SHARDED_STATE_DICT" in description

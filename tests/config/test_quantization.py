@@ -120,6 +120,28 @@ def test_prepare_placement_of_quantized_models():
         with pytest.raises(ConfigError, match=words) as caught:
             quantized_model_placement(model, device, distributed, True)
         assert "\n" not in str(caught.value)
+        if "offloaded" in words:
+            assert str(caught.value).startswith("You can't train a model that has been loaded in 8-bit or 4-bit "
+                                                "precision with CPU or disk offload")
+
+
+def test_a_quantized_model_on_a_cpu_run_needs_a_bitsandbytes_that_computes_on_the_cpu():
+    from unittest import mock
+
+    from hasten import Accelerator
+
+    cpu = torch.device("cpu")
+    assert quantized_model_placement(_quantized({"": "cpu"}), cpu, False, True, bnb_runs_on_cpu=lambda: True) is False
+    with pytest.raises(ConfigError, match="CPU or disk offload.*cannot train on the CPU here"):
+        quantized_model_placement(_quantized({"": "cpu"}), cpu, False, True, bnb_runs_on_cpu=lambda: False)
+    # prepare() asks the probe under the name Accelerate's code (and tests) patch
+    with mock.patch("hasten.accelerator.is_bitsandbytes_multi_backend_available", return_value=False):
+        with pytest.raises(ValueError, match="CPU or disk offload"):
+            Accelerator(cpu=True).prepare_model(_quantized({"": "cpu"}, bits=8))
+    with mock.patch("hasten.accelerator.is_bitsandbytes_multi_backend_available", return_value=True), \
+            mock.patch("hasten.accelerator.is_xpu_available", return_value=True):
+        with pytest.raises(ValueError, match="CPU or disk offload"):  # as Accelerate on a machine with XPUs
+            Accelerator(cpu=True).prepare_model(_quantized({"": "cpu"}, bits=8))
 
 
 def test_prepare_refuses_a_disk_offloaded_quantized_model():

@@ -33,8 +33,10 @@ def test_recursively_apply_keeps_every_container_type():
     assert isinstance(out["o"], OrderedDict)
     assert out["a"][0].item() == 2 and out["a"][1][0].tolist() == [2, 2] and out["p"].x.item() == 2
     assert out["a"][1][1] == "text" and out["p"].y == 3  # other leaves are kept as they are
-    with pytest.raises(TypeError, match="Unsupported type <class 'str'>"):
-        recursively_apply(lambda t: t, ["text"], error_on_other_type=True)
+    with pytest.raises(TypeError) as refused:
+        recursively_apply(torch.tensor, ["text"], error_on_other_type=True)
+    assert str(refused.value) == ("Unsupported types (<class 'str'>) passed to `tensor`. Only nested list/tuple/dicts "
+                                  "of objects that are valid for `is_torch_tensor` should be passed.")
     ints = recursively_apply(lambda v: v + 1, {"n": [1, 2]}, test_type=lambda v: isinstance(v, int))
     assert ints == {"n": [2, 3]}
 

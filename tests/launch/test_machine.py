@@ -252,3 +252,26 @@ def test_a_namespace_with_accelerates_fill_ins_for_switched_off_features_is_acce
         utils.prepare_multi_gpu_env(namespace(use_megatron_lm=True))
     with pytest.raises(ConfigError, match="--fsdp_min_num_params needs --use_fsdp"):
         utils.prepare_multi_gpu_env(namespace(fsdp_min_num_params=1000))
+
+
+def test_an_old_linux_kernel_is_logged_with_both_versions(monkeypatch, caplog):
+    import platform
+    from types import SimpleNamespace
+
+    from hasten.utils import check_os_kernel
+
+    monkeypatch.setattr(platform, "uname", lambda: SimpleNamespace(system="Linux", release="5.4.0-35-generic"))
+    with caplog.at_level("WARNING"):
+        check_os_kernel()
+    assert len(caplog.records) == 1 and "5.4.0" in caplog.records[0].msg and "5.5.0" in caplog.records[0].msg
+    caplog.clear()
+    for system, release in (("Linux", "5.15.0-35-generic"), ("Darwin", "5.4.0"), ("Linux", "custom+build")):
+        monkeypatch.setattr(platform, "uname", lambda s=system, r=release: SimpleNamespace(system=s, release=r))
+        check_os_kernel()
+    assert not caplog.records
+
+
+def test_env_file_entries_left_out_are_logged_under_accelerates_module_path(caplog):
+    with caplog.at_level("WARNING", logger="hasten.utils.environment"):
+        assert utils.convert_dict_to_env_variables({"A": "1", "B": "<x"}) == ["A=1\n"]
+    assert [record.name for record in caplog.records] == ["hasten.utils.environment"]

@@ -98,10 +98,12 @@ def _as_device(device) -> torch.device:
     return torch.device(device)
 
 
-def quantized_model_placement(model, device: torch.device, distributed: bool, device_placement: bool) -> bool:
+def quantized_model_placement(model, device: torch.device, distributed: bool, device_placement: bool,
+                              bnb_runs_on_cpu=lambda: True) -> bool:
     """Whether `prepare()` should move `model` to `device`: False for a bitsandbytes model dispatched with a
     device map (its weights are where they will run). Refuses a quantized model that cannot train there: weights
-    offloaded to disk (or to the CPU under a GPU run), several devices in a distributed run, another device."""
+    offloaded to disk (or to the CPU under a GPU run, or under a CPU run when `bnb_runs_on_cpu()` says
+    bitsandbytes cannot train on the CPU here), several devices in a distributed run, another device."""
     if not (getattr(model, "is_loaded_in_8bit", False) or getattr(model, "is_loaded_in_4bit", False)):
         return device_placement
     device_map = getattr(model, "hf_device_map", None)
@@ -110,11 +112,17 @@ def quantized_model_placement(model, device: torch.device, distributed: bool, de
     bits = "8-bit" if getattr(model, "is_loaded_in_8bit", False) else "4-bit"
     placed = {str(d) for d in device_map.values() if d in ("cpu", "disk")}
     devices = {_as_device(d) for d in device_map.values() if d not in ("cpu", "disk")}
-    # On a CPU run "cpu" is where the model runs; otherwise it is offloading, like "disk".
-    offloaded = sorted(p for p in placed if p == "disk" or device.type != "cpu")
+    # On a CPU run "cpu" is where the model runs (when bitsandbytes can compute there); otherwise it is
+    # offloading, like "disk".
+    offloaded = sorted(p for p in placed if p == "disk" or device.type != "cpu" or not bnb_runs_on_cpu())
     if offloaded:
-        raise ConfigError(f"prepare() got a {bits} model with modules offloaded to {'/'.join(offloaded)}, which "
-                          f"cannot train; load it with device_map={{'': {_map_value(device)!r}}}")
+        cpu_note = ""
+        if device.type == "cpu" and not bnb_runs_on_cpu():
+            cpu_note = " (bitsandbytes cannot train on the CPU here: no multi-backend build, or the machine has XPUs)"
+        # Accelerate's words first (code matches "CPU or disk offload")
+        raise ConfigError(f"You can't train a model that has been loaded in 8-bit or 4-bit precision with CPU or disk "
+                          f"offload: prepare() got a {bits} model with modules offloaded to {'/'.join(offloaded)}, "
+                          f"which cannot train{cpu_note}; load it with device_map={{'': {_map_value(device)!r}}}")
     if "cpu" in placed:
         devices.add(torch.device("cpu"))
     if len(devices) > 1 and distributed:

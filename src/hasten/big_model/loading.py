@@ -192,8 +192,13 @@ def set_module_tensor_to_device(module, tensor_name, device, value=None, dtype=N
         dtype = getattr(torch, dtype.replace("torch.", ""))
     if value is not None:
         if old.shape != value.shape and type(old).__name__ != "Params4bit":
-            raise ValueError(f"cannot set {tensor_name}: the value has shape {tuple(value.shape)}, the model expects "
-                             f"{tuple(old.shape)}; the checkpoint does not match this model")
+            # Accelerate's exact words (code compares the whole text); ours ride along as a note
+            error = ValueError(f'Trying to set a tensor of shape {value.shape} in "{name}" (which has shape '
+                               f'{old.shape}), this looks incorrect.')
+            if hasattr(error, "add_note"):
+                error.add_note(f"cannot set {tensor_name}: the value has shape {tuple(value.shape)}, the model "
+                               f"expects {tuple(old.shape)}; the checkpoint does not match this model")
+            raise error
     if not is_buffer and is_quantized_parameter(old):
         # bitsandbytes weights are quantized on arrival and carry settings and statistics that a plain
         # Parameter rebuild would drop.
@@ -447,7 +452,12 @@ def load_checkpoint_in_model(model: torch.nn.Module, checkpoint, device_map=None
     if missing:
         logger.warning("load_checkpoint_in_model: %d weight(s) not in the checkpoint: %s", len(missing), missing[:10])
     if unexpected:
-        logger.warning("load_checkpoint_in_model: %d unexpected weight(s) in the checkpoint: %s", len(unexpected), unexpected[:10])
+        # Accelerate's words first: users' log filters match them
+        logger.warning(
+            f"Some weights of the model checkpoint at {checkpoint} were not used when initializing "
+            f"{type(model).__name__}: {unexpected[:10]}{'...' if len(unexpected) > 10 else ''} ({len(unexpected)} in "
+            "all). Check that the checkpoint belongs to this model, or pass strict=True to refuse it."
+        )
 
 
 # -- models with offloaded weights -----------------------------------------------------------------------------

@@ -72,10 +72,36 @@ class _PackageViewLoader(_SameModuleLoader):
             def __dir__(self):
                 return sorted(set(dir(target)) | {"__version__"})
 
+        _share_loggers()
         view = AcceleratePackage(ALIAS, target.__doc__)
         view.__version__ = ALIAS_VERSION
         view.__file__ = getattr(target, "__file__", None)
         return view
+
+
+def _share_loggers():
+    """`logging.getLogger("accelerate.X")` returns hasten's logger `hasten.X` (and "accelerate" returns "hasten").
+
+    Code written for Accelerate captures or silences Accelerate's records by logger name
+    (`assertLogs("accelerate.utils.environment")`, `getLogger("accelerate").setLevel(...)`); hasten's records go
+    to its own loggers, so the name is translated where every lookup passes, the logging manager. Installed when
+    `accelerate` is first imported, never at interpreter start; a logger someone made under an `accelerate` name
+    before that keeps its object but is no longer returned by name.
+    """
+    import logging
+
+    manager = logging.Logger.manager
+    if getattr(manager, "_hasten_alias_names", False):
+        return
+    own_get_logger = manager.getLogger
+
+    def get_logger(name):
+        if isinstance(name, str) and (name == ALIAS or name.startswith(ALIAS + ".")):
+            name = TARGET + name[len(ALIAS):]
+        return own_get_logger(name)
+
+    manager.getLogger = get_logger
+    manager._hasten_alias_names = True
 
 
 class AccelerateAliasFinder:

@@ -7,6 +7,7 @@ import importlib.util
 import os
 import platform
 import sys
+from shutil import which
 
 
 def collect_info(config_file: str | None = None) -> dict:
@@ -19,7 +20,9 @@ def collect_info(config_file: str | None = None) -> dict:
     info = {
         "`hasten` version": hasten.__version__,
         "Platform": platform.platform(),
-        "`hasten` bash location": os.path.join(os.path.dirname(sys.executable), "hasten"),
+        "`hasten` bash location": which("hasten") or "Not found",
+        # the command Accelerate's scripts call (the alias installs one): Accelerate's report names it too
+        "`accelerate` bash location": which("accelerate") or "Not found",
         "`accelerate` alias": _alias_status(),
         "Python version": platform.python_version(),
         "Numpy version": numpy.__version__,
@@ -146,21 +149,36 @@ def render_markdown(info: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="hasten env", description="Print environment information for bug reports.")
+def env_command_parser(subparsers=None) -> argparse.ArgumentParser:
+    description = "Print environment information for bug reports."
+    if subparsers is not None:
+        parser = subparsers.add_parser("env", description=description)
+    else:
+        parser = argparse.ArgumentParser(prog="hasten env", description=description)
     parser.add_argument("--config_file", "--config-file", default=None, help="Config file to show.")
     parser.add_argument("--markdown", action="store_true",
                         help="Print a Markdown list (as `accelerate env` does) instead of a table.")
-    args = parser.parse_args(argv)
-    info = collect_info(args.config_file)
-    if args.markdown:
+    if subparsers is not None:
+        parser.set_defaults(func=env_command)
+    return parser
+
+
+def env_command(args) -> dict:
+    """Print the report for `args.config_file` and return what it holds (as Accelerate's `env_command` does)."""
+    info = collect_info(getattr(args, "config_file", None))
+    if getattr(args, "markdown", False):
         print("\nCopy-and-paste the text below in your GitHub issue\n")
         print(render_markdown(info))
-        return 0
+        return info
     sections = collect_sections(info)
     # rich draws boxes and colours for a person at a terminal; piped output stays plain text for pasting/grepping
     if sys.stdout.isatty() and importlib.util.find_spec("rich") is not None:
         print_rich(sections)
     else:
         print(render_plain(sections))
+    return info
+
+
+def main(argv=None) -> int:
+    env_command(env_command_parser().parse_args(argv))
     return 0

@@ -8,6 +8,7 @@ It never manages processes itself: more than one process always goes through
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import runpy
 import signal
@@ -37,12 +38,56 @@ def _add(parser_or_group, *names, **kwargs):
     return parser_or_group.add_argument(*spellings, **kwargs)
 
 
+# a paradigm switch -> the help group of its own options (shown only when the switch is typed, see below)
+options_to_group = {
+    "multi_gpu": "Distributed GPUs",
+    "tpu": "TPU",
+    "use_deepspeed": "DeepSpeed (with --use_deepspeed)",
+    "use_fsdp": "FSDP (with --use_fsdp; exported as FSDP_* variables)",
+    "use_megatron_lm": "Megatron-LM (with --use_megatron_lm; served by hasten's TP/PP/FSDP)",
+    "fp8_backend": "FP8 (with --mixed_precision fp8)",
+}
+
+
+def clean_option(option: str):
+    """`--some-flag` -> `some_flag` (the argparse destination); anything not starting with `--` -> None.
+    Any `--fp8_*` spelling names the FP8 group's switch, `fp8_backend`."""
+    if "fp8_backend" in option:
+        return "fp8_backend"
+    if option.startswith("--"):
+        return option[2:].replace("-", "_")
+    return None
+
+
+class CustomHelpFormatter(argparse.HelpFormatter):
+    """`hasten launch --help`: each flag under its `--snake_case` spelling only (the `--kebab-case` twin is
+    accepted but not listed twice), and, when the command line names a paradigm (`--use_fsdp -h`), the option
+    groups of the other paradigms are left out, so the help shows what that run can use."""
+
+    def add_argument(self, action):
+        args = sys.argv[1:]
+        if args[:1] == ["launch"]:
+            args = args[1:]
+        typed = {clean_option(arg) for arg in args}
+        chosen = [dest for dest in options_to_group if dest in typed]
+        group = getattr(getattr(action, "container", None), "title", None)
+        if chosen and group in options_to_group.values() and group not in {options_to_group[d] for d in chosen}:
+            return  # another paradigm's options
+        if action.option_strings:
+            action = copy.copy(action)  # the parser keeps every spelling; only the listing is shortened
+            action.option_strings = [s for s in action.option_strings if "-" not in s[2:]] or action.option_strings
+        super().add_argument(action)
+
+
 def launch_command_parser(subparsers=None) -> argparse.ArgumentParser:
-    description = "Launch a training script on one or more processes (and machines)."
+    description = ("Launch a training script on one or more processes (and machines). Every flag is listed as "
+                   "--snake_case and also answers to its --kebab-case spelling (--num-processes).")
     if subparsers is not None:
-        parser = subparsers.add_parser("launch", description=description, allow_abbrev=False)
+        parser = subparsers.add_parser("launch", description=description, allow_abbrev=False,
+                                       formatter_class=CustomHelpFormatter)
     else:
-        parser = _Parser(prog="hasten launch", description=description, allow_abbrev=False)
+        parser = _Parser(prog="hasten launch", description=description, allow_abbrev=False,
+                         formatter_class=CustomHelpFormatter)
     add_launch_arguments(parser)
     parser.add_argument("training_script", help="The script (or module with -m) to run.")
     parser.add_argument("training_script_args", nargs=argparse.REMAINDER, help="Arguments for the script.")
@@ -91,7 +136,8 @@ def _flag_type(row):
 def add_launch_arguments(parser) -> None:
     """Every launch flag except the script, generated from the settings table (`hasten.config.settings`).
 
-    `hasten config explain` takes the same flags. Settings flags default to None so that "not typed" is known:
+    `hasten config explain` takes the same flags. Settings flags default to None (switches to False) so that
+    "not typed" is known:
     the environment and the config file only fill settings whose flag was not typed. Flags of features hasten
     has not built are accepted here and refused with one line when the launch is resolved.
     """
@@ -114,7 +160,10 @@ def add_launch_arguments(parser) -> None:
         else:
             kwargs["default"] = None
         if row.switch:
+            # an untyped switch reads False, as in Accelerate's parser (code tests `args.multi_gpu is False`);
+            # the resolver reads False from a switch as "not typed", so the file and the environment still apply
             kwargs["action"] = "store_true"
+            kwargs["default"] = False
         elif row.append:
             kwargs["action"] = "append"
         elif row.choices and row.built and row.kind == "str":
@@ -170,6 +219,28 @@ def plan_launch(args: argparse.Namespace) -> LaunchPlan:
         env=settings.env,
         settings=settings,
     )
+
+
+def _validate_launch_command(args: argparse.Namespace):
+    """Accelerate's step that completes a parsed command line: returns `(args, config, mp_from_config_flag)`.
+
+    Every setting the command line left out is written onto `args` as `hasten launch` resolves it (flag >
+    environment > config file > default), so `args` then reads as the launch will run; `config` is the config
+    file's `ClusterConfig` (None without a file) and `mp_from_config_flag` whether mixed_precision came from the
+    file. Conflicting flags and impossible values raise as `hasten launch` raises them.
+    """
+    from ..config import settings as table
+    from ..config.launch_settings import resolve_launch
+    from .config.config_args import load_config_from_file
+
+    resolved_settings = resolve_launch(args)
+    for name, resolved in resolved_settings.values.items():
+        row = table.get(name)
+        if row.flags and resolved.source != "flag" and hasattr(args, row.flag_dest):
+            setattr(args, row.flag_dest, resolved.value)
+    path = resolved_settings.config_path
+    config = load_config_from_file(path) if path else None
+    return args, config, resolved_settings.values["mixed_precision"].source == "file"
 
 
 def _port_in_use(host: str, port: int) -> bool:
@@ -407,6 +478,58 @@ def _run_distributed(args, plan: LaunchPlan) -> int:
               "(run with --debug for the full trace)", file=sys.stderr)
         return 1
     return 0
+
+
+def _with_launch_defaults(args):
+    """`args` with every `hasten launch` option it lacks set to the parser's default (callers, like Accelerate's
+    own tests, build the Namespace by hand with Accelerate's fields only)."""
+    defaults = vars(launch_command_parser().parse_args(["script.py"]))
+    for name, value in defaults.items():
+        if not hasattr(args, name):
+            setattr(args, name, value)
+        elif value is None and getattr(args, name) is False:
+            setattr(args, name, None)  # an unset on/off flag, in hasten's terms ("not typed")
+    return args
+
+
+def _script_command(args) -> list:
+    command = [] if args.no_python else [sys.executable, *(["-m"] if args.module else [])]
+    return [*command, args.training_script, *args.training_script_args]
+
+
+def simple_launcher(args: argparse.Namespace) -> None:
+    """Accelerate's one-process launcher: run the script as a child process with the launch's environment
+    (`prepare_simple_launcher_cmd_env`). A non-zero exit raises `subprocess.CalledProcessError` (with `--quiet`:
+    `sys.exit(1)`)."""
+    import subprocess
+
+    args = _with_launch_defaults(args)
+    plan = plan_launch(args)  # as prepare_simple_launcher_cmd_env: the command and the run's environment
+    command, env = _script_command(args), {**os.environ, **plan.env}
+    process = subprocess.Popen(command, env=env)
+    process.wait()
+    if process.returncode != 0:
+        if getattr(args, "quiet", False):
+            sys.exit(1)
+        raise subprocess.CalledProcessError(returncode=process.returncode, cmd=command)
+
+
+def multi_gpu_launcher(args: argparse.Namespace) -> None:
+    """Accelerate's torchrun launcher: start the processes through torchrun's elastic agent exactly as
+    `hasten launch` does (any device type, gloo on CPUs). A failed run raises `LaunchError` naming the exit code
+    (the failing ranks are printed above it)."""
+    args = _with_launch_defaults(args)
+    code = _run_distributed(args, plan_launch(args))
+    if code != 0:
+        raise LaunchError(f"the launched processes failed (exit code {code}); the failing ranks are named above")
+
+
+def deepspeed_launcher(args: argparse.Namespace) -> None:
+    """Accelerate's DeepSpeed launcher. hasten starts DeepSpeed's processes through torchrun like every other
+    backend (on each machine, with --num_machines/--machine_rank), so this is `multi_gpu_launcher` with
+    `use_deepspeed` on; DeepSpeed's own pdsh/hostfile launchers are refused when the launch is resolved."""
+    args.use_deepspeed = True
+    multi_gpu_launcher(args)
 
 
 def launch_command(args: argparse.Namespace) -> int:

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from .merge_weights import main, merge_command, merge_command_parser
+from .merge_weights import description, main, merge_command, merge_command_parser
 
-__all__ = ["main", "merge_command", "merge_command_parser"]
+__all__ = ["description", "main", "merge_command", "merge_command_parser"]

@@ -8,11 +8,13 @@ import sys
 from ..core.errors import CheckpointError
 
 
+description = (
+    "Merge the shards of a model saved with fsdp state_dict_type=SHARDED_STATE_DICT (a folder such as "
+    "checkpoint_3/pytorch_model_fsdp_0) into one file that loads without FSDP."
+)
+
+
 def merge_weights_parser(subparsers=None) -> argparse.ArgumentParser:
-    description = (
-        "Merge the shards of a model saved with fsdp state_dict_type=SHARDED_STATE_DICT (a folder such as "
-        "checkpoint_3/pytorch_model_fsdp_0) into one file that loads without FSDP."
-    )
     if subparsers is not None:
         parser = subparsers.add_parser("merge-weights", description=description)
     else:

@@ -87,15 +87,10 @@ def self_check() -> int:
     return 0
 
 
-def main(argv=None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["--self-check-worker"]:
-        return self_check()
-    if argv[:1] in (["-h"], ["--help"]):
-        print(__doc__)
-        return 0
-    command = [sys.executable, "-m", "hasten", "launch", *argv, "-m", "hasten.commands.test", "--self-check-worker"]
-    print("Running: " + " ".join(["hasten", "launch", *argv, "-m", "hasten.commands.test"]), flush=True)
+def _run(launch_argv: list) -> int:
+    command = [sys.executable, "-m", "hasten", "launch", *launch_argv, "-m", "hasten.commands.test",
+               "--self-check-worker"]
+    print("Running: " + " ".join(["hasten", "launch", *launch_argv, "-m", "hasten.commands.test"]), flush=True)
     code = subprocess.call(command)
     if code == 0:
         print(SUCCESS)
@@ -103,6 +98,44 @@ def main(argv=None) -> int:
         print(f"hasten test: the self-check failed (exit code {code}); the reason is printed above", file=sys.stderr)
     return code
 
+
+def test_command_parser(subparsers=None):
+    """Accelerate's parser for `accelerate test`: `--config_file` only (`hasten test` also passes any other
+    `hasten launch` flag through)."""
+    import argparse
+
+    description = "Launch a short self-check of distributed training with a config file."
+    if subparsers is not None:
+        parser = subparsers.add_parser("test", description=description)
+    else:
+        parser = argparse.ArgumentParser(prog="hasten test", description=description)
+    parser.add_argument("--config_file", "--config-file", default=None,
+                        help="The config file to launch with (default: the one `hasten launch` reads).")
+    if subparsers is not None:
+        parser.set_defaults(func=test_command)
+    return parser
+
+
+def test_command(args) -> None:
+    """Run the self-check with `args.config_file`; a failed check raises RuntimeError (as Accelerate's does)."""
+    config_file = getattr(args, "config_file", None)
+    code = _run([f"--config_file={config_file}"] if config_file else [])
+    if code != 0:
+        raise RuntimeError(f"hasten test: the self-check failed with exit code {code}; the reason is printed above")
+
+
+test_command.__test__ = False  # a command, not a test for pytest to collect
+test_command_parser.__test__ = False
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--self-check-worker"]:
+        return self_check()
+    if argv[:1] in (["-h"], ["--help"]):
+        print(__doc__)
+        return 0
+    return _run(argv)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -11,9 +11,12 @@ HYBRID_SHARD_ZERO2 and NO_SHARD become `false`. Keys FSDP2 does not have are dro
 from __future__ import annotations
 
 import argparse
+import enum
 import json
+import logging
 import os
 import sys
+from pathlib import Path
 
 from ..core.errors import ConfigError
 
@@ -28,12 +31,39 @@ RESHARD_AFTER_FORWARD = {
     "FULL_SHARD": True, "HYBRID_SHARD": True,
     "SHARD_GRAD_OP": False, "HYBRID_SHARD_ZERO2": False, "NO_SHARD": False,
 }
+
+
+class ConversionStatus(enum.Enum):
+    """What became of an FSDP1 key that has no FSDP2 key (Accelerate's names and values)."""
+
+    NOT_YET_IMPLEMENTED = 0  # FSDP2 could have it, but has no setting for it
+    REMOVED = -1  # FSDP2 does it always, or otherwise
+
+
+# FSDP1 key -> its FSDP2 key, or what became of it (the table `convert_config_to_fsdp2` follows; a key not
+# listed is carried over as it is)
+ARGUMENT_KEY_MAPPING = {
+    **{key: ConversionStatus.REMOVED for key in DROPPED_KEYS},
+    "fsdp_forward_prefetch": ConversionStatus.NOT_YET_IMPLEMENTED,
+    "fsdp_sharding_strategy": "fsdp_reshard_after_forward",
+    "fsdp_reshard_after_forward": "fsdp_reshard_after_forward",
+}
+# FSDP1 key -> {FSDP1 value: FSDP2 value} for the keys whose values change
+ARGUMENT_VALUE_MAPPING = {
+    "fsdp_sharding_strategy": RESHARD_AFTER_FORWARD,
+    "fsdp_reshard_after_forward": RESHARD_AFTER_FORWARD,  # a config `hasten config` wrote for FSDP1
+}
 # FSDP1 strategies may also be written by number (1 = FULL_SHARD, ... as in `hasten config`)
 _STRATEGY_NUMBERS = {1: "FULL_SHARD", 2: "SHARD_GRAD_OP", 3: "NO_SHARD", 4: "HYBRID_SHARD", 5: "HYBRID_SHARD_ZERO2"}
 
 
+logger = logging.getLogger(__name__)
+
+
 def _warn(message: str) -> None:
-    print(f"hasten to-fsdp2: {message}", file=sys.stderr)
+    # logged, as Accelerate's command logs (code captures the records); with no logging set up Python prints
+    # warnings to stderr
+    logger.warning(f"hasten to-fsdp2: {message}")
 
 
 def _reshard_value(key: str, value):
@@ -43,11 +73,11 @@ def _reshard_value(key: str, value):
     name = name.upper().split(".")[-1]  # "ShardingStrategy.FULL_SHARD" -> "FULL_SHARD"
     if name in ("TRUE", "FALSE"):
         return name == "TRUE"
-    if name not in RESHARD_AFTER_FORWARD:
+    if name not in ARGUMENT_VALUE_MAPPING[key]:
         raise ConfigError(
             f"fsdp_config.{key} has value {value!r}; expected one of {', '.join(RESHARD_AFTER_FORWARD)} or true/false"
         )
-    return RESHARD_AFTER_FORWARD[name]
+    return ARGUMENT_VALUE_MAPPING[key][name]
 
 
 def convert_config_to_fsdp2(config: dict) -> dict:
@@ -58,14 +88,16 @@ def convert_config_to_fsdp2(config: dict) -> dict:
         _warn("the config has no fsdp_config block; nothing to convert")
         return config
     if int(fsdp.get("fsdp_version", 1)) == 2:
-        _warn("fsdp_config already has fsdp_version: 2; left unchanged")
+        logger.warning("Config already specifies FSDP2, skipping conversion... (fsdp_config has fsdp_version: 2; "
+                       "the file is left unchanged)")
         return config
     converted = {}
     for key, value in fsdp.items():
-        if key in DROPPED_KEYS:
+        target = ARGUMENT_KEY_MAPPING.get(key, key)
+        if isinstance(target, ConversionStatus):
             _warn(f"dropped {key} ({DROPPED_KEYS[key]})")
-        elif key in ("fsdp_sharding_strategy", "fsdp_reshard_after_forward"):
-            converted["fsdp_reshard_after_forward"] = _reshard_value(key, value)
+        elif key in ARGUMENT_VALUE_MAPPING:
+            converted[target] = _reshard_value(key, value)
         else:
             converted[key] = value
     converted["fsdp_version"] = 2
@@ -113,8 +145,9 @@ def to_fsdp2_command(args) -> str:
         if not args.overwrite:
             raise ConfigError("give --output_file PATH, or --overwrite to rewrite the config file in place")
         output = args.config_file
-    elif os.path.exists(output) and not args.overwrite:
-        raise FileExistsError(f"{output} already exists; pass --overwrite to replace it")
+    elif Path(output).exists() and not args.overwrite:
+        raise FileExistsError(f"Output file `{output}` already exists and --overwrite is not set; pass --overwrite "
+                              "to replace it, or choose another --output_file")
     converted = convert_config_to_fsdp2(load_config(args.config_file))
     text = (json.dumps(converted, indent=2) + "\n") if output.endswith(".json") else _yaml_text(converted)
     tmp = f"{output}.tmp-{os.getpid()}"

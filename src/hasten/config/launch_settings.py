@@ -299,5 +299,11 @@ def _exports(values: dict, env: Mapping[str, str]) -> dict:
         values["num_cpu_threads_per_process"] = Resolved(
             "num_cpu_threads_per_process", threads, "default", "built-in default (physical cores / processes)"
         )
+    if values["use_cpu"].value:
+        # As Accelerate's --cpu: Intel OpenMP pins each thread to one core and spins only briefly after a
+        # parallel region. The user's own values win.
+        for name, value in (("KMP_AFFINITY", "granularity=fine,compact,1,0"), ("KMP_BLOCKTIME", "1")):
+            if name not in env:
+                exports[name] = value
     exports[SOURCES_VARIABLE] = json.dumps(sources, separators=(",", ":"))
     return exports

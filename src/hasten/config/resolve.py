@@ -198,7 +198,9 @@ def resolve(
         if name in code and code[name] is not None and not _env_overrides_code(setting, code[name], env):
             result[name] = Resolved(name, code[name], "code", f"in the script ({name}=...)")
             continue
-        if setting.flag and flags.get(setting.flag) is not None:
+        # a switch (store_true) that was not typed reads False, as in Accelerate's parser: not a flag value
+        typed = flags.get(setting.flag) is not None and not (setting.switch and flags[setting.flag] is False)
+        if setting.flag and typed:
             result[name] = Resolved(name, flags[setting.flag], "flag", setting.flag_text)
             continue
         found = _from_env(setting, env)

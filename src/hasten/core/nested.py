@@ -68,9 +68,10 @@ def recursively_apply(func, data, *args, test_type=is_torch_tensor, error_on_oth
     if test_type(data):
         return func(data, *args, **kwargs)
     if error_on_other_type:
+        # Accelerate's exact words: code compares the whole text
         raise TypeError(
-            f"Unsupported type {type(data)} passed to `{getattr(func, '__name__', func)}`: only nested "
-            f"lists/tuples/dicts of objects that satisfy `{test_type.__name__}` are allowed."
+            f"Unsupported types ({type(data)}) passed to `{getattr(func, '__name__', func)}`. Only nested "
+            f"list/tuple/dicts of objects that are valid for `{test_type.__name__}` should be passed."
         )
     return data
 

@@ -52,9 +52,10 @@ class DataLoaderDispatcher(ResumableLoader):
             batch_size = self._loader_batch_size()
             if batch_size is None or batch_size % self.state.num_processes != 0:
                 raise ConfigError(
-                    f"split_batches=True with dispatch_batches=True cuts every batch into "
-                    f"{self.state.num_processes} equal parts, but the batch size is {batch_size}. Use a batch size "
-                    f"divisible by {self.state.num_processes}."
+                    f"To use a `DataLoader` in `split_batches` mode, the batch size ({batch_size}) needs to be a round "
+                    f"multiple of the number of processes ({self.state.num_processes}): split_batches=True with "
+                    f"dispatch_batches=True cuts every batch into {self.state.num_processes} equal parts. Use a batch "
+                    f"size divisible by {self.state.num_processes}."
                 )
 
     def _loader_batch_size(self):

@@ -18,7 +18,7 @@ __all__ = [
 ]
 
 
-def _check_split(batch_size, num_processes: int, what: str) -> None:
+def _check_split(batch_size, num_processes: int, what: str, owner: str) -> None:
     if batch_size is None:
         raise ConfigError(
             f"split_batches=True needs to know the batch size, but {what} has none. Give the DataLoader a "
@@ -26,8 +26,9 @@ def _check_split(batch_size, num_processes: int, what: str) -> None:
         )
     if batch_size % num_processes != 0:
         raise ConfigError(
-            f"split_batches=True cuts every batch into {num_processes} equal parts, but the batch size is "
-            f"{batch_size}. Use a batch size divisible by {num_processes}, or split_batches=False."
+            f"To use `{owner}` in `split_batches` mode, the batch size ({batch_size}) needs to be a round multiple "
+            f"of the number of processes ({num_processes}): split_batches=True cuts every batch into {num_processes} "
+            f"equal parts. Use a batch size divisible by {num_processes}, or split_batches=False."
         )
 
 
@@ -115,7 +116,8 @@ class BatchSamplerShard(_WrappedBatchSampler):
         _check_rank(num_processes, process_index)
         batch_size = getattr(batch_sampler, "batch_size", None)
         if split_batches:
-            _check_split(batch_size, num_processes, f"the batch sampler {type(batch_sampler).__name__}")
+            _check_split(batch_size, num_processes, f"the batch sampler {type(batch_sampler).__name__}",
+                         "BatchSamplerShard")
         # BatchSampler.__init__ validates a sampler we do not have; set its public attributes ourselves.
         self.batch_sampler = batch_sampler
         self.num_processes = num_processes
@@ -209,7 +211,7 @@ class IterableDatasetShard(IterableDataset):
                  process_index: int = 0, split_batches: bool = False):
         _check_rank(num_processes, process_index)
         if split_batches and batch_size > 1:
-            _check_split(batch_size, num_processes, "the data loader")
+            _check_split(batch_size, num_processes, "the data loader", "IterableDatasetShard")
         self.dataset = dataset
         self.batch_size = batch_size
         self.drop_last = drop_last

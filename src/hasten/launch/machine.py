@@ -19,7 +19,9 @@ from dataclasses import dataclass
 
 from ..distributed.cluster import get_int_from_env, parse_flag_from_env
 
-logger = logging.getLogger(__name__)
+# named for the public module these helpers are read from (Accelerate's `utils.environment`): under the alias,
+# `logging.getLogger("accelerate.utils.environment")` is this logger
+logger = logging.getLogger("hasten.utils.environment")
 
 # characters that would break a `KEY=VALUE` line of an env file or a shell command built from it
 _FORBIDDEN_IN_ENV = (";", "\n", "<", ">", " ")

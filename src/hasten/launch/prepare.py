@@ -7,7 +7,6 @@ flags, then environment, then config file), so what they return is what the laun
 from __future__ import annotations
 
 import os
-import sys
 
 from ..core.enums import DistributedType
 from ..core.errors import ConfigError
@@ -20,22 +19,8 @@ _RANKED_TYPES = (
 )
 
 
-def _with_launch_defaults(args):
-    """`args` with every `hasten launch` option it lacks set to the parser's default (callers, like Accelerate's
-    own tests, build the Namespace by hand with Accelerate's fields only)."""
-    from ..commands.launch import launch_command_parser
-
-    defaults = vars(launch_command_parser().parse_args(["script.py"]))
-    for name, value in defaults.items():
-        if not hasattr(args, name):
-            setattr(args, name, value)
-        elif value is None and getattr(args, name) is False:
-            setattr(args, name, None)  # an unset on/off flag, in hasten's terms ("not typed")
-    return args
-
-
 def _plan(args):
-    from ..commands.launch import plan_launch
+    from ..commands.launch import _with_launch_defaults, plan_launch
 
     args = _with_launch_defaults(args)
     if getattr(args, "no_python", False) and getattr(args, "module", False):
@@ -43,14 +28,11 @@ def _plan(args):
     return plan_launch(args)
 
 
-def _script_command(args) -> list:
-    command = [] if args.no_python else [sys.executable, *(["-m"] if args.module else [])]
-    return [*command, args.training_script, *args.training_script_args]
-
-
 def prepare_simple_launcher_cmd_env(args) -> tuple:
     """(command, environment) to run the script as one process: `[python, script, *script_args]` and a copy of
     `os.environ` with the run's settings added (the `HASTEN_*` variables `hasten launch` exports)."""
+    from ..commands.launch import _script_command
+
     plan = _plan(args)
     return _script_command(args), {**os.environ, **plan.env}
 
@@ -79,6 +61,46 @@ def prepare_multi_gpu_env(args) -> dict:
     args.max_restarts = plan.max_restarts
     args.monitor_interval = plan.monitor_interval
     return {**os.environ, **plan.env}
+
+
+def _export_rows(args, prefix: str, current_env: dict) -> dict:
+    """Write each `args.<row>` that is set for the table rows named `prefix*` under the variable the training
+    processes read (the row's export); a row hasten has not built is refused in one line when set."""
+    from ..config import settings as table
+    from ..config.resolve import _text
+
+    for row in table.SETTINGS:
+        if not row.name.startswith(prefix) or not row.flags:
+            continue
+        value = getattr(args, row.flag_dest, None)
+        if value is None or value is False:
+            continue
+        row.refuse(f"--{row.flag_dest}", value)
+        if not row.built or row.export is None:
+            continue
+        if row.name == "fp8_override_linear_precision":
+            for part, flag in zip(("fprop", "dgrad", "wgrad"), value):
+                current_env[table.get(f"fp8_override_{part}").export] = _text(flag)
+        else:
+            current_env[row.export] = _text(value)
+    return current_env
+
+
+def setup_fp8_env(args, current_env: dict) -> dict:
+    """Add the FP8 settings of a parsed launch command line (`--fp8_*`) to `current_env`, under the variables
+    the training processes read (`HASTEN_FP8_*`; the three overrides of `fp8_override_linear_precision` each
+    get their own). Returns `current_env`."""
+    return _export_rows(args, "fp8_", current_env)
+
+
+def prepare_extend_env_parallelism_config(args, current_env: dict) -> dict:
+    """Turn on the parallelism config for the run and add its sizes and options from a parsed launch command
+    line (`--parallelism_config_*`) to `current_env` (`PARALLELISM_CONFIG_*`). Sequence-parallel settings,
+    which hasten has not built, are refused in one line when set. Returns `current_env`."""
+    from ..config import settings as table
+
+    current_env[table.get("use_parallelism_config").export] = "true"
+    return _export_rows(args, "parallelism_config_", current_env)
 
 
 def env_var_path_add(env_var_name: str, path_to_add: str) -> str:
@@ -121,6 +143,45 @@ class PrepareForLaunch:
             os.environ["RANK"] = str(nproc * node_rank + index)
         os.environ["FORK_LAUNCHED"] = "1"
         return self.launcher(*args)
+
+
+_SAGEMAKER_FLAG_ONLY = (
+    "SageMaker doesn’t support argparse actions for `store_true` or `store_false`. Please define explicit types"
+)
+
+
+def _script_value(text: str):
+    """A script argument's value as SageMaker's hyperparameters want it: True/False as bools, whole numbers as
+    ints ("3", "3.0"), other numbers as floats ("5e-5", "50.5"), anything else as the text itself."""
+    if text in ("True", "False"):
+        return text == "True"
+    try:
+        number = float(text)
+    except ValueError:
+        return text
+    return int(number) if number.is_integer() else number
+
+
+def _convert_nargs_to_dict(nargs: list) -> dict:
+    """The training script's `--name value` arguments as a dict for SageMaker's hyperparameters.
+
+    Each `--name` (or `-name`) must be followed by one value; the key is the name without dashes, with `-`
+    read as `_` (as argparse names its destinations); a negative number is a value. A flag with no value (a `store_true` switch) is a ValueError:
+    SageMaker passes every hyperparameter as `--name value`.
+    """
+    result = {}
+    index = 0
+    while index < len(nargs):
+        item = nargs[index]
+        if not item.startswith("-"):
+            raise ValueError(f"training script argument {item!r} follows no --name; SageMaker hyperparameters are "
+                             "passed as `--name value` pairs")
+        following = nargs[index + 1] if index + 1 < len(nargs) else None
+        if following is None or (following.startswith("-") and isinstance(_script_value(following), str)):
+            raise ValueError(f"{_SAGEMAKER_FLAG_ONLY} ({item} has no value; fix: pass it as `{item} True`)")
+        result[item.lstrip("-").replace("-", "_")] = _script_value(following)
+        index += 2
+    return result
 
 
 def prepare_deepspeed_cmd_env(args):

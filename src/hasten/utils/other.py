@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import platform
 import socket
@@ -102,18 +103,23 @@ def load(f, map_location=None, **kwargs):
 
 
 def check_os_kernel() -> None:
+    """Log a warning on a Linux kernel older than 5.5.0, where processes are known to hang; a release text
+    that is no version (a custom build) is left alone."""
     info = platform.uname()
     if info.system != "Linux":
         return
+    from packaging.version import InvalidVersion, Version
+
+    release = info.release.split("-")[0]
     try:
-        from packaging.version import Version
-
-        if Version(info.release.split("-")[0]) < Version("5.5.0"):
-            import warnings
-
-            warnings.warn(f"Linux kernel {info.release} is older than 5.5.0; processes may hang.", stacklevel=2)
-    except Exception:  # noqa: BLE001
-        pass
+        too_old = Version(release) < Version("5.5.0")
+    except InvalidVersion:
+        return  # nothing to compare: no claim either way
+    if too_old:
+        logging.getLogger("hasten.utils.other").warning(
+            f"Detected kernel version {release}, which is below the recommended minimum of 5.5.0; this can cause "
+            "the process to hang. Upgrade the kernel to 5.5.0 or newer."
+        )
 
 
 def __getattr__(name):

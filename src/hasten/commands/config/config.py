@@ -52,3 +52,8 @@ def config_command(args) -> int:
     config_file.write_config_file({**kept, **config}, path)
     print(f"hasten config: wrote {path}")
     return 0
+
+
+def main(argv=None) -> int:
+    """`hasten config` (the questionnaire) as a program of its own."""
+    return config_command(config_command_parser().parse_args(argv))

@@ -19,6 +19,23 @@ class _Cancelled(Exception):
     pass
 
 
+def __getattr__(name: str):
+    if name == "DYNAMO_BACKENDS":
+        # the torch.compile backends the questionnaire offers, upper-cased as Accelerate lists them ("no" aside);
+        # read from the settings table when asked, so the list and the check never disagree
+        from ...config import settings
+
+        return [choice.upper() for choice in settings.get("dynamo_backend").choices if choice != "no"]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class SubcommandHelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Help for a subcommand: the usage line drops the parent's `<command> [<args>]` placeholder."""
+
+    def _format_usage(self, usage, actions, groups, prefix):
+        return super()._format_usage(usage, actions, groups, prefix).replace("<command> [<args>] ", "")
+
+
 class Questions:
     """Ask on stdin/stdout; a blank answer takes the default; a bad answer is asked again (a few times)."""
 

@@ -1,0 +1,101 @@
+"""Accelerate's helper names in `commands.launch`: the help formatter, option cleaning, and the launchers
+(which start processes exactly as `hasten launch` does)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from hasten.commands.launch import (
+    CustomHelpFormatter,
+    clean_option,
+    deepspeed_launcher,
+    launch_command_parser,
+    multi_gpu_launcher,
+    options_to_group,
+    simple_launcher,
+)
+from hasten.core.errors import LaunchError
+
+
+@pytest.fixture(autouse=True)
+def _no_run_variables(monkeypatch):
+    """No run variables in, and none left behind (a launch exports its settings into this process)."""
+    import os
+
+    saved = dict(os.environ)
+    for name in [n for n in os.environ if n.startswith(("HASTEN_", "ACCELERATE_"))]:
+        monkeypatch.delenv(name)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+def test_clean_option():
+    assert clean_option("--num-processes") == "num_processes" and clean_option("--use_fsdp") == "use_fsdp"
+    assert clean_option("--fp8_backend") == "fp8_backend" and clean_option("-m") is None
+
+
+def test_help_lists_one_spelling_per_flag_and_only_the_typed_paradigms_groups(monkeypatch):
+    parser = launch_command_parser()
+    assert parser.formatter_class is CustomHelpFormatter
+    monkeypatch.setattr(sys, "argv", ["hasten", "launch", "-h"])
+    text = parser.format_help()
+    assert "--config-file" not in text and "--config_file" in text
+    assert text.count("--num-processes") == 1  # named once, in the description
+    assert options_to_group["use_deepspeed"] in text and options_to_group["use_fsdp"] in text
+    monkeypatch.setattr(sys, "argv", ["hasten", "launch", "--use-fsdp", "-h"])
+    text = parser.format_help()
+    assert options_to_group["use_fsdp"] in text and options_to_group["use_deepspeed"] not in text
+    # the parser itself still takes both spellings
+    assert parser.parse_args(["--config-file", "x.yaml", "t.py"]).config_file == "x.yaml"
+
+
+def test_simple_launcher_runs_the_script_and_raises_on_failure(tmp_path):
+    ok, bad = tmp_path / "ok.py", tmp_path / "bad.py"
+    marker = tmp_path / "ran"
+    ok.write_text(f"import os; open({str(marker)!r}, 'w').write(os.environ['KMP_BLOCKTIME'])\n")
+    bad.write_text("raise SystemExit(3)\n")
+    parser = launch_command_parser()
+    simple_launcher(parser.parse_args(["--cpu", str(ok)]))
+    assert marker.read_text() == "1"  # the launch's environment reached the child
+    with pytest.raises(subprocess.CalledProcessError) as failed:
+        simple_launcher(parser.parse_args([str(bad)]))
+    assert failed.value.returncode == 3
+    with pytest.raises(SystemExit):
+        simple_launcher(parser.parse_args(["--quiet", str(bad)]))
+
+
+def test_multi_gpu_launcher_starts_the_processes_through_torchrun(tmp_path):
+    script = tmp_path / "two.py"
+    out = tmp_path / "ranks"
+    out.mkdir()
+    script.write_text("import os\n"
+                      f"open(os.path.join({str(out)!r}, os.environ['RANK']), 'w').write(os.environ['WORLD_SIZE'])\n")
+    parser = launch_command_parser()
+    multi_gpu_launcher(parser.parse_args(["--cpu", "--num_processes", "2", "--monitor_interval", "0.1", str(script)]))
+    assert sorted(p.name for p in out.iterdir()) == ["0", "1"] and (out / "1").read_text() == "2"
+    script.write_text("raise SystemExit(4)\n")
+    with pytest.raises(LaunchError, match="exit code"):
+        multi_gpu_launcher(parser.parse_args(["--cpu", "--num_processes", "2", "--monitor_interval", "0.1",
+                                              str(script)]))
+
+
+def test_deepspeed_launcher_is_the_torchrun_launch_with_deepspeed_on(monkeypatch):
+    import hasten.commands.launch as launch
+
+    seen = []
+    monkeypatch.setattr(launch, "multi_gpu_launcher", lambda args: seen.append(args.use_deepspeed))
+    deepspeed_launcher(launch_command_parser().parse_args(["t.py"]))
+    assert seen == [True]
+
+
+def test_the_cli_test_script_runs_under_launch(capfd):
+    from hasten.commands.launch import launch_command
+    from hasten.test_utils.testing import path_in_accelerate_package
+
+    script = path_in_accelerate_package("test_utils", "scripts", "test_cli.py")
+    assert launch_command(launch_command_parser().parse_args(["--cpu", str(script)])) in (0, None)
+    assert "Successfully ran on" in capfd.readouterr().out
