@@ -25,27 +25,21 @@ import torch
 import torch.distributed as dist
 
 from ..core.errors import CheckpointError, ConfigError, PipelineCallError
-from .fsdp import checkpoint as fsdp_checkpoint
 from .base import Backend, refuse_load_kwargs
 from .base import inner_optimizer as _plain
-from .fsdp.backend import FSDPBackend
+from .fsdp import checkpoint as fsdp_checkpoint
+from .tensor_parallel import LayoutBackend
 
 
-class PipelineBackend(FSDPBackend):
+class PipelineBackend(LayoutBackend):
     name = "pipeline"
-    supports_clip_grad_value = False
 
     def __init__(self, state, precision=None, ddp_kwargs=None, plugin=None):
-        if plugin is None:
-            from ..config.fsdp import FullyShardedDataParallelPlugin
-
-            plugin = FullyShardedDataParallelPlugin(fsdp_version=2)
         super().__init__(state, precision=precision, ddp_kwargs=ddp_kwargs, plugin=plugin)
-        self.layout = state.parallelism_config
         if self.precision.uses_grad_scaler:
             raise ConfigError("mixed_precision='fp16' scales the loss before backward, but with pp_size > 1 the "
                               "pipeline schedule runs backward itself; fix: mixed_precision='bf16' (or 'no')")
-        if not fsdp_checkpoint.is_sharded(plugin):
+        if not fsdp_checkpoint.is_sharded(self.plugin):
             raise ConfigError("fsdp state_dict_type=FULL_STATE_DICT is not available with pipeline parallelism (each "
                               "stage holds different weights; save_state writes sharded DCP folders); fix: "
                               "SHARDED_STATE_DICT (save_model still writes whole weights)")

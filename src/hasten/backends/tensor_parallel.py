@@ -18,8 +18,10 @@ from ..core.errors import ConfigError
 from .fsdp.backend import FSDPBackend
 
 
-class TensorParallelBackend(FSDPBackend):
-    name = "tensor_parallel"
+class LayoutBackend(FSDPBackend):
+    """FSDP2 over the data dimensions of the run's `ParallelismConfig` layout: the base of the backends that split
+    a model along the layout's other dimensions (tensor parallel here, pipeline stages in `pipeline.py`)."""
+
     supports_clip_grad_value = False
 
     def __init__(self, state, precision=None, ddp_kwargs=None, plugin=None):
@@ -29,6 +31,10 @@ class TensorParallelBackend(FSDPBackend):
             plugin = FullyShardedDataParallelPlugin(fsdp_version=2)
         super().__init__(state, precision=precision, ddp_kwargs=ddp_kwargs, plugin=plugin)
         self.layout = state.parallelism_config
+
+
+class TensorParallelBackend(LayoutBackend):
+    name = "tensor_parallel"
 
     def _device_mesh(self):
         """The mesh FSDP2 shards over (None without data-parallel dimensions)."""
