@@ -13,7 +13,7 @@ import sys
 import torch
 from deepspeed_common import LR, dataset, loader, loss_of, make_model, reset_state
 
-from hasten import Accelerator, DeepSpeedPlugin, ProjectConfiguration
+from hasten import Accelerator, DataLoaderConfiguration, DeepSpeedPlugin, ProjectConfiguration
 from hasten.distributed.rng import set_seed
 
 RUNS = {"zero2_fp32": (2, "no"), "zero3_bf16": (3, "bf16")}
@@ -24,8 +24,10 @@ def setup(workdir, name):
     stage, precision = RUNS[name]
     reset_state()
     project = ProjectConfiguration(project_dir=os.path.join(workdir, name), automatic_checkpoint_naming=True)
+    # load_state moves the loader to its saved position with Accelerate's switch (the run resumes mid-epoch).
     accelerator = Accelerator(mixed_precision=precision, project_config=project,
-                              deepspeed_plugin=DeepSpeedPlugin(zero_stage=stage, gradient_clipping=1.0))
+                              deepspeed_plugin=DeepSpeedPlugin(zero_stage=stage, gradient_clipping=1.0),
+                              dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True))
     set_seed(0)
     model = make_model(dropout=0.2)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
