@@ -82,6 +82,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _commit() -> str:
+    """The measured checkout's commit (with `+changes` when the tree differs from it)."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                                check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (not a git checkout)"
+    return commit + ("+changes" if dirty else "")
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     mode = "quick" if args.quick else "full" if args.full else "small"
@@ -98,6 +110,7 @@ def main(argv=None) -> int:
     command = "python -m benchmarks " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     started = time.perf_counter()
     when = datetime.datetime.now(datetime.timezone.utc)
+    load_before = os.getloadavg()[0]  # 1-minute load: how busy the machine was (the ratios hold either way)
     machine = render_machine(machine_info())
     print(f"Command: `{command.strip()}`\n\n{machine}", flush=True)
     sections, failed = [], []
@@ -115,8 +128,9 @@ def main(argv=None) -> int:
         print(f"[benchmarks] {name} took {time.perf_counter() - section_start:.0f} s", file=sys.stderr, flush=True)
 
     report = "\n".join([
-        f"Measured {when:%Y-%m-%d %H:%M} UTC with `{command.strip()}` "
-        f"(size: {mode}; {time.perf_counter() - started:.0f} s in all).",
+        f"Measured {when:%Y-%m-%d %H:%M} UTC on commit {_commit()} with `{command.strip()}` "
+        f"(size: {mode}; {time.perf_counter() - started:.0f} s in all; load average {load_before:.2f} before, "
+        f"{os.getloadavg()[0]:.2f} after).",
         "",
         machine,
         *sections,
