@@ -231,8 +231,6 @@ def test_multi_gpu_env_takes_a_hand_made_namespace_and_picks_a_free_port(no_conf
 def test_a_namespace_with_accelerates_fill_ins_for_switched_off_features_is_accepted(no_config):
     import argparse
 
-    from hasten.core.errors import NotBuiltError
-
     # Accelerate's parser fills Megatron-LM's and FSDP's flags in; it reads none of them while the switch is off
     def namespace(**changes):
         fields = dict(num_processes=1, num_machines=1, main_process_ip="127.0.0.1", main_process_port=0,
@@ -245,11 +243,11 @@ def test_a_namespace_with_accelerates_fill_ins_for_switched_off_features_is_acce
     args = namespace()
     utils.prepare_multi_gpu_env(args)
     assert args.master_port.isdigit()
-    # a value that asks for something is still refused, with the switch off or on
-    with pytest.raises(NotBuiltError, match="--megatron_lm_tp_degree: Megatron-LM is not built"):
+    # a value that asks for something is refused while its switch is off, and exported once it is on
+    with pytest.raises(ConfigError, match="--megatron_lm_tp_degree needs --use_megatron_lm"):
         utils.prepare_multi_gpu_env(namespace(megatron_lm_tp_degree=2))
-    with pytest.raises(NotBuiltError, match="Megatron-LM is not built"):
-        utils.prepare_multi_gpu_env(namespace(use_megatron_lm=True))
+    env = utils.prepare_multi_gpu_env(namespace(use_megatron_lm=True))
+    assert env["HASTEN_USE_MEGATRON_LM"] == "true" and env["MEGATRON_LM_TP_DEGREE"] == "1"
     with pytest.raises(ConfigError, match="--fsdp_min_num_params needs --use_fsdp"):
         utils.prepare_multi_gpu_env(namespace(fsdp_min_num_params=1000))
 
