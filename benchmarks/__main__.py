@@ -24,7 +24,7 @@ import traceback
 if __package__ in (None, ""):  # run as `python benchmarks/__main__.py`
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks._common import BENCH_DIR, REPO, clean_env, machine_info, render_machine
+from benchmarks._common import BENCH_DIR, REPO, _git_commit, clean_env, machine_info, render_machine
 
 # Our benchmarks, in report order, with the arguments the default (small) run gives each.
 OWN = {
@@ -82,18 +82,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _commit() -> str:
-    """The measured checkout's commit (with `+changes` when the tree differs from it)."""
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                                check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                               capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown (not a git checkout)"
-    return commit + ("+changes" if dirty else "")
-
-
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     mode = "quick" if args.quick else "full" if args.full else "small"
@@ -128,7 +116,7 @@ def main(argv=None) -> int:
         print(f"[benchmarks] {name} took {time.perf_counter() - section_start:.0f} s", file=sys.stderr, flush=True)
 
     report = "\n".join([
-        f"Measured {when:%Y-%m-%d %H:%M} UTC on commit {_commit()} with `{command.strip()}` "
+        f"Measured {when:%Y-%m-%d %H:%M} UTC on commit {_git_commit()} with `{command.strip()}` "
         f"(size: {mode}; {time.perf_counter() - started:.0f} s in all; load average {load_before:.2f} before, "
         f"{os.getloadavg()[0]:.2f} after).",
         "",

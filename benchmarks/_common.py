@@ -155,12 +155,16 @@ def _total_memory() -> str:
 
 
 def _git_commit() -> str:
+    """The measured checkout's commit, with `+changes` when tracked files differ from it."""
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
                              timeout=10)
-        return out.stdout.strip() or "unknown"
-    except Exception:
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
         return "unknown"
+    commit = out.stdout.strip() or "unknown"
+    return commit + ("+changes" if dirty and commit != "unknown" else "")
 
 
 def render_machine(info: dict[str, str]) -> str:
