@@ -32,12 +32,14 @@ def test_tqdm_shows_on_a_terminal_and_iterates_everything(monkeypatch):
     assert "work" in out.getvalue() and "5/5" in out.getvalue()
 
 
-def test_tqdm_is_quiet_off_terminal_and_when_switched_off(monkeypatch):
+def test_tqdm_draws_into_logs_as_accelerate_and_is_quiet_when_switched_off(monkeypatch):
     monkeypatch.delenv("TQDM_DISABLE", raising=False)
-    pipe = io.StringIO()  # a log file or CI pipe
+    pipe = io.StringIO()  # a log file or CI pipe: Accelerate's bars draw there too
     bar = utils.tqdm(range(3), file=pipe)
-    assert bar.disable is True
-    assert list(bar) == [0, 1, 2] and pipe.getvalue() == ""
+    assert not bar.disable and list(bar) == [0, 1, 2] and "3/3" in pipe.getvalue()
+    quiet = io.StringIO()  # tqdm's own disable=None: terminals only
+    bar = utils.tqdm(range(3), file=quiet, disable=None)
+    assert bar.disable is True and list(bar) == [0, 1, 2] and quiet.getvalue() == ""
     assert utils.tqdm(range(3), file=FakeTerminal(), disable=True).disable is True
     for variable in ("HASTEN_DISABLE_PROGRESS_BARS", "TQDM_DISABLE"):
         with utils.patch_environment(**{variable: "1"}):

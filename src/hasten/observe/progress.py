@@ -1,8 +1,9 @@
-"""Progress bars (Accelerate's `accelerate.utils.tqdm`) that stay out of logs and off the other processes.
+"""Progress bars (Accelerate's `accelerate.utils.tqdm`) shown by the local main process only.
 
-A bar is shown only by the local main process (unless `main_process_only=False`), only when its output is a
-terminal (tqdm's `disable=None`: a log file or a CI pipe gets no bar lines), and never when switched off with
-`disable=True` or the environment (`HASTEN_DISABLE_PROGRESS_BARS=1`, or tqdm's own `TQDM_DISABLE=1`).
+A bar is shown only by the local main process (unless `main_process_only=False`), as in Accelerate also when its
+output is a log file, and never when switched off with `disable=True` or the environment
+(`HASTEN_DISABLE_PROGRESS_BARS=1`, or tqdm's own `TQDM_DISABLE=1`). tqdm's own `disable=None` keeps bars to
+terminals only (a log file or a CI pipe then gets no bar lines).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def _show_here(main_process_only: bool) -> bool:
 
 def tqdm(*args, main_process_only: bool = True, **kwargs):
     """`tqdm.auto.tqdm(*args, **kwargs)` shown on the local main process only (all processes with
-    `main_process_only=False`), on terminals only, and not when switched off (see the module's doc).
+    `main_process_only=False`), and not when switched off (see the module's doc); `disable=None`: terminals only.
 
     The first positional argument is the iterable; a bool there is refused (Accelerate 0.x took
     `main_process_only` first).
@@ -50,7 +51,7 @@ def tqdm(*args, main_process_only: bool = True, **kwargs):
                          "the first positional argument is the iterable")
     from tqdm.auto import tqdm as _tqdm
 
-    disable = kwargs.pop("disable", None)
+    disable = kwargs.pop("disable", False)  # Accelerate's default: draw, also into a log file
     if disable is not True and (progress_bars_disabled() or not _show_here(main_process_only)):
         disable = True
     return _tqdm(*args, **kwargs, disable=disable)
