@@ -206,3 +206,21 @@ def test_tee_reaches_torchrun_logs_specs():
     for value, expected in (("1", Std.OUT), ("2", Std.ERR), ("3", Std.ALL)):
         specs = _logs_specs(launch_command_parser().parse_args(["--tee", value, "train.py"]))
         assert specs._tee == expected  # torch keeps it private; the one place to read it back
+
+
+def test_strict_setting_is_off_by_default_and_read_from_flag_variable_and_file(home, tmp_path, monkeypatch):
+    from hasten.config.resolve import strict
+
+    monkeypatch.delenv("HASTEN_STRICT", raising=False)
+    assert strict() is False
+    monkeypatch.setenv("HASTEN_STRICT", "1")
+    assert strict() is True
+    monkeypatch.setenv("HASTEN_STRICT", "no")
+    assert strict() is False
+    monkeypatch.delenv("HASTEN_STRICT")
+    # The launcher exports the flag and the config file's `strict: true` to the processes as HASTEN_STRICT.
+    config = tmp_path / "strict.yaml"
+    config.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: 'NO'\nstrict: true\n")
+    for argv in (["--strict", "train.py"], ["--config_file", str(config), "train.py"]):
+        plan = plan_launch(launch_command_parser().parse_args(argv))
+        assert plan.env["HASTEN_STRICT"] in ("1", "true", "True"), argv

@@ -271,3 +271,12 @@ def explain_values(code: Mapping[str, Any] | None = None, *, env: Mapping[str, s
     if not values["use_fsdp"].value:
         values = {k: v for k, v in values.items() if not (k in FSDP_ENV and v.source == "default")}
     return values
+
+
+def strict() -> bool:
+    """Whether hasten's stricter checks are on (`--strict`, `HASTEN_STRICT=1`, `strict: true` in the config file).
+
+    Off by default: an unchanged Accelerate script then sees Accelerate's behaviour (a warning, or silent
+    acceptance); on, each of those cases is a one-line error naming the fix.
+    """
+    return bool(runtime_value("strict").value)

@@ -154,6 +154,11 @@ SETTINGS: tuple[Setting, ...] = (
             help="Seconds a collective may wait before the run fails: gloo, NCCL, DeepSpeed and debug mode's hang "
                  "doctor (in code: InitProcessGroupKwargs(timeout=...)); unset, NCCL groups keep torch's 600 s "
                  "(hasten only)."),
+    Setting("strict", "bool", False, flags=("--strict",), switch=True, file_key=("strict",), owner="Accelerator",
+            group="General", env=("HASTEN_STRICT",), export="HASTEN_STRICT",
+            help="Turn what Accelerate accepts silently or with a warning into one-line errors: a scheduler whose "
+                 "optimizer was never prepared, a device map naming modules the model lacks, init_trackers called "
+                 "twice (hasten only; off, hasten behaves as Accelerate)."),
     Setting("hang_doctor_wait", "float", 2.0, env=("HASTEN_HANG_DOCTOR_WAIT",), minimum=0, owner="PartialState",
             help="Debug mode: seconds a rank writing the hang doctor's report waits for the others to say where "
                  "they are (hasten only)."),
