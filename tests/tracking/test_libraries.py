@@ -107,7 +107,15 @@ def test_tensorboard(run):
     events.Reload()
     assert {event.step: event.value for event in events.Scalars("loss")} == pytest.approx(LOSS)
     assert {event.step: event.value for event in events.Scalars("accuracy")} == pytest.approx(ACCURACY)
-    assert [(event.step, event.value) for event in events.Scalars("eval/f1")] == [(10, 0.75)]
+    # Accelerate's layout (HASTEN_TENSORBOARD_ONE_RUN unset): the nested dict went through add_scalars, one
+    # run folder per inner key, and the hyperparameters through add_hparams, into a folder named after the time.
+    nested = EventAccumulator(str(run_dir / "eval_f1"))
+    nested.Reload()
+    assert [(event.step, event.value) for event in nested.Scalars("eval")] == [(10, 0.75)]
+    timed = [path for path in run_dir.iterdir() if path.is_dir() and path.name != "eval_f1"]
+    assert len(timed) == 2 and sum((path / "hparams.yml").is_file() for path in timed) == 1
+    events = EventAccumulator(str(next(path for path in timed if not (path / "hparams.yml").is_file())))
+    events.Reload()
     hparams = {}
     for content in events.PluginTagToContent("hparams").values():
         data = plugin_data_pb2.HParamsPluginData.FromString(content)

@@ -234,9 +234,21 @@ def test_missing_library_raises_install_hint_on_start(state, monkeypatch, tmp_pa
         tracker.start()
 
 
-def test_a_failing_tracker_warns_once_and_training_goes_on(state):
+def test_a_failing_tracker_raises_the_librarys_exception_by_default(state, monkeypatch):
+    # Accelerate's behaviour: accelerator.log lets the library's exception through, unwrapped.
+    monkeypatch.delenv("HASTEN_TRACKER_ERRORS", raising=False)
+    session = TrackerSession([FailingTracker(), RecordingTracker()], None)
+    assert session.on_error == "propagate"
+    session.start("p")
+    with pytest.raises(ConnectionError, match="server went away"):
+        session.log({"loss": 1.0}, step=1)
+    session.finish()
+
+
+def test_a_failing_tracker_warns_once_and_training_goes_on(state, monkeypatch):
+    monkeypatch.setenv("HASTEN_TRACKER_ERRORS", "warn")  # the hasten setting tracker_errors
     failing, healthy = FailingTracker(), RecordingTracker()
-    session = TrackerSession([failing, healthy], None, on_error="warn")
+    session = TrackerSession([failing, healthy], None)
     session.start("p")
     with pytest.warns(RuntimeWarning, match="tracker 'failing' failed to log step 1: ConnectionError: server went away"):
         session.log({"loss": 1.0}, step=1)
@@ -272,13 +284,34 @@ def test_get_tracker_without_and_with_trackers(state):
     session.finish()
 
 
-def test_start_twice_and_bad_values_are_clear_errors(state):
+def test_start_twice_adds_runs_as_accelerate_and_is_an_error_under_strict(state, registry, monkeypatch):
+    monkeypatch.delenv("HASTEN_STRICT", raising=False)
+    register_tracker_class(RecordingTracker)
+    session = TrackerSession(["recording"], None)
+    session.start("first", config={"lr": 1})
+    first = session.trackers[0]
+    session.start("second", config={"lr": 2})
+    # Accelerate: the new tracker joins the list; every tracker, the first one too, is started again and
+    # given the new config, and log reaches both.
+    second = session.trackers[1]
+    assert len(session.trackers) == 2 and second is not first
+    assert [call[0] for call in first.calls] == ["init", "start", "config", "start", "config"]
+    assert first.calls[-1] == ("config", {"lr": 2}) and second.calls[0][1] == "second"
+    session.log({"loss": 1.0}, step=3)
+    assert first.calls[-1][0] == second.calls[-1][0] == "log"
+    session.finish()
+    monkeypatch.setenv("HASTEN_STRICT", "1")
+    session.start("p")
+    with pytest.raises(RuntimeError, match="init_trackers was already called: call end_training"):
+        session.start("p")
+    session.finish()
+
+
+def test_start_bad_values_are_clear_errors(state):
     session = TrackerSession([RecordingTracker()], None)
     with pytest.raises(ValueError, match="project_name"):
         session.start("")
     session.start("p")
-    with pytest.raises(RuntimeError, match="end_training"):
-        session.start("p")
     with pytest.raises(TypeError, match="dict"):
         session.log([1, 2])
     session.log({"a": 1}, step=torch.tensor(4))
@@ -423,3 +456,31 @@ def test_config_may_be_a_dataclass_or_namespace(state):
         session.finish()
     with pytest.raises(ValueError, match="config must be a dict"):
         TrackerSession([RecordingTracker()], None).start("p", config=[1, 2])
+
+
+def test_tensorboard_layout_is_accelerates_unless_one_run_is_asked(state, tmp_path, monkeypatch):
+    pytest.importorskip("tensorboard")
+    from hasten.tracking import TensorBoardTracker
+
+    def folders(root, one_run):
+        if one_run:
+            monkeypatch.setenv("HASTEN_TENSORBOARD_ONE_RUN", "1")
+        else:
+            monkeypatch.delenv("HASTEN_TENSORBOARD_ONE_RUN", raising=False)
+        tracker = TensorBoardTracker("proj", root)
+        tracker.start()
+        tracker.store_init_configuration({"lr": 0.1, "opt": {"name": "adam"}})
+        tracker.log({"loss": 1.0, "eval": {"f1": 0.5}}, step=2)
+        tracker.finish()
+        run = root / "proj"
+        return sorted(p.name for p in run.iterdir() if p.is_dir()), sorted(p.name for p in run.glob("*.yml"))
+
+    # Accelerate's: add_hparams opens a run folder named after the time, hparams.yml goes into another one,
+    # and add_scalars opens one run folder per inner key.
+    subfolders, yml = folders(tmp_path / "accelerate", one_run=False)
+    assert "eval_f1" in subfolders and yml == []
+    timed = [name for name in subfolders if name != "eval_f1"]
+    assert len(timed) == 2 and all(float(name) > 0 for name in timed)
+    assert any((tmp_path / "accelerate" / "proj" / name / "hparams.yml").is_file() for name in timed)
+    # HASTEN_TENSORBOARD_ONE_RUN=1 (the hasten setting tensorboard_one_run): one run folder for the project.
+    assert folders(tmp_path / "one_run", one_run=True) == ([], ["hparams.yml"])

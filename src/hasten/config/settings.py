@@ -162,6 +162,16 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("hang_doctor_wait", "float", 2.0, env=("HASTEN_HANG_DOCTOR_WAIT",), minimum=0, owner="PartialState",
             help="Debug mode: seconds a rank writing the hang doctor's report waits for the others to say where "
                  "they are (hasten only)."),
+    Setting("tracker_errors", "str", "propagate", env=("HASTEN_TRACKER_ERRORS",), choices=enums.TRACKER_ERROR_POLICIES,
+            case="lower", owner="Accelerator.log", role="environment",
+            help="What a tracker that fails in accelerator.log does: propagate (the library's exception, as in "
+                 "Accelerate), warn (warn once, count later failures, report them at end_training; training goes "
+                 "on) or raise (a TrackerError naming the tracker and step) (hasten only)."),
+    Setting("tensorboard_one_run", "bool", False, env=("HASTEN_TENSORBOARD_ONE_RUN",), owner="TensorBoardTracker",
+            role="environment",
+            help="TensorBoard keeps one run per project: hyperparameters go into the run's own event file and nested "
+                 "dicts are logged as parent/child scalars of that run (off: Accelerate's add_hparams and "
+                 "add_scalars, each of which opens another run folder) (hasten only)."),
     # -- hardware -----------------------------------------------------------------------------------------------
     Setting("use_cpu", "bool", False, flags=("--cpu",), dest="cpu", switch=True, file_key=("use_cpu",),
             owner="Accelerator", code="cpu", group="Hardware selection",

@@ -162,6 +162,7 @@ RDZV_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
 DEEPSPEED_MULTINODE_LAUNCHERS = ("pdsh", "standard", "openmpi", "mvapich", "mpich", "nossh", "slurm")
 DEEPSPEED_ZERO_STAGES = (0, 1, 2, 3)
 DEEPSPEED_OFFLOAD_DEVICES = ("none", "cpu", "nvme")
+TRACKER_ERROR_POLICIES = ("propagate", "warn", "raise")  # HASTEN_TRACKER_ERRORS: what a failing tracker log does
 PRECISION_CHOICES = ("no", "fp16", "bf16", "fp8")  # PrecisionType's values in the order Accelerate's CLI lists them
 FP8_BACKENDS = ("ao", "te", "msamp")  # the --fp8_backend spellings (FP8BackendType upper-cases them)
 FP8_FORMATS = ("HYBRID", "E4M3", "E5M2")

@@ -24,7 +24,6 @@ from .base import (
 logger = logging.getLogger(__name__)
 
 ERROR_POLICY_ENV = "HASTEN_TRACKER_ERRORS"
-_POLICIES = ("warn", "raise")
 
 
 def filter_trackers(log_with, logging_dir=None) -> list:
@@ -94,15 +93,16 @@ class TrackerSession:
     Trackers with `main_process_only = True` (every built-in) exist only on the main process; the others
     are built on every process. The session closes its trackers at interpreter exit if `finish()` was not
     called, so a run that dies with an exception still flushes its last values.
+
+    `on_error` is what a tracker failing in `log` does (default: the `tracker_errors` setting,
+    `HASTEN_TRACKER_ERRORS`): "propagate" lets the library's exception through, as Accelerate does; "warn"
+    warns once per tracker, counts later failures and reports them at `finish()`; "raise" raises `TrackerError`.
     """
 
     def __init__(self, log_with=None, logging_dir=None, on_error: str | None = None):
         self.log_with = list(log_with or [])
         self.logging_dir = None if logging_dir is None else os.fspath(logging_dir)
-        policy = on_error or os.environ.get(ERROR_POLICY_ENV, "warn")
-        if policy not in _POLICIES:
-            raise ConfigError(f"{ERROR_POLICY_ENV}={policy!r} is not one of {list(_POLICIES)}")
-        self.on_error = policy
+        self.on_error = _error_policy(on_error)
         self.trackers: list[GeneralTracker] = []
         self.failures: dict[str, int] = {}
         self._exit_hook_registered = False
@@ -114,8 +114,9 @@ class TrackerSession:
             raise ConfigError(f"init_trackers needs a non-empty project_name string, got {project_name!r}")
         if config is not None and not isinstance(config, Mapping):
             config = _config_as_dict(config)
-        if self.trackers:
-            raise RuntimeError("init_trackers was already called: call end_training() before starting new trackers")
+        if self.trackers and strict():
+            raise RuntimeError("init_trackers was already called: call end_training() before starting new trackers "
+                               "(an error under hasten's strict setting; unset HASTEN_STRICT to add runs as Accelerate)")
         is_main = _is_main_process()
         unused = set(init_kwargs) - {_name_of(spec) if not isinstance(spec, GeneralTracker) else spec.name
                                      for spec in self.log_with}
@@ -137,18 +138,25 @@ class TrackerSession:
                 built.append(cls(project_name, self.logging_dir, **kwargs))
             else:
                 built.append(cls(project_name, **kwargs))
-        self.failures = {}
+        if not self.trackers:
+            self.failures = {}
         self._register_exit_hook()
-        for tracker in built:
+        # A second init_trackers without end_training() does what Accelerate's does: the new trackers join the
+        # list and every tracker in it, the earlier ones included, is started again and given the config.
+        earlier = list(self.trackers)
+        everything = earlier + built
+        self.trackers = []
+        for index, tracker in enumerate(everything):
             try:
                 tracker.start()
             except BaseException:
                 # The runs already started are closed; the error (often a missing library) is the user's to see.
+                self.trackers += [kept for kept in everything[index + 1:] if any(kept is old for old in earlier)]
                 self.finish()
                 raise
             self.trackers.append(tracker)
         if config is not None:
-            for tracker in built:
+            for tracker in everything:
                 tracker.store_init_configuration(dict(config))
 
     # -- log ------------------------------------------------------------------------------------------
@@ -159,8 +167,12 @@ class TrackerSession:
             step = int(step)  # a 0-dim tensor or numpy integer
         log_kwargs = log_kwargs or {}
         for tracker in self.trackers:
+            kwargs = log_kwargs.get(tracker.name, {})
+            if self.on_error == "propagate":  # Accelerate's behaviour: the library's own exception
+                tracker.log(values, step=step, **kwargs)
+                continue
             try:
-                tracker.log(values, step=step, **log_kwargs.get(tracker.name, {}))
+                tracker.log(values, step=step, **kwargs)
             except Exception as error:  # noqa: BLE001 - the policy below decides
                 self._log_failed(tracker, step, error)
 
@@ -174,7 +186,7 @@ class TrackerSession:
             details = "".join(traceback.format_exception(type(error), error, error.__traceback__))
             warnings.warn(
                 f"{message}. Training goes on; later failures of this tracker are counted and reported at "
-                f"end_training (set {ERROR_POLICY_ENV}=raise to stop instead).\n{details}",
+                f"end_training (unset {ERROR_POLICY_ENV} or set it to raise to stop instead).\n{details}",
                 RuntimeWarning,
                 stacklevel=4,
             )
@@ -220,6 +232,24 @@ class TrackerSession:
         if self.trackers:
             logger.info("closing %d tracker(s) at exit: end_training() was not called", len(self.trackers))
             self.finish()
+
+
+def _error_policy(on_error: str | None) -> str:
+    from ..config.resolve import resolve
+    from ..config.settings import get
+
+    if on_error is None:
+        return resolve(settings=[get("tracker_errors")])["tracker_errors"].value
+    try:
+        return get("tracker_errors").convert(on_error)
+    except ValueError as error:
+        raise ConfigError(f"TrackerSession(on_error={on_error!r}): {error}") from None
+
+
+def strict() -> bool:
+    from ..config.resolve import strict as strict_setting
+
+    return strict_setting()
 
 
 def _is_main_process() -> bool:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Mapping
 
 from .base import GeneralTracker, flatten, import_library, is_number, on_main_process, scalar_or_text, to_plain
 
@@ -10,8 +12,10 @@ from .base import GeneralTracker, flatten, import_library, is_number, on_main_pr
 class TensorBoardTracker(GeneralTracker):
     """Writes scalars, text, hyperparameters and images to TensorBoard event files.
 
-    View with `tensorboard --logdir <logging_dir>`. Nested dicts are logged as `parent/child` scalars in the
-    same run (Accelerate's `add_scalars` made one extra run folder per key instead).
+    View with `tensorboard --logdir <logging_dir>`. As in Accelerate, hyperparameters go through `add_hparams`
+    (a run folder named after the time, beside `hparams.yml` in another) and a nested dict through
+    `add_scalars` (one run folder per key). With `HASTEN_TENSORBOARD_ONE_RUN=1` the project keeps one run:
+    hyperparameters go into the run's own event file and nested dicts become `parent/child` scalars of it.
     """
 
     name = "tensorboard"
@@ -23,6 +27,7 @@ class TensorBoardTracker(GeneralTracker):
         self.logging_dir = os.path.join(os.fspath(logging_dir), run_name)
         self.writer_kwargs = kwargs
         self.writer = None
+        self.one_run = _one_run()
 
     @property
     def tracker(self):
@@ -41,18 +46,30 @@ class TensorBoardTracker(GeneralTracker):
         from torch.utils.tensorboard.summary import hparams
 
         flat = {key: scalar_or_text(value) for key, value in flatten(values).items()}
-        # The three hparams summaries go into this run's own event file (add_hparams would open a second
-        # run folder named after the current time).
-        writer = self.writer._get_file_writer()
-        for summary in hparams(flat, {}):
-            writer.add_summary(summary)
-        os.makedirs(self.logging_dir, exist_ok=True)
-        with open(os.path.join(self.logging_dir, "hparams.yml"), "w") as stream:
+        if self.one_run:
+            # The three hparams summaries go into this run's own event file (add_hparams would open a second
+            # run folder named after the current time).
+            writer = self.writer._get_file_writer()
+            for summary in hparams(flat, {}):
+                writer.add_summary(summary)
+            folder = self.logging_dir
+        else:
+            self.writer.add_hparams(flat, metric_dict={})
+            folder = os.path.join(self.logging_dir, str(time.time()))
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, "hparams.yml"), "w") as stream:
             yaml.safe_dump(to_plain(values), stream)
         self.writer.flush()
 
     @on_main_process
     def log(self, values: dict, step: int | None = None, **kwargs):
+        if not self.one_run:
+            values = dict(values)
+            for key, value in list(values.items()):
+                if isinstance(value, Mapping) and value:  # Accelerate's add_scalars: a run folder per inner key
+                    self.writer.add_scalars(key, {name: to_plain(item) for name, item in flatten(value).items()},
+                                            global_step=step, **kwargs)
+                    del values[key]
         for key, value in flatten(values).items():
             if is_number(value):
                 self.writer.add_scalar(key, value, global_step=step, **kwargs)
@@ -71,3 +88,10 @@ class TensorBoardTracker(GeneralTracker):
     def finish(self):
         if self.writer is not None:
             self.writer.close()
+
+
+def _one_run() -> bool:
+    from ..config.resolve import resolve
+    from ..config.settings import get
+
+    return bool(resolve(settings=[get("tensorboard_one_run")])["tensorboard_one_run"].value)
