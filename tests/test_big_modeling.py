@@ -274,11 +274,16 @@ def test_cpu_offload_with_hook_on_gpu(reference):
 
 
 # -- bad input: one line that says what to change --------------------------------------------------------------
-def test_device_map_naming_a_missing_module(checkpoint):
+def test_device_map_naming_a_missing_module(checkpoint, monkeypatch):
     # as in Accelerate: a warning naming the key, and the model loads as the rest of the map says
+    monkeypatch.delenv("HASTEN_STRICT", raising=False)
     with pytest.warns(UserWarning, match=r"do not match any submodules in the model: \['decoder'\]"):
         model = load_checkpoint_and_dispatch(_empty(), checkpoint, device_map={"": "cpu", "decoder": "cpu"})
     assert not any(p.is_meta for p in model.parameters())
+    monkeypatch.setenv("HASTEN_STRICT", "1")  # hasten's strict setting: one line, before anything is loaded
+    with pytest.raises(DeviceMapError, match=r"device_map keys \['decoder'\] name no module of the model"):
+        load_checkpoint_and_dispatch(_empty(), checkpoint, device_map={"": "cpu", "decoder": "cpu"})
+    monkeypatch.delenv("HASTEN_STRICT")
     with pytest.raises(DeviceMapError, match="not a known strategy.*'auto'"):
         load_checkpoint_and_dispatch(_empty(), checkpoint, device_map="fastest")
 

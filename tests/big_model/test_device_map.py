@@ -181,6 +181,17 @@ def test_check_device_map_names_the_missing_pieces():
         check_device_map(model, {"decoder": 0, "embed": 0})
 
 
+def test_check_device_map_unknown_keys_are_an_error_under_strict(monkeypatch):
+    monkeypatch.setenv("HASTEN_STRICT", "1")
+    model = TinyLM()
+    with pytest.raises(DeviceMapError, match=r"device_map keys \['decoder'\] name no module of the model \(TinyLM\), "
+                                             r"whose top-level modules are \['embed', 'blocks', 'norm', 'head'\]; fix or "
+                                             r"remove them") as caught:
+        check_device_map(model, {"decoder": 0, "": "cpu"})
+    assert isinstance(caught.value, ValueError) and "\n" not in str(caught.value)
+    check_device_map(model, {"embed": 0, "blocks": "cpu", "norm": "disk", "head.weight": "cpu"})  # valid maps pass
+
+
 def test_find_tied_parameters():
     assert find_tied_parameters(TinyLM()) == [["embed.weight", "head.weight"]]
     assert find_tied_parameters(TinyLM(tie=False)) == []

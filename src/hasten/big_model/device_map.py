@@ -309,16 +309,23 @@ def check_tied_parameters_on_same_device(tied_params, device_map):
 
 
 def check_device_map(model, device_map):
-    """Warn about keys that name no module/tensor of the model; raise if the map leaves some weight without a
-    device."""
+    """Warn about keys that name no module/tensor of the model (under hasten's `strict` setting: raise
+    `DeviceMapError`); raise if the map leaves some weight without a device."""
     if not isinstance(device_map, dict):
         raise DeviceMapError(f"device_map must be a dict of module name -> device, got {type(device_map).__name__}")
     known = (set(dict(model.named_modules())) | set(model.state_dict())
              | {name for name, _ in model.named_buffers()} | {name for name, _ in model.named_parameters()})
     missing = [key for key in device_map if key != "" and key not in known]
     if missing:
-        # Accelerate warns and goes on (its words first; users' filters match them): the keys place nothing
         top = [name for name, _ in model.named_children()]
+        from ..config.resolve import strict
+
+        if strict():  # a typo in a key would otherwise leave those weights where a parent key puts them
+            raise DeviceMapError(
+                f"device_map keys {missing} name no module of the model ({type(model).__name__}), whose top-level "
+                f"modules are {top[:8]}; fix or remove them (an error under hasten's strict setting)"
+            )
+        # Accelerate warns and goes on (its words first; users' filters match them): the keys place nothing
         warnings.warn(
             f"The following device_map keys do not match any submodules in the model: {missing}; they place "
             f"nothing. Fix or remove them (the model ({type(model).__name__})'s top-level modules are {top[:8]})",
