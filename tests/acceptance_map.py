@@ -272,6 +272,8 @@ MAP = {
     'setting:collective_timeout': 'tests/resilience/test_hang_doctor.py::test_rank_sleeps_past_the_timeout',
     'setting:strict': 'tests/config/test_resolve.py::test_strict_setting_is_off_by_default_and_read_from_flag_variable_and_file',
     'setting:hang_doctor_wait': 'tests/resilience/test_hang_doctor.py::test_correct_run_is_left_alone',
+    'setting:tracker_errors': 'tests/tracking/test_tracking.py::test_a_failing_tracker_warns_once_and_training_goes_on',
+    'setting:tensorboard_one_run': 'tests/tracking/test_tracking.py::test_tensorboard_layout_is_accelerates_unless_one_run_is_asked',
     'setting:use_cpu': 'tests/backends/test_deepspeed.py::test_hasten_config_asks_the_deepspeed_questions',
     'setting:tpu': 'tests/commands/test_cli_commands.py::test_tpu_config_refuses_in_one_line',
     'setting:mixed_precision': 'tests/backends/test_ddp.py::test_ddp_training_matches_one_process_and_accumulates',

@@ -141,7 +141,8 @@ class Counter:
         self.count = state["count"]
 
 
-def test_custom_state_round_trip_and_safe_loading(tmp_path):
+def test_custom_state_round_trip_and_safe_loading(tmp_path, monkeypatch):
+    monkeypatch.delenv("HASTEN_STRICT", raising=False)
     save_custom_state(Counter(11), tmp_path, index=2)
     assert (tmp_path / "custom_checkpoint_2.pkl").is_file()
     restored = Counter()
@@ -153,8 +154,20 @@ def test_custom_state_round_trip_and_safe_loading(tmp_path):
             return {"count": Counter(self.count)}  # an arbitrary object: unpickling it could run code
 
     save_custom_state(Holder(3), tmp_path, index=0)
+    # As in Accelerate: the custom file is unpickled (weights_only=False), so any Python object loads.
+    restored = Counter()
+    load_custom_state(restored, tmp_path, index=0)
+    assert isinstance(restored.count, Counter) and restored.count.count == 3
+    with pytest.raises(UnsafeCheckpointError, match="weights_only"):  # an explicit weights_only wins
+        load_custom_state(Counter(), tmp_path, index=0, load_kwargs={"weights_only": True})
+    # hasten's strict setting keeps the safe read; load_kwargs opts in.
+    monkeypatch.setenv("HASTEN_STRICT", "1")
     with pytest.raises(UnsafeCheckpointError, match="weights_only"):
         load_custom_state(Counter(), tmp_path, index=0)
+    load_custom_state(restored, tmp_path, index=0, load_kwargs={"weights_only": False})
+    assert restored.count.count == 3
+    load_custom_state(restored, tmp_path, index=2)  # plain values load safely under strict too
+    assert restored.count == 11
 
 
 def test_clean_state_dict_for_safetensors(caplog):

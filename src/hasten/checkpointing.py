@@ -3,7 +3,8 @@
 `Accelerator.save_state` (in `hasten.checkpoint.layout`) is what most code calls; these functions write and read the
 same file layout for callers that hold the pieces themselves. Each file is written through a temporary
 sibling and renamed into place (`checkpoint.durable.atomic_write`), so a crash leaves the old file or the new
-one, never half of one. Loading runs no pickled code unless `load_kwargs={"weights_only": False}`.
+one, never half of one. Loading runs no pickled code unless `load_kwargs={"weights_only": False}`, except in
+`custom_checkpoint_*.pkl` files, which are unpickled as in Accelerate unless hasten's `strict` setting is on.
 """
 
 from __future__ import annotations
@@ -168,8 +169,15 @@ def save_custom_state(obj, path: str, index: int = 0, save_on_each_node: bool = 
 def load_custom_state(obj, path: str, index: int = 0, load_kwargs: dict | None = None) -> None:
     """Load `path/custom_checkpoint_<index>.pkl` into `obj.load_state_dict`.
 
-    Accelerate always unpickles this file with `weights_only=False`; hasten loads it safely and asks for
-    `load_kwargs={"weights_only": False}` when the state holds arbitrary Python objects.
+    As in Accelerate, the file is unpickled with `weights_only=False` (the state may hold any Python object).
+    Under hasten's `strict` setting it is read with `weights_only=True` and a file holding pickled objects raises
+    `UnsafeCheckpointError`; `load_kwargs={"weights_only": False}` (a hasten addition, passed to `torch.load`)
+    then opts in. An explicit `weights_only` in `load_kwargs` always wins.
     """
+    from .config.resolve import strict
+
+    kwargs = dict(load_kwargs or {})
+    if not strict():
+        kwargs.setdefault("weights_only", False)
     file = os.path.join(os.fspath(path), f"custom_checkpoint_{index}.pkl")
-    obj.load_state_dict(fast_io.load_object(file, load_kwargs, map_location="cpu"))
+    obj.load_state_dict(fast_io.load_object(file, kwargs, map_location="cpu"))

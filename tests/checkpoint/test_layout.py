@@ -186,6 +186,7 @@ class _Exploit:
 
 
 def test_malicious_pickle_is_refused(tmp_path, monkeypatch):
+    monkeypatch.delenv("HASTEN_STRICT", raising=False)
     mark = tmp_path / "pwned"
     monkeypatch.setenv("HASTEN_EXPLOIT_MARK", str(mark))
     accelerator, model, optimizer, scheduler = _setup(automatic=False)
@@ -196,17 +197,28 @@ def test_malicious_pickle_is_refused(tmp_path, monkeypatch):
         accelerator.load_state(folder)
     assert not mark.exists()
 
-    # A registered object whose state is a non-tensor Python object: refused by default, loads on opt-in.
+    # A registered object whose state is a non-tensor Python object: loads as in Accelerate (custom files are
+    # unpickled with weights_only=False, whatever load_kwargs says); under hasten's strict setting it is refused
+    # and loads on opt-in.
     from fractions import Fraction
 
     box = Box(Fraction(1, 3))
     accelerator.register_for_checkpointing(box)
     folder = Path(accelerator.save_state(tmp_path / "custom"))
     box.value = None
+    accelerator.load_state(folder)
+    assert box.value == Fraction(1, 3)
+    box.value = None
+    monkeypatch.setenv("HASTEN_STRICT", "1")
     with pytest.raises(UnsafeCheckpointError, match="custom_checkpoint_0.pkl"):
         accelerator.load_state(folder)
     accelerator.load_state(folder, load_kwargs={"weights_only": False})
     assert box.value == Fraction(1, 3)
+    os.remove(folder / "hasten_checkpoint.json")  # the marker's sizes would catch the swap first
+    torch.save({"value": _Exploit()}, folder / "custom_checkpoint_0.pkl")
+    with pytest.raises(UnsafeCheckpointError, match="custom_checkpoint_0.pkl"):
+        accelerator.load_state(folder)
+    assert not mark.exists()
 
 
 def test_hooks_and_overwrite_of_a_shared_folder(tmp_path):

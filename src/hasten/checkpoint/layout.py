@@ -522,10 +522,20 @@ def load_state(contents: CheckpointContents, input_dir=None, load_kwargs=None, *
             f"{folder} holds {len(custom_files)} custom_checkpoint_*.pkl file(s) but {len(contents.custom_objects)} "
             "object(s) are registered with register_for_checkpointing; register the same objects as when saving"
         )
+    custom_kwargs = _custom_load_kwargs(load_kwargs)
     for index, obj in enumerate(contents.custom_objects):
-        obj.load_state_dict(fast_io.load_object(os.path.join(folder, f"custom_checkpoint_{index}.pkl"), load_kwargs))
+        obj.load_state_dict(fast_io.load_object(os.path.join(folder, f"custom_checkpoint_{index}.pkl"), custom_kwargs))
     _next_iteration(contents.project, folder, marker)
     return step
+
+
+def _custom_load_kwargs(load_kwargs: dict) -> dict:
+    """How `load_state` reads `custom_checkpoint_*.pkl`: as Accelerate, with `weights_only=False` and without the
+    caller's load_kwargs (a registered object's state may hold any Python object); under hasten's `strict`
+    setting, safely like every other file (`load_kwargs={"weights_only": False}` opts in)."""
+    from ..config.resolve import strict
+
+    return load_kwargs if strict() else {"weights_only": False}
 
 
 # -- save_model -------------------------------------------------------------------------------------------------

@@ -158,7 +158,8 @@ SETTINGS: tuple[Setting, ...] = (
             group="General", env=("HASTEN_STRICT",), export="HASTEN_STRICT",
             help="Turn what Accelerate accepts silently or with a warning into one-line errors: a scheduler whose "
                  "optimizer was never prepared, a device map naming modules the model lacks, init_trackers called "
-                 "twice (hasten only; off, hasten behaves as Accelerate)."),
+                 "twice, custom checkpoint files holding pickled Python objects (read with weights_only=True) "
+                 "(hasten only; off, hasten behaves as Accelerate)."),
     Setting("hang_doctor_wait", "float", 2.0, env=("HASTEN_HANG_DOCTOR_WAIT",), minimum=0, owner="PartialState",
             help="Debug mode: seconds a rank writing the hang doctor's report waits for the others to say where "
                  "they are (hasten only)."),
