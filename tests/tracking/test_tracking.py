@@ -470,7 +470,7 @@ def test_tensorboard_layout_is_accelerates_unless_one_run_is_asked(state, tmp_pa
         tracker = TensorBoardTracker("proj", root)
         tracker.start()
         tracker.store_init_configuration({"lr": 0.1, "opt": {"name": "adam"}})
-        tracker.log({"loss": 1.0, "eval": {"f1": 0.5}}, step=2)
+        tracker.log({"loss": 1.0, "eval": {"f1": 0.5, "note": "text goes to the run itself"}}, step=2)
         tracker.finish()
         run = root / "proj"
         return sorted(p.name for p in run.iterdir() if p.is_dir()), sorted(p.name for p in run.glob("*.yml"))

@@ -64,12 +64,17 @@ class TensorBoardTracker(GeneralTracker):
     @on_main_process
     def log(self, values: dict, step: int | None = None, **kwargs):
         if not self.one_run:
-            values = dict(values)
-            for key, value in list(values.items()):
-                if isinstance(value, Mapping) and value:  # Accelerate's add_scalars: a run folder per inner key
-                    self.writer.add_scalars(key, {name: to_plain(item) for name, item in flatten(value).items()},
-                                            global_step=step, **kwargs)
-                    del values[key]
+            rest = {}
+            for key, value in values.items():
+                inner = flatten(value) if isinstance(value, Mapping) and value else {}
+                numbers = {name: item for name, item in inner.items() if is_number(item)}
+                if numbers:  # Accelerate's add_scalars: a run folder per inner key
+                    self.writer.add_scalars(key, numbers, global_step=step, **kwargs)
+                    # what add_scalars cannot take (text, lists) goes to this run as `key/name`, as below
+                    rest.update({f"{key}/{name}": item for name, item in inner.items() if name not in numbers})
+                else:
+                    rest[key] = value
+            values = rest
         for key, value in flatten(values).items():
             if is_number(value):
                 self.writer.add_scalar(key, value, global_step=step, **kwargs)
