@@ -351,8 +351,8 @@ class Accelerator:
             if scheduler not in self._schedulers:
                 self._schedulers.append(scheduler)
             return scheduler
-        # The backend finds the prepared optimizer that owns the scheduler's (and refuses one that has none).
-        wrapped = self._backend.prepare_scheduler(scheduler, list(self._optimizers),
+        # The backend finds the prepared optimizer that owns the scheduler's (or, without one, binds it to them all).
+        wrapped = self._backend.prepare_scheduler(scheduler, self._optimizers,
                                                   step_with_optimizer=self.step_scheduler_with_optimizer,
                                                   split_batches=self.split_batches)
         wrapped._is_accelerate_prepared = True

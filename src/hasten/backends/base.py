@@ -28,6 +28,7 @@ import os
 import torch
 
 from ..checkpoint import durable, fast_io, sharding
+from ..config.resolve import strict
 from ..core.constants import MODEL_NAME, OPTIMIZER_NAME, SAFE_MODEL_NAME
 from ..core.errors import CheckpointError, ConfigError
 from ..optimizer import AcceleratedOptimizer
@@ -105,15 +106,18 @@ class Backend:
         return AcceleratedOptimizer(optimizer, device_placement=device_placement, scaler=scaler)
 
     def prepare_scheduler(self, scheduler, optimizers: list, step_with_optimizer: bool, split_batches: bool):
-        """The object the script steps: follows the real steps of the prepared optimizer (among `optimizers`, all
-        prepared so far) that owns its optimizer."""
+        """The object the script steps: follows the real steps of the prepared optimizer (among `optimizers`, the
+        facade's live list of prepared optimizers) that owns its optimizer. A scheduler whose optimizer was never
+        prepared follows every prepared optimizer, as in Accelerate; under `strict()` it is an error."""
         target = getattr(scheduler, "optimizer", None)
         owners = [opt for opt in optimizers if getattr(opt, "optimizer", None) is target]
         if target is not None and not owners:
-            raise ConfigError(
-                f"prepare() got a {type(scheduler).__name__} whose optimizer was not prepared: pass the optimizer "
-                "to prepare() as well (in the same call or before)"
-            )
+            if strict():
+                raise ConfigError(
+                    f"prepare() got a {type(scheduler).__name__} whose optimizer was not prepared: pass the optimizer "
+                    "to prepare() as well (in the same call or before)"
+                )
+        # Accelerate hands its own list over, so a scheduler without an owner also follows optimizers prepared later.
         return AcceleratedScheduler(scheduler, owners or optimizers, step_with_optimizer=step_with_optimizer,
                                     split_batches=split_batches)
 
