@@ -23,6 +23,7 @@ from .config.dataclasses import (
     ProfileKwargs,
     ProjectConfiguration,
     TorchDynamoPlugin,
+    given_kwargs,
 )
 from .config.resolve import runtime_value
 from .config.settings import refuse_unbuilt_environment
@@ -99,7 +100,9 @@ class Accelerator:
         fsdp_plugin = accelerator_args.fsdp_plugin(fsdp_plugin)
         deepspeed_plugins = accelerator_args.deepspeed_plugins(deepspeed_plugin, deepspeed_plugins, fsdp_plugin)
 
-        init_kwargs = self.init_handler.to_kwargs() if self.init_handler is not None else {}
+        # A timeout the script passed is honoured even when it equals the dataclass default (600 s): to_kwargs()
+        # drops it, as in Accelerate, and the run would then get the collective timeout's own default.
+        init_kwargs = given_kwargs(self.init_handler, ("timeout",)) if self.init_handler is not None else {}
         self._megatron = megatron.plugin_for_run(megatron_lm_plugin)  # served by TP/PP/FSDP (config/megatron.py)
         if self._megatron is not None:
             parallelism_config, fsdp_plugin = megatron.apply(
