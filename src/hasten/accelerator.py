@@ -326,7 +326,7 @@ class Accelerator:
         model = self.precision.wrap_prepared(model)
         plugin = self.state.dynamo_plugin
         if plugin is not None and plugin.backend != DynamoBackend.NO and not is_compiled(model):
-            model = compile_model(model, plugin)
+            model = compile_model(model, plugin, regions_in_place=self._backend.regional_compilation_in_place)
         model._is_accelerate_prepared = True
         self._models.append(model)
         self._resume_when_ready()

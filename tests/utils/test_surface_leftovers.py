@@ -20,6 +20,8 @@ def test_fsdp2_functions_on_two_processes(tmp_path):
     assert result.stdout.count("fsdp2 functions ok") == 2, result.stdout
     assert result.stdout.count("bypass device map ok") == 2, result.stdout  # prepare() and a dispatched model
     assert result.stdout.count("activation checkpointing names ok") == 2, result.stdout
+    # regional compilation through prepare(): in place under FSDP2, compile_regions' new tree under DDP
+    assert result.stdout.count("regional compilation ok") == 2, result.stdout
 
 
 def test_fsdp2_functions_refuse_an_accelerator_without_fsdp2():

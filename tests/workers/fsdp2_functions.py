@@ -126,3 +126,31 @@ for on, folder, seed in ((False, "with_ac", 6), (True, "without_ac", 7)):
         acc.save_state(f"{root}/without_ac")
 accelerator.wait_for_everyone()
 print(f"activation checkpointing names ok on rank {rank}")
+
+# -- regional compilation through prepare(), as Accelerate per backend --------------------------------------------
+from hasten import TorchDynamoPlugin  # noqa: E402
+
+
+def regional():
+    return TorchDynamoPlugin(backend="eager", use_regional_compilation=True)
+
+
+acc = fresh_accelerator(fsdp_plugin=ac_plugin(False), dynamo_plugin=regional())
+net = make_model()
+assert acc.prepare(net) is net, "FSDP2: regions are compiled in place"
+assert all(block._compiled_call_impl is not None for block in net.blocks)
+net(torch.randn(4, DIM)).sum().backward()
+
+acc = fresh_accelerator(dynamo_plugin=regional())  # DDP: compile_regions' new tree
+net = make_model()
+prepared = acc.prepare(net)
+assert prepared is not net and type(prepared).__name__ == "DistributedDataParallel", type(prepared)
+assert "module.blocks.0._orig_mod.linear.weight" in prepared.state_dict(), list(prepared.state_dict())[:4]
+acc.backward(prepared(torch.randn(4, DIM)).sum())
+grad = net.inp.weight.grad.clone()
+others = [torch.empty_like(grad) for _ in range(2)]
+torch.distributed.all_gather(others, grad)
+assert torch.equal(others[0], others[1]), "DDP's gradient hooks did not run through the compiled tree"
+assert acc.unwrap_model(prepared, keep_torch_compile=False) is net
+accelerator.wait_for_everyone()
+print(f"regional compilation ok on rank {rank}")

@@ -75,6 +75,10 @@ class Backend:
     supports_clip_grad_value = True
     #: Accelerate's `accelerator.deepspeed_engine_wrapped`: the engine a backend drives, if it has one.
     engine_wrapper = None
+    #: How `prepare` compiles regions (`use_regional_compilation`), as Accelerate per backend: False returns a new
+    #: module tree whose compiled blocks hold the original in `_orig_mod`; True compiles each block in place
+    #: (engines whose hooks a new tree would bypass: FSDP2, DeepSpeed).
+    regional_compilation_in_place = False
 
     def __init__(self, state, precision: PrecisionPolicy | None = None, ddp_kwargs=None, plugin=None):
         self.state = state
@@ -272,7 +276,8 @@ class Backend:
 def _bare_name(key: str) -> str:
     while key.startswith(_WRAPPER_PREFIXES):
         key = key.split(".", 1)[1]
-    return key
+    # regional compilation (compile_regions) puts `_orig_mod.` inside each compiled block's names
+    return key.replace("._orig_mod.", ".")
 
 
 def _match_wrapper_prefixes(model, state_dict: dict) -> dict:

@@ -36,6 +36,10 @@ class LayoutBackend(FSDPBackend):
 class TensorParallelBackend(LayoutBackend):
     name = "tensor_parallel"
 
+    @property
+    def regional_compilation_in_place(self) -> bool:
+        return self._device_mesh() is not None  # FSDP2 over the data dimensions, as Accelerate
+
     def _device_mesh(self):
         """The mesh FSDP2 shards over (None without data-parallel dimensions)."""
         from ..parallelism_config import fsdp_mesh

@@ -46,6 +46,10 @@ class FSDPBackend(Backend):
     name = "fsdp"
     supports_clip_grad_value = False  # a value clip on shards is fine, but Accelerate refuses it: keep one rule
 
+    @property
+    def regional_compilation_in_place(self) -> bool:
+        return self.version == 2  # as Accelerate: FSDP2's hooks must stay on the call path; FSDP1 gets a new tree
+
     def __init__(self, state, precision=None, ddp_kwargs=None, plugin=None):
         if plugin is None:
             from ...config.fsdp import FullyShardedDataParallelPlugin
