@@ -30,6 +30,7 @@ def test_given_kwargs_remembers_what_the_constructor_was_given():
     assert given_kwargs(handler) == {"timeout": timedelta(seconds=600)}
     assert given_kwargs(InitProcessGroupKwargs(backend="nccl"), ("timeout",)) == {}
     assert given_kwargs(GradScalerKwargs(65536.0)) == {"init_scale": 65536.0}  # positional counts as given
+    assert given_kwargs(GradScalerKwargs(growth_interval=2000)) == {"growth_interval": 2000}
     plugin = GradientAccumulationPlugin(num_steps=2, adjust_scheduler=True)
     assert plugin.to_kwargs() == {"num_steps": 2}
     assert given_kwargs(plugin, ("adjust_scheduler",)) == {"num_steps": 2, "adjust_scheduler": True}
