@@ -48,10 +48,23 @@ def test_prepare_rejects_bad_objects():
         acc.prepare(torch.nn.Linear)
     model = tiny_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with pytest.raises(ConfigError, match="optimizer was not prepared"):
-        acc.prepare(torch.optim.lr_scheduler.StepLR(opt, 1))
     with pytest.raises(ConfigError, match="device_placement has 1 entries"):
         acc.prepare(model, opt, device_placement=[True])
+
+
+def test_scheduler_of_an_unprepared_optimizer_binds_to_all_or_is_refused_under_strict(monkeypatch):
+    monkeypatch.delenv("HASTEN_STRICT", raising=False)
+    acc = Accelerator()
+    model = tiny_model()
+    prepared = acc.prepare_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    stray = torch.optim.SGD(tiny_model(1).parameters(), lr=0.1)
+    # As in Accelerate: silently bound to every prepared optimizer, including ones prepared later.
+    sched = acc.prepare(torch.optim.lr_scheduler.StepLR(stray, 1))
+    later = acc.prepare_optimizer(torch.optim.SGD(tiny_model(2).parameters(), lr=0.1))
+    assert sched.optimizers == [prepared, later]
+    monkeypatch.setenv("HASTEN_STRICT", "1")
+    with pytest.raises(ConfigError, match="optimizer was not prepared: pass the optimizer to prepare"):
+        acc.prepare(torch.optim.lr_scheduler.StepLR(stray, 1))
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,7 @@ from hasten.config.dataclasses import (
     DataLoaderConfiguration,
     GradientAccumulationPlugin,
     GradScalerKwargs,
+    InitProcessGroupKwargs,
     ProjectConfiguration,
     TorchDynamoPlugin,
 )
@@ -299,3 +300,15 @@ def test_torch_tp_plugin_becomes_the_tensor_parallel_layout():
         Accelerator(torch_tp_plugin=TorchTensorParallelPlugin(tp_size=1), parallelism_config=ParallelismConfig())
     with pytest.raises(TypeError, match="torch_tp_plugin must be a TorchTensorParallelPlugin"):
         Accelerator(torch_tp_plugin={"tp_size": 2})
+
+
+def test_init_process_group_kwargs_timeout_equal_to_the_default_is_honoured(monkeypatch):
+    """InitProcessGroupKwargs(timeout=600 s): to_kwargs() leaves 600 s out (it equals the dataclass default, as in
+    Accelerate), yet the run's collective timeout is the 600 s asked for, not hasten's 1800 s gloo default."""
+    from datetime import timedelta
+
+    monkeypatch.delenv("HASTEN_COLLECTIVE_TIMEOUT", raising=False)
+    handler = InitProcessGroupKwargs(timeout=timedelta(seconds=600))
+    assert handler.to_kwargs() == {}
+    acc = Accelerator(cpu=True, kwargs_handlers=[handler])
+    assert acc.state.collective_timeout == timedelta(seconds=600)

@@ -23,6 +23,7 @@ from .config.dataclasses import (
     ProfileKwargs,
     ProjectConfiguration,
     TorchDynamoPlugin,
+    given_kwargs,
 )
 from .config.resolve import runtime_value
 from .config.settings import refuse_unbuilt_environment
@@ -99,7 +100,9 @@ class Accelerator:
         fsdp_plugin = accelerator_args.fsdp_plugin(fsdp_plugin)
         deepspeed_plugins = accelerator_args.deepspeed_plugins(deepspeed_plugin, deepspeed_plugins, fsdp_plugin)
 
-        init_kwargs = self.init_handler.to_kwargs() if self.init_handler is not None else {}
+        # A timeout the script passed is honoured even when it equals the dataclass default (600 s): to_kwargs()
+        # drops it, as in Accelerate, and the run would then get the collective timeout's own default.
+        init_kwargs = given_kwargs(self.init_handler, ("timeout",)) if self.init_handler is not None else {}
         self._megatron = megatron.plugin_for_run(megatron_lm_plugin)  # served by TP/PP/FSDP (config/megatron.py)
         if self._megatron is not None:
             parallelism_config, fsdp_plugin = megatron.apply(
@@ -323,7 +326,7 @@ class Accelerator:
         model = self.precision.wrap_prepared(model)
         plugin = self.state.dynamo_plugin
         if plugin is not None and plugin.backend != DynamoBackend.NO and not is_compiled(model):
-            model = compile_model(model, plugin)
+            model = compile_model(model, plugin, regions_in_place=self._backend.regional_compilation_in_place)
         model._is_accelerate_prepared = True
         self._models.append(model)
         self._resume_when_ready()
@@ -351,8 +354,8 @@ class Accelerator:
             if scheduler not in self._schedulers:
                 self._schedulers.append(scheduler)
             return scheduler
-        # The backend finds the prepared optimizer that owns the scheduler's (and refuses one that has none).
-        wrapped = self._backend.prepare_scheduler(scheduler, list(self._optimizers),
+        # The backend finds the prepared optimizer that owns the scheduler's (or, without one, binds it to them all).
+        wrapped = self._backend.prepare_scheduler(scheduler, self._optimizers,
                                                   step_with_optimizer=self.step_scheduler_with_optimizer,
                                                   split_batches=self.split_batches)
         wrapped._is_accelerate_prepared = True

@@ -15,6 +15,7 @@ from functools import partial
 
 import torch
 
+from .config.dataclasses import given_kwargs
 from .core.enums import TORCH_DISTRIBUTED_TYPES, DistributedType, PrecisionType
 from .core.errors import ConfigError, StateResetError
 from .distributed import cluster as environment
@@ -493,7 +494,9 @@ class GradientState(_SharedState):
             self.plugin_kwargs = {}
             self._is_xla_gradients_synced = False
         if gradient_accumulation_plugin is not None:
-            self.plugin_kwargs = gradient_accumulation_plugin.to_kwargs()
+            # to_kwargs() drops values equal to the plugin's defaults, and a missing adjust_scheduler reads False
+            # here: an explicit adjust_scheduler=True is kept, not silently dropped as in Accelerate.
+            self.plugin_kwargs = given_kwargs(gradient_accumulation_plugin, ("adjust_scheduler",))
 
     @property
     def initialized(self) -> bool:

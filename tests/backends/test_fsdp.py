@@ -97,15 +97,27 @@ def test_bad_values_name_the_setting_and_its_source(monkeypatch, kwargs, env, me
 def test_mixed_precision_policy_forms():
     from torch.distributed.fsdp import MixedPrecision, MixedPrecisionPolicy
 
+    bf16, fp32 = torch.bfloat16, torch.float32
     v2 = FullyShardedDataParallelPlugin(fsdp_version=2, mixed_precision_policy="bf16")
-    assert v2.mixed_precision_policy == MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
+    assert v2.mixed_precision_policy == MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16, output_dtype=bf16)
     v1 = FullyShardedDataParallelPlugin(mixed_precision_policy={"param_dtype": torch.float16})
     assert isinstance(v1.mixed_precision_policy, MixedPrecision)
-    # The run's precision fills the policy only when none was given.
+    # The run's precision fills the policy only when none was given, as Accelerate does: everything in bf16.
     unset = FullyShardedDataParallelPlugin(fsdp_version=2)
     unset.set_mixed_precision("bf16")
-    assert unset.mixed_precision_policy.param_dtype == torch.bfloat16
-    assert unset.mixed_precision_policy.reduce_dtype == torch.float32
+    assert unset.mixed_precision_policy == MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16, output_dtype=bf16)
+    unset_v1 = FullyShardedDataParallelPlugin(fsdp_version=1)
+    unset_v1.set_mixed_precision("bf16")
+    assert unset_v1.mixed_precision_policy == MixedPrecision(param_dtype=bf16, reduce_dtype=bf16, buffer_dtype=bf16)
+    # Accelerate's buffer_autocast=True keeps FSDP1 buffers in fp32 (the opposite of its name, kept as is).
+    unset_v1.set_mixed_precision("bf16", buffer_autocast=True, override=True)
+    assert unset_v1.mixed_precision_policy.buffer_dtype == fp32
+    # fp32 gradient reduction: Accelerate's switch, an explicit policy (dict or torch's object), used as given.
+    for version, policy_type in ((1, MixedPrecision), (2, MixedPrecisionPolicy)):
+        for given in ({"param_dtype": bf16, "reduce_dtype": fp32}, policy_type(param_dtype=bf16, reduce_dtype=fp32)):
+            explicit = FullyShardedDataParallelPlugin(fsdp_version=version, mixed_precision_policy=given)
+            explicit.set_mixed_precision("bf16")
+            assert explicit.mixed_precision_policy == policy_type(param_dtype=bf16, reduce_dtype=fp32)
     v2.set_mixed_precision("fp16")
     assert v2.mixed_precision_policy.param_dtype == torch.bfloat16
     with pytest.raises(ConfigError, match="needs a MixedPrecisionPolicy"):

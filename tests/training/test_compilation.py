@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from hasten import Accelerator, TorchDynamoPlugin
+from hasten.state import AcceleratorState, GradientState
 from hasten.training.compilation import (
     compile_regions, compile_regions_in_place, has_compiled_regions, has_repeated_blocks, is_repeated_blocks,
 )
@@ -102,7 +103,9 @@ def test_compile_regions_leaves_the_original_alone_and_shares_weights():
     assert set(map(id, compiled.parameters())) == set(map(id, model.parameters()))
 
 
-def test_accelerator_compiles_regions_in_place():
+def test_accelerator_compiles_regions_into_a_new_tree_on_one_device(tmp_path):
+    """As Accelerate on one device (and DDP, FSDP1): `compile_regions`' new tree, `_orig_mod.` inside each compiled
+    block's names; hasten's checkpoints still load into a model prepared without compilation, and back."""
     torch.manual_seed(0)
     model = Net(4)
     x = torch.randn(3, 4)
@@ -110,13 +113,39 @@ def test_accelerator_compiles_regions_in_place():
     keys = list(model.state_dict())
     accelerator = Accelerator(cpu=True, dynamo_plugin=TorchDynamoPlugin(backend="eager", use_regional_compilation=True))
     prepared = accelerator.prepare(model)
-    assert prepared is model, "regional compilation keeps the model object (and its hooks)"
-    assert all(block._compiled_call_impl is not None for block in prepared.blocks)
-    assert has_compiled_regions(prepared)
-    before = dict(torch._dynamo.utils.counters["stats"])
+    assert prepared is not model and prepared.__dict__["_orig_mod"] is model
+    assert all(type(block).__name__ == "OptimizedModule" for block in prepared.blocks)
+    assert "blocks.0._orig_mod.lin.weight" in prepared.state_dict()
+    assert not has_compiled_regions(model) and has_compiled_regions(prepared)
     assert torch.allclose(prepared(x), expected)
-    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - before.get("unique_graphs", 0) >= 1
-    assert list(accelerator.unwrap_model(prepared).state_dict()) == keys, "state_dict names unchanged"
+    assert accelerator.unwrap_model(prepared) is prepared  # keep_torch_compile=True keeps the compiled tree
+    assert accelerator.unwrap_model(prepared, keep_torch_compile=False) is model
+    assert list(accelerator.unwrap_model(prepared, keep_torch_compile=False).state_dict()) == keys
+    accelerator.save_state(tmp_path / "compiled")
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    plain_accelerator = Accelerator(cpu=True)
+    plain = plain_accelerator.prepare(Net(4))
+    assert not has_compiled_regions(plain)
+    plain_accelerator.load_state(tmp_path / "compiled")
+    assert torch.allclose(plain(x), expected), "a checkpoint of the compiled tree did not load into a plain model"
+    with torch.no_grad():
+        for param in plain.parameters():
+            param.add_(1.0)
+    plain_accelerator.save_state(tmp_path / "plain")
+    accelerator.load_state(tmp_path / "plain")  # and back: plain names into the compiled tree
+    assert torch.allclose(prepared(x), plain(x))
+
+
+def test_regions_compiled_in_place_before_prepare_are_left_as_they_are():
+    # hasten's in-place form stays one call away (as prepare applies it under FSDP2/DeepSpeed): names unchanged
+    torch.manual_seed(0)
+    model = compile_regions_in_place(Net(4), backend="eager")
+    keys = list(model.state_dict())
+    accelerator = Accelerator(cpu=True, dynamo_plugin=TorchDynamoPlugin(backend="eager", use_regional_compilation=True))
+    prepared = accelerator.prepare(model)
+    assert prepared is model and all(block._compiled_call_impl is not None for block in prepared.blocks)
+    assert list(prepared.state_dict()) == keys
 
 
 def test_accelerator_without_the_flag_compiles_the_whole_model():
@@ -133,4 +162,4 @@ def test_launcher_environment_turns_regional_compilation_on(monkeypatch):
     monkeypatch.setenv("HASTEN_DYNAMO_USE_REGIONAL_COMPILATION", "true")
     model = Net(2)
     prepared = Accelerator(cpu=True).prepare(model)
-    assert prepared is model and all(block._compiled_call_impl is not None for block in model.blocks)
+    assert prepared.__dict__["_orig_mod"] is model and has_compiled_regions(prepared)

@@ -12,10 +12,16 @@ import torch
 from launching import launch
 
 
-def test_fsdp2_functions_on_two_processes():
-    result = launch("fsdp2_functions.py", timeout=300)
+def test_fsdp2_functions_on_two_processes(tmp_path):
+    """fsdp2_apply_ac wraps blocks in CheckpointWrapper as Accelerate does (names carry `_checkpoint_wrapped_module.`,
+    state_dict keys do not); prepare() under activation_checkpointing does the same, and its checkpoints load
+    into a model without activation checkpointing and back."""
+    result = launch("fsdp2_functions.py", tmp_path, timeout=300)
     assert result.stdout.count("fsdp2 functions ok") == 2, result.stdout
     assert result.stdout.count("bypass device map ok") == 2, result.stdout  # prepare() and a dispatched model
+    assert result.stdout.count("activation checkpointing names ok") == 2, result.stdout
+    # regional compilation through prepare(): in place under FSDP2, compile_regions' new tree under DDP
+    assert result.stdout.count("regional compilation ok") == 2, result.stdout
 
 
 def test_fsdp2_functions_refuse_an_accelerator_without_fsdp2():

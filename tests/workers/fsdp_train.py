@@ -128,14 +128,22 @@ for variant in variants:
 # -- bf16 ----------------------------------------------------------------------------------------------------
 acc, ddp_model, _, ddp_bf16_losses, _ = run("bf16")
 ddp_bf16 = {k.removeprefix("module."): v for k, v in full_params(acc, ddp_model).items()}
-for version in (2, 1):
-    acc, model, _, losses, _ = run("bf16", fsdp_plugin=plugin(version))
-    policy = acc.state.fsdp_plugin.mixed_precision_policy
-    assert policy.param_dtype == torch.bfloat16, policy  # filled from Accelerator(mixed_precision="bf16")
+BF16, FP32 = torch.bfloat16, torch.float32
+for version, reduce_in in ((2, "bf16"), (2, "fp32"), (1, "bf16"), (1, "fp32")):
+    if reduce_in == "bf16":  # the policy is filled from Accelerator(mixed_precision="bf16"), as Accelerate fills it
+        acc, model, _, losses, _ = run("bf16", fsdp_plugin=plugin(version))
+        policy = acc.state.fsdp_plugin.mixed_precision_policy
+        last = policy.output_dtype if version == 2 else policy.buffer_dtype
+        assert (policy.param_dtype, policy.reduce_dtype, last) == (BF16, BF16, BF16), policy
+    else:  # hasten's advice, through Accelerate's own switch: reduce gradients in fp32
+        mp = {"param_dtype": BF16, "reduce_dtype": FP32}
+        acc, model, _, losses, _ = run("bf16", fsdp_plugin=plugin(version, mixed_precision_policy=mp))
+        policy = acc.state.fsdp_plugin.mixed_precision_policy
+        assert (policy.param_dtype, policy.reduce_dtype) == (BF16, FP32), policy  # used as given
     params = full_params(acc, model)
     assert all(v.dtype == torch.float32 for v in acc.get_state_dict(model).values())  # master weights stay fp32
-    assert max_diff(params, ddp_bf16) < BF16_PARAM_TOL, (version, max_diff(params, ddp_bf16))
-    assert close(losses, ddp_bf16_losses, BF16_LOSS_TOL), (version, losses, ddp_bf16_losses)
+    assert max_diff(params, ddp_bf16) < BF16_PARAM_TOL, (version, reduce_in, max_diff(params, ddp_bf16))
+    assert close(losses, ddp_bf16_losses, BF16_LOSS_TOL), (version, reduce_in, losses, ddp_bf16_losses)
     assert max_diff(params, ref_params) < BF16_PARAM_TOL
 
 # -- accumulation: 2 micro-batches under no_sync == one batch twice as large -----------------------------------

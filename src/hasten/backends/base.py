@@ -28,6 +28,7 @@ import os
 import torch
 
 from ..checkpoint import durable, fast_io, sharding
+from ..config.resolve import strict
 from ..core.constants import MODEL_NAME, OPTIMIZER_NAME, SAFE_MODEL_NAME
 from ..core.errors import CheckpointError, ConfigError
 from ..optimizer import AcceleratedOptimizer
@@ -74,6 +75,10 @@ class Backend:
     supports_clip_grad_value = True
     #: Accelerate's `accelerator.deepspeed_engine_wrapped`: the engine a backend drives, if it has one.
     engine_wrapper = None
+    #: How `prepare` compiles regions (`use_regional_compilation`), as Accelerate per backend: False returns a new
+    #: module tree whose compiled blocks hold the original in `_orig_mod`; True compiles each block in place
+    #: (engines whose hooks a new tree would bypass: FSDP2, DeepSpeed).
+    regional_compilation_in_place = False
 
     def __init__(self, state, precision: PrecisionPolicy | None = None, ddp_kwargs=None, plugin=None):
         self.state = state
@@ -105,15 +110,18 @@ class Backend:
         return AcceleratedOptimizer(optimizer, device_placement=device_placement, scaler=scaler)
 
     def prepare_scheduler(self, scheduler, optimizers: list, step_with_optimizer: bool, split_batches: bool):
-        """The object the script steps: follows the real steps of the prepared optimizer (among `optimizers`, all
-        prepared so far) that owns its optimizer."""
+        """The object the script steps: follows the real steps of the prepared optimizer (among `optimizers`, the
+        facade's live list of prepared optimizers) that owns its optimizer. A scheduler whose optimizer was never
+        prepared follows every prepared optimizer, as in Accelerate; under `strict()` it is an error."""
         target = getattr(scheduler, "optimizer", None)
         owners = [opt for opt in optimizers if getattr(opt, "optimizer", None) is target]
         if target is not None and not owners:
-            raise ConfigError(
-                f"prepare() got a {type(scheduler).__name__} whose optimizer was not prepared: pass the optimizer "
-                "to prepare() as well (in the same call or before)"
-            )
+            if strict():
+                raise ConfigError(
+                    f"prepare() got a {type(scheduler).__name__} whose optimizer was not prepared: pass the optimizer "
+                    "to prepare() as well (in the same call or before)"
+                )
+        # Accelerate hands its own list over, so a scheduler without an owner also follows optimizers prepared later.
         return AcceleratedScheduler(scheduler, owners or optimizers, step_with_optimizer=step_with_optimizer,
                                     split_batches=split_batches)
 
@@ -268,7 +276,8 @@ class Backend:
 def _bare_name(key: str) -> str:
     while key.startswith(_WRAPPER_PREFIXES):
         key = key.split(".", 1)[1]
-    return key
+    # regional compilation (compile_regions) puts `_orig_mod.` inside each compiled block's names
+    return key.replace("._orig_mod.", ".")
 
 
 def _match_wrapper_prefixes(model, state_dict: dict) -> dict:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from ..core.errors import ConfigError
-from .fsdp.backend import FSDPBackend
+from .fsdp.backend import FSDPBackend, plain_named_parameters
 
 
 class LayoutBackend(FSDPBackend):
@@ -36,6 +36,10 @@ class LayoutBackend(FSDPBackend):
 class TensorParallelBackend(LayoutBackend):
     name = "tensor_parallel"
 
+    @property
+    def regional_compilation_in_place(self) -> bool:
+        return self._device_mesh() is not None  # FSDP2 over the data dimensions, as Accelerate
+
     def _device_mesh(self):
         """The mesh FSDP2 shards over (None without data-parallel dimensions)."""
         from ..parallelism_config import fsdp_mesh
@@ -45,7 +49,7 @@ class TensorParallelBackend(LayoutBackend):
     def _shard(self, model: torch.nn.Module) -> torch.nn.Module:
         from ..distributed.tp_plan import apply_tensor_parallel, model_has_dtensor
 
-        originals = dict(model.named_parameters())
+        originals = plain_named_parameters(model)  # by state-dict name: activation checkpointing may wrap blocks
         model.to(self.state.device)
         if any(p.is_meta for p in originals.values()):
             raise ConfigError("prepare() got a model with parameters on the meta device; tensor parallelism needs its "
@@ -61,7 +65,7 @@ class TensorParallelBackend(LayoutBackend):
 
                 _apply_activation_checkpointing(model, self.plugin.wrap_predicate(model), composable=True)
             self._roots.append(model)
-        current = dict(model.named_parameters())
+        current = plain_named_parameters(model)
         for name, old in originals.items():
             new = current.get(name)
             if new is not None and new is not old:

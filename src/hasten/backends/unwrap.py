@@ -43,9 +43,13 @@ def unwrap_model(model, keep_fp32_wrapper: bool = True, keep_torch_compile: bool
     """The user's own module inside any wrappers; optionally also undo hasten's mixed-precision forward."""
     containers = _containers()
     compiled = None
+    regions = False
     if is_compiled(model):
         compiled = model
         model = model._orig_mod
+    elif "_orig_mod" in model.__dict__:  # the new tree of compile_regions: the original is a plain attribute
+        compiled, regions = model, True
+        model = model.__dict__["_orig_mod"]
     while isinstance(model, containers):
         model = model.module
     if recursive:
@@ -56,6 +60,9 @@ def unwrap_model(model, keep_fp32_wrapper: bool = True, keep_torch_compile: bool
 
         remove_precision_wrapper(model)
     if compiled is not None and keep_torch_compile:
-        compiled._orig_mod = model
+        if regions:
+            compiled.__dict__["_orig_mod"] = model
+        else:
+            compiled._orig_mod = model
         return compiled
     return model

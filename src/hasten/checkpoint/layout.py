@@ -104,7 +104,12 @@ def _describe(error: BaseException) -> str:
 # -- what goes into a checkpoint --------------------------------------------------------------------------------
 def _gradients(model) -> dict:
     """Gradients accumulated but not yet applied (a save in the middle of an accumulation window)."""
-    return {name: p.grad for name, p in model.named_parameters() if p.grad is not None}
+    return {_state_name(name): p.grad for name, p in model.named_parameters() if p.grad is not None}
+
+
+def _state_name(name: str) -> str:
+    # the name without activation checkpointing's wrapper, so a checkpoint loads with or without it
+    return name.replace("_checkpoint_wrapped_module.", "")
 
 
 def _loader_states(loader) -> dict:
@@ -405,7 +410,7 @@ def _load_gradients(contents: CheckpointContents, folder: str) -> None:
     saved = fast_io.load_tensors(path)
     for i, model in enumerate(contents.models):
         for name, param in model.named_parameters():
-            grad = saved.get(f"{i}.{name}")
+            grad = saved.get(f"{i}.{_state_name(name)}")
             if grad is None:
                 continue
             if param.grad is not None and param.grad.shape == grad.shape:

@@ -17,8 +17,10 @@ _EXPLICIT: dict = {}
 
 
 class KwargsHandler:
-    """Mixin: `to_kwargs()` returns the fields the constructor was given, and those that differ from a default
-    instance (values taken from HASTEN_/ACCELERATE_ variables count as set)."""
+    """Mixin: `to_kwargs()` returns the fields whose values differ from a default instance, as Accelerate documents
+    (values taken from HASTEN_/ACCELERATE_ variables count as different). The handler also remembers which fields
+    its constructor was given (`given_kwargs`), for hasten's own callers that must honour a value passed on purpose
+    even when it equals the default."""
 
     def __new__(cls, *args, **kwargs):
         handler = super().__new__(cls)
@@ -37,9 +39,19 @@ class KwargsHandler:
 
         with environment_hidden():
             default = self.__class__().to_dict()
-        explicit = _EXPLICIT.get(id(self), frozenset())
-        this = self.to_dict()
-        return {k: v for k, v in this.items() if k in default and (k in explicit or default[k] != v)}
+        return {k: v for k, v in self.to_dict().items() if k in default and default[k] != v}
+
+
+def given_kwargs(handler: KwargsHandler, names=None) -> dict:
+    """`handler.to_kwargs()` plus the fields its constructor was given (all of them, or those among `names`), even
+    where equal to the default: `InitProcessGroupKwargs(timeout=timedelta(seconds=600))` must give 600 s on gloo,
+    where hasten's own default is 1800 s."""
+    kwargs = handler.to_kwargs()
+    current = handler.to_dict()
+    for name in _EXPLICIT.get(id(handler), frozenset()):
+        if name in current and (names is None or name in names):
+            kwargs[name] = current[name]
+    return kwargs
 
 
 @dataclass

@@ -369,10 +369,7 @@ class FullyShardedDataParallelPlugin:
                     f"fsdp mixed_precision_policy={value!r} is not valid; choose one of fp32, bf16, fp16, fp8 or "
                     "pass a dict of dtypes"
                 )
-            dtype = _DTYPES[key]
-            value = {"param_dtype": dtype, "reduce_dtype": dtype}
-            if self.fsdp_version == 1:
-                value["buffer_dtype"] = dtype
+            value = self._policy_fields(_DTYPES[key])
         if not isinstance(value, dict):
             raise ConfigError(f"fsdp mixed_precision_policy must be a name, a dict or a {target.__name__}")
         allowed = {"param_dtype", "reduce_dtype"} | ({"buffer_dtype"} if self.fsdp_version == 1 else {"output_dtype"})
@@ -414,8 +411,23 @@ class FullyShardedDataParallelPlugin:
             self.state_dict_config = self.state_dict_config or ShardedStateDictConfig(offload_to_cpu=True)
             self.optim_state_dict_config = self.optim_state_dict_config or ShardedOptimStateDictConfig(offload_to_cpu=True)
 
+    def _policy_fields(self, dtype, buffer_autocast: bool = False) -> dict:
+        """Accelerate's policy for one precision: parameters, gradient reduction and (FSDP1) buffers or (FSDP2)
+        outputs all in `dtype`. Accelerate's `buffer_autocast=True` keeps FSDP1 buffers in fp32 (the flag does
+        the opposite of its name; kept so scripts see the same dtypes)."""
+        fields = {"param_dtype": dtype, "reduce_dtype": dtype}
+        if self.fsdp_version == 1:
+            fields["buffer_dtype"] = torch.float32 if buffer_autocast else dtype
+        else:
+            fields["output_dtype"] = dtype
+        return fields
+
     def set_mixed_precision(self, mixed_precision, buffer_autocast: bool = False, override: bool = False):
-        """Fill the policy from the run's mixed precision ("bf16"/"fp16"), unless one was given (or `override`)."""
+        """Fill the policy from the run's mixed precision ("bf16"/"fp16"), unless one was given (or `override`).
+
+        As in Accelerate, gradients are reduced in the low precision too. To reduce them in fp32 (hasten's
+        advice: summing bf16 gradients across ranks loses bits), give the plugin a policy, e.g.
+        `mixed_precision_policy={"param_dtype": torch.bfloat16, "reduce_dtype": torch.float32}`."""
         if self.mixed_precision_policy is not None and not override:
             return
         if isinstance(mixed_precision, torch.dtype):
@@ -430,11 +442,7 @@ class FullyShardedDataParallelPlugin:
             if override:
                 self.mixed_precision_policy = None
             return
-        # Gradients are reduced in fp32: summing bf16 gradients across ranks loses bits for nothing on CPU.
-        policy = {"param_dtype": dtype, "reduce_dtype": torch.float32}
-        if self.fsdp_version == 1:
-            policy["buffer_dtype"] = dtype if buffer_autocast else torch.float32
-        self.mixed_precision_policy = self._mixed_precision(policy)
+        self.mixed_precision_policy = self._mixed_precision(self._policy_fields(dtype, buffer_autocast))
 
     def validate_mixed_precision_policy(self):
         if self.mixed_precision_policy is not None:

@@ -47,8 +47,9 @@ def compile_regions(module: torch.nn.Module, **compile_kwargs) -> torch.nn.Modul
     parameters, in which each repeated block is a `torch.compile`d module and every part of the model
     outside the repeated stacks is compiled whole. The result keeps the original in `_orig_mod`.
 
-    The new tree's `state_dict` names blocks `..._orig_mod...`; to keep the names (and hooks) unchanged,
-    use `compile_regions_in_place` instead, as `Accelerator.prepare` does.
+    The new tree's `state_dict` names blocks `..._orig_mod...` (hasten's checkpoints load either way); to keep
+    the names (and hooks) unchanged, use `compile_regions_in_place` instead, as `Accelerator.prepare` does
+    under FSDP2 and DeepSpeed.
     """
     compiled = _regions_copy(module, compile_kwargs)
     if "_orig_mod" not in compiled.__dict__:
@@ -95,16 +96,20 @@ compile_regions_deepspeed = compile_regions_in_place
 compile_regions_fsdp2 = compile_regions_in_place
 
 
-def compile_model(model: torch.nn.Module, dynamo_plugin) -> torch.nn.Module:
-    """What `Accelerator.prepare` does with a `TorchDynamoPlugin` whose backend is set: compile each repeated
-    block in place when `use_regional_compilation` is on, else `torch.compile` the whole model. A model the
-    user compiled already (whole or by regions) is returned as it is."""
+def compile_model(model: torch.nn.Module, dynamo_plugin, regions_in_place: bool = False) -> torch.nn.Module:
+    """What `Accelerator.prepare` does with a `TorchDynamoPlugin` whose backend is set: with
+    `use_regional_compilation`, Accelerate's regional compilation for the backend (`regions_in_place`: each
+    block compiled in place, as under FSDP2/DeepSpeed; else `compile_regions`' new tree, as on one device, DDP
+    and FSDP1), else `torch.compile` of the whole model. A model the user compiled already (whole or by
+    regions, e.g. with `compile_regions_in_place` before `prepare`) is returned as it is."""
     optimized = _optimized_module_type()
     if (optimized and isinstance(model, optimized)) or _compiled_in_place(model) or has_compiled_regions(model):
         return model
     kwargs = dynamo_plugin.to_kwargs()
     if dynamo_plugin.use_regional_compilation:
-        return compile_regions_in_place(model, **kwargs)
+        if regions_in_place:
+            return compile_regions_in_place(model, **kwargs)
+        return compile_regions(model, **kwargs)
     return torch.compile(model, **kwargs)
 
 

@@ -70,6 +70,7 @@ def _ensure_process_group(state) -> None:
 class DeepSpeedBackend(Backend):
     name = "deepspeed"
     supports_clip_grad_value = False
+    regional_compilation_in_place = True  # as Accelerate (compile_regions_deepspeed on the engine's module)
 
     def __init__(self, state, precision=None, ddp_kwargs=None, plugin=None):
         super().__init__(state, precision=precision, ddp_kwargs=ddp_kwargs, plugin=plugin)

@@ -26,6 +26,9 @@ from ..base import Backend, inner_optimizer, refuse_load_kwargs
 from ..unwrap import is_fsdp1, is_fsdp2
 from . import checkpoint as fsdp_checkpoint
 
+# what torch's CheckpointWrapper inserts into the names of the parameters below it
+_CHECKPOINT_PART = "_checkpoint_wrapped_module."
+
 
 def _ignored_modules(model, ignored) -> list:
     """The plugin's `ignored_modules` as modules: given as modules, or as a regex every full name must match."""
@@ -42,6 +45,10 @@ def _ignored_modules(model, ignored) -> list:
 class FSDPBackend(Backend):
     name = "fsdp"
     supports_clip_grad_value = False  # a value clip on shards is fine, but Accelerate refuses it: keep one rule
+
+    @property
+    def regional_compilation_in_place(self) -> bool:
+        return self.version == 2  # as Accelerate: FSDP2's hooks must stay on the call path; FSDP1 gets a new tree
 
     def __init__(self, state, precision=None, ddp_kwargs=None, plugin=None):
         if plugin is None:
@@ -146,13 +153,14 @@ class FSDPBackend(Backend):
 
         plugin = self.plugin
         wants_own_unit = plugin.wrap_predicate(model)
-        old_params = dict(model.named_parameters())
+        old_params = plain_named_parameters(model)
         if ram_efficient:
             # Everyone shards an empty (meta) model; rank 0 then streams its weights in tensor by tensor.
             full = _named_tensors(model) if dist.get_rank() == 0 else {}
             model.to("meta")
         if plugin.activation_checkpointing:
-            _apply_activation_checkpointing(model, wants_own_unit, composable=True)
+            # As Accelerate's prepare (fsdp2_apply_ac): each block inside torch's CheckpointWrapper, before sharding.
+            checkpoint_wrap_blocks(model, wants_own_unit)
         kwargs = dict(
             mesh=self._device_mesh(),
             reshard_after_forward=plugin.reshard_after_forward,
@@ -184,7 +192,7 @@ class FSDPBackend(Backend):
         if ram_efficient:
             _materialize(model, self.state.device, offload=plugin.offloads_params)
             _stream_weights_from_rank0(model, full)
-        new_params = dict(model.named_parameters())
+        new_params = plain_named_parameters(model)
         for name, old in old_params.items():
             if name in new_params and new_params[name] is not old:
                 self._replacement[old] = new_params[name]
@@ -443,15 +451,31 @@ def _on_any_rank(flag: bool) -> bool:
 
 
 def _can_be_unit(module) -> bool:
-    """fully_shard needs a module that runs (not a ModuleList/ModuleDict container) and has parameters."""
+    """fully_shard needs a module that runs (not a ModuleList/ModuleDict container) and has parameters; an
+    activation-checkpointing wrapper is not one (the block inside it is)."""
     has_forward = type(module).forward is not torch.nn.Module.forward
-    return has_forward and any(True for _ in module.parameters())
+    return has_forward and not _is_checkpoint_wrapper(module) and any(True for _ in module.parameters())
+
+
+def _is_checkpoint_wrapper(module) -> bool:
+    return hasattr(module, "_checkpoint_wrapped_module")
+
+
+def state_name(name: str) -> str:
+    """A parameter's state-dict name: without the `_checkpoint_wrapped_module.` that torch's CheckpointWrapper
+    inserts into `named_parameters` (its state_dict hooks, and torch.distributed.checkpoint, drop it)."""
+    return name.replace(_CHECKPOINT_PART, "")
+
+
+def plain_named_parameters(model) -> dict:
+    """`dict(model.named_parameters())` under state-dict names, the same with or without activation checkpointing."""
+    return {state_name(name): param for name, param in model.named_parameters()}
 
 
 def _named_tensors(model) -> dict:
     """Every parameter and buffer by its state-dict name (the tensors themselves, not copies)."""
-    tensors = dict(model.named_parameters())
-    tensors.update(model.named_buffers())
+    tensors = plain_named_parameters(model)
+    tensors.update((state_name(name), buffer) for name, buffer in model.named_buffers())
     return tensors
 
 
@@ -477,7 +501,7 @@ def _stream_weights_from_rank0(model, full: dict) -> None:
 
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
     is_source = dist.get_rank() == 0
-    for name, param in list(model.named_parameters()):
+    for name, param in list(plain_named_parameters(model).items()):
         tensor = full.pop(name, None)
         piece = {name: tensor.detach()} if tensor is not None else {}
         set_model_state_dict(model, piece, options=options)
@@ -487,6 +511,7 @@ def _stream_weights_from_rank0(model, full: dict) -> None:
     # Buffers are not sharded, and non-persistent ones are in no state dict: broadcast them all.
     with torch.no_grad():
         for name, buffer in model.named_buffers():
+            name = state_name(name)
             if is_source:
                 buffer.copy_(full.pop(name))
             dist.broadcast(buffer, src=0)
@@ -512,10 +537,27 @@ def load_full_state_dict(model, full_state: dict, device, cpu_offload: bool = Fa
         model.tie_weights()
 
 
-def apply_activation_checkpointing(model, plugin) -> torch.nn.Module:
-    """Recompute the activations of every block the plugin's auto-wrap policy picks (FSDP2 style, in place:
-    parameter names stay the same)."""
-    _apply_activation_checkpointing(model, plugin.wrap_predicate(model), composable=True)
+def checkpoint_wrap_blocks(model, predicate) -> torch.nn.Module:
+    """Accelerate's activation checkpointing for FSDP2: each submodule `predicate` picks (the plugin's auto-wrap
+    policy) is replaced, in `model`, by torch's `CheckpointWrapper` around it, innermost first, so parameter
+    names gain `_checkpoint_wrapped_module.` (state_dict keys do not). A block wrapped already is left as it is.
+    Unlike Accelerate, the random state is preserved for the recomputation: dropout inside a block then draws the
+    same mask in backward as in forward, so the gradient is that of the forward that ran."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper, checkpoint_wrapper
+
+    from ...training.compilation import get_module_children_bottom_up
+
+    if predicate is None:
+        raise ConfigError(
+            "fsdp activation_checkpointing needs an auto_wrap_policy (TRANSFORMER_BASED_WRAP or SIZE_BASED_WRAP) to "
+            "know which blocks to recompute"
+        )
+    inside_wrapper = {id(m._checkpoint_wrapped_module) for m in model.modules() if isinstance(m, CheckpointWrapper)}
+    for name, block in get_module_children_bottom_up(model, return_fqns=True)[:-1]:
+        if isinstance(block, CheckpointWrapper) or id(block) in inside_wrapper or not predicate(block):
+            continue
+        model.set_submodule(name, checkpoint_wrapper(block))
+        inside_wrapper.add(id(block))
     return model
 
 

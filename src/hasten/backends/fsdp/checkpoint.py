@@ -348,7 +348,8 @@ def _saved_flat(path: str, model) -> bool:
     from torch.distributed.checkpoint import FileSystemReader
 
     keys = FileSystemReader(path).read_metadata().state_dict_metadata
-    prefixes = tuple(f"optimizer.param_groups.{name}." for name, _ in model.named_parameters())
+    prefixes = tuple(f"optimizer.param_groups.{name.replace('_checkpoint_wrapped_module.', '')}."
+                     for name, _ in model.named_parameters())
     return any(key.startswith(prefixes) for key in keys)
 
 
@@ -369,7 +370,7 @@ def load_optimizer_flat_or_not(model, optimizer, path: str, one_stage: bool = Fa
     loaded = state["optimizer"]
     if one_stage and not options.flatten_optimizer_state_dict:
         # A whole model's param groups read into one stage: keep the names this process holds.
-        own = {name for name, _ in model.named_parameters()}
+        own = {name.replace("_checkpoint_wrapped_module.", "") for name, _ in model.named_parameters()}
         for group in loaded.get("param_groups", []):
             group["params"] = [name for name in group["params"] if name in own]
     set_optimizer_state_dict(model, optimizer, loaded, options=options)

@@ -153,11 +153,13 @@ def fsdp2_load_full_state_dict(accelerator, model: torch.nn.Module, full_sd: dic
 
 
 def fsdp2_apply_ac(accelerator, model: torch.nn.Module) -> torch.nn.Module:
-    """Activation checkpointing on the blocks `accelerator`'s FSDP plugin wraps (its auto_wrap_policy), in place;
-    call it before sharding. Unlike Accelerate's wrapper modules, parameter names do not change."""
-    from .backend import apply_activation_checkpointing
+    """Activation checkpointing on the blocks `accelerator`'s FSDP plugin wraps (its auto_wrap_policy), as
+    Accelerate applies it: each block goes inside torch's `CheckpointWrapper`, so parameter names gain
+    `_checkpoint_wrapped_module.` (state_dict keys do not). Call it before sharding; returns `model`."""
+    from .backend import checkpoint_wrap_blocks
 
-    return apply_activation_checkpointing(model, _fsdp2_backend(accelerator, "fsdp2_apply_ac").plugin)
+    plugin = _fsdp2_backend(accelerator, "fsdp2_apply_ac").plugin
+    return checkpoint_wrap_blocks(model, plugin.wrap_predicate(model))
 
 
 def ensure_weights_retied(param_init_fn, model: torch.nn.Module, device: torch.device):
