@@ -100,6 +100,23 @@ def test_layout_and_round_trip(tmp_path):
     assert os.listdir(tmp_path) == ["ckpt"]
 
 
+def test_gradients_are_saved_only_inside_an_accumulation_window(tmp_path):
+    # Gradients left after a finished window were applied already: they are not written (under FSDP2 they are
+    # sharded tensors no file format here takes). Inside a window they are, so the resume keeps the partial sum.
+    _reset()
+    accelerator = Accelerator(gradient_accumulation_steps=2)
+    model = accelerator.prepare(torch.nn.Linear(3, 2))
+    with accelerator.accumulate(model):
+        accelerator.backward(model(torch.randn(4, 3)).sum())
+    assert not accelerator.sync_gradients and model.weight.grad is not None
+    assert "gradients_0.safetensors" in os.listdir(accelerator.save_state(tmp_path / "inside"))
+    with accelerator.accumulate(model):
+        accelerator.backward(model(torch.randn(4, 3)).sum())
+    assert accelerator.sync_gradients and model.weight.grad is not None  # a step with no zero_grad after it
+    assert "gradients_0.safetensors" not in os.listdir(accelerator.save_state(tmp_path / "after"))
+    _reset()
+
+
 def test_automatic_naming_rotation_and_iteration(tmp_path):
     accelerator, model, optimizer, scheduler = _setup(tmp_path, total_limit=2)
     for _ in range(4):

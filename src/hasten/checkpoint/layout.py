@@ -107,6 +107,13 @@ def _gradients(model) -> dict:
     return {_state_name(name): p.grad for name, p in model.named_parameters() if p.grad is not None}
 
 
+def _window_open() -> bool:
+    """Whether the save falls inside a gradient accumulation window (gradients summed but not yet applied)."""
+    from ..state import GradientState
+
+    return not GradientState().sync_gradients
+
+
 def _state_name(name: str) -> str:
     # the name without activation checkpointing's wrapper, so a checkpoint loads with or without it
     return name.replace("_checkpoint_wrapped_module.", "")
@@ -147,8 +154,9 @@ def _plan_files(contents: CheckpointContents, stage=_as_is) -> list:
         for i, obj in enumerate(contents.custom_objects):
             add(f"custom_checkpoint_{i}.pkl", durable.save_object, obj.state_dict())
     grads = {}
-    for i, model in enumerate(contents.models):
-        grads.update({f"{i}.{name}": g for name, g in _gradients(model).items()})
+    if _window_open():  # after a finished window the gradients were applied: nothing to carry over
+        for i, model in enumerate(contents.models):
+            grads.update({f"{i}.{name}": g for name, g in _gradients(model).items()})
     if grads:
         add(f"{GRADIENTS_NAME}_{contents.rank}.safetensors", fast_io.save_tensors, grads)
     add(f"{RNG_STATE_NAME}_{contents.rank}.pkl", durable.save_object, {"step": int(contents.step), **capture_rng_states()})
