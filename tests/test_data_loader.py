@@ -518,7 +518,8 @@ def test_two_processes_sharding_metrics_epochs_and_skipping():
     for check in ("reference layouts", "map-style exactly once", "iterable shard", "dispatcher exactly once",
                   "dispatcher error reaches every rank", "dispatched plain values", "end_of_dataloader",
                   "set_epoch shuffles alike on every rank",
-                  "shared shuffle without rng_types", "skip_first_batches"):
+                  "shared shuffle without rng_types", "skip_first_batches",
+                  "default draws from the global RNG as torch does", "data_own_rng leaves the global RNG alone"):
         assert f"OK {check}" in output, output
 
 
