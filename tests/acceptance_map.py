@@ -271,6 +271,7 @@ MAP = {
     'setting:debug': 'tests/backends/test_deepspeed.py::test_hasten_config_asks_the_deepspeed_questions',
     'setting:collective_timeout': 'tests/resilience/test_hang_doctor.py::test_rank_sleeps_past_the_timeout',
     'setting:strict': 'tests/config/test_resolve.py::test_strict_setting_is_off_by_default_and_read_from_flag_variable_and_file',
+    'setting:data_own_rng': 'tests/test_data_loader.py::test_data_own_rng_never_touches_the_global_rng',
     'setting:hang_doctor_wait': 'tests/resilience/test_hang_doctor.py::test_correct_run_is_left_alone',
     'setting:use_cpu': 'tests/backends/test_deepspeed.py::test_hasten_config_asks_the_deepspeed_questions',
     'setting:tpu': 'tests/commands/test_cli_commands.py::test_tpu_config_refuses_in_one_line',

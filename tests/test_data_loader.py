@@ -305,6 +305,17 @@ def test_data_own_rng_never_touches_the_global_rng(kwargs, monkeypatch):
     assert not torch.equal(before, torch.get_rng_state())  # the default draws from it, as Accelerate
 
 
+def test_data_own_rng_reaches_the_processes_from_the_flag_and_the_config_file(tmp_path, monkeypatch):
+    from hasten.commands.launch import launch_command_parser, plan_launch
+
+    monkeypatch.delenv("HASTEN_DATA_OWN_RNG", raising=False)
+    config = tmp_path / "own_rng.yaml"
+    config.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: 'NO'\ndata_own_rng: true\n")
+    for argv in (["--data_own_rng", "train.py"], ["--config_file", str(config), "train.py"]):
+        plan = plan_launch(launch_command_parser().parse_args(argv))
+        assert plan.env["HASTEN_DATA_OWN_RNG"] in ("1", "true", "True"), argv
+
+
 def test_seedable_sampler_shuffle_ignores_the_global_rng_but_the_worker_seed_draws_from_it():
     """use_seedable_sampler=True (Accelerate's switch): the order comes from data_seed + epoch only, while the
     iterator still draws its worker seed from the global RNG, as a plain torch loader does."""
