@@ -468,8 +468,16 @@ def test_dispatcher_refuses_values_it_cannot_slice(collate, message):
     {},
     {"use_seedable_sampler": True},
     {"num_workers": 1, "persistent_workers": True},
+    {"own_rng": True},
+    {"own_rng": True, "num_workers": 1, "persistent_workers": True},
 ])
-def test_state_dict_resumes_at_the_next_unseen_batch(kwargs):
+def test_state_dict_resumes_at_the_next_unseen_batch(kwargs, monkeypatch):
+    """Mid-epoch state resumes at the next unseen batch with the same order and leaves the global RNG where the
+    uninterrupted run left it: by default the epoch's shuffle and worker seeds are drawn again from the saved
+    global state (the persistent case: its fresh iterator draws a worker seed the saved pass did not); with
+    data_own_rng from the loader's own generators."""
+    kwargs = dict(kwargs)
+    monkeypatch.setenv("HASTEN_DATA_OWN_RNG", "1" if kwargs.pop("own_rng", False) else "0")
     loader_kwargs = {k: v for k, v in kwargs.items() if k in ("num_workers", "persistent_workers")}
     prepare_kwargs = {k: v for k, v in kwargs.items() if k not in loader_kwargs}
 
