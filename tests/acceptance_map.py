@@ -271,6 +271,7 @@ MAP = {
     'setting:debug': 'tests/backends/test_deepspeed.py::test_hasten_config_asks_the_deepspeed_questions',
     'setting:collective_timeout': 'tests/resilience/test_hang_doctor.py::test_rank_sleeps_past_the_timeout',
     'setting:strict': 'tests/config/test_resolve.py::test_strict_setting_is_off_by_default_and_read_from_flag_variable_and_file',
+    'setting:data_own_rng': 'tests/test_data_loader.py::test_data_own_rng_never_touches_the_global_rng',
     'setting:hang_doctor_wait': 'tests/resilience/test_hang_doctor.py::test_correct_run_is_left_alone',
     'setting:tracker_errors': 'tests/tracking/test_tracking.py::test_a_failing_tracker_warns_once_and_training_goes_on',
     'setting:tensorboard_one_run': 'tests/tracking/test_tracking.py::test_tensorboard_layout_is_accelerates_unless_one_run_is_asked',

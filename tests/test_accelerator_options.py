@@ -162,7 +162,9 @@ def test_torch_dynamo_plugin_fields_reach_torch_compile(monkeypatch):
 # -- data loaders -----------------------------------------------------------------------------------------------
 def test_rng_types_decide_which_generators_each_pass_synchronises(monkeypatch):
     """Accelerator(rng_types=[...]) is the list the prepared loader synchronises from process 0 at the start of
-    each pass; the default synchronises the sampler's generator only; [] synchronises nothing."""
+    each pass; the default synchronises the sampler's generator only; [] synchronises nothing. (One process:
+    the sampler has a generator only when the script gives one; without, "generator" is dropped, as in
+    Accelerate.)"""
     import hasten.data.shard as shard
 
     calls = []
@@ -174,9 +176,13 @@ def test_rng_types_decide_which_generators_each_pass_synchronises(monkeypatch):
         GradientState._reset_state()
         calls.clear()
         acc = Accelerator(rng_types=rng_types)
-        data = acc.prepare(loader(4, 2, shuffle=True))
+        data = acc.prepare(loader(4, 2, shuffle=True, generator=torch.Generator().manual_seed(0)))
         list(data)
         assert calls == expected, (rng_types, calls)
+    calls.clear()
+    AcceleratorState._reset_state(reset_partial_state=True)
+    list(Accelerator(rng_types=["torch", "generator"]).prepare(loader(4, 2, shuffle=True)))
+    assert calls == [["torch"]], calls
 
 
 def test_dataloader_configuration_fields_reach_the_prepared_loader():

@@ -211,8 +211,13 @@ def test_bad_arguments_get_clear_errors():
 def test_generator_rng_type_dropped_without_a_synchronised_generator():
     loader = prepare_data_loader(DataLoader(list(range(4)), batch_size=2), rng_types=["generator", "torch"])
     assert loader.rng_types == ["torch"]
-    shuffled = prepare_data_loader(DataLoader(list(range(4)), batch_size=2, shuffle=True), rng_types=["generator"])
+    # Processes that read their own shares get a shared shuffle generator, kept in step by "generator".
+    shuffled = prepare_data_loader(DataLoader(list(range(4)), batch_size=2, shuffle=True), rng_types=["generator"],
+                                   num_processes=2, process_index=0)
     assert shuffled.rng_types == ["generator"] and shuffled.synchronized_generator is get_sampler(shuffled).generator
+    # One process: as in Accelerate the sampler keeps drawing from the global RNG, nothing to synchronise.
+    alone = prepare_data_loader(DataLoader(list(range(4)), batch_size=2, shuffle=True), rng_types=["generator"])
+    assert alone.rng_types == [] and get_sampler(alone).generator is None
 
 
 def test_seedable_sampler_is_installed_without_touching_the_users_loader():
@@ -250,12 +255,84 @@ def test_set_epoch_reaches_the_sampler():
     assert sampler.epochs[-2:] == [5, 6]  # each pass announces its epoch
 
 
-def test_shuffling_does_not_consume_the_global_rng():
-    loader = prepare_data_loader(DataLoader(list(range(10)), batch_size=3, shuffle=True, num_workers=0))
+def _orders_and_probe(make, epochs=3):
+    torch.manual_seed(5)
+    loader = make()
+    orders = [rows(loader) for _ in range(epochs)]
+    return orders, torch.rand(3)
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"shuffle": True},
+    {"shuffle": True, "num_workers": 2},
+    {"shuffle": True, "num_workers": 2, "persistent_workers": True},
+    {"sampler": "weighted"},
+    {},
+])
+def test_default_draws_from_the_global_rng_as_a_plain_torch_loader(kwargs, monkeypatch):
+    """One process, default: every epoch's order and the global torch RNG afterwards are those of the same plain
+    torch DataLoader under the same seed (Accelerate leaves such a loader's sampler and generator alone)."""
+    monkeypatch.delenv("HASTEN_DATA_OWN_RNG", raising=False)
+
+    def plain():
+        extra = dict(kwargs)
+        if extra.pop("sampler", None):
+            extra["sampler"] = torch.utils.data.WeightedRandomSampler([1.0] * 11, 11)
+        return DataLoader(list(range(11)), batch_size=3, **extra)
+
+    expected = _orders_and_probe(plain)
+    got = _orders_and_probe(lambda: prepare_data_loader(plain(), rng_types=["generator"]))
+    assert got[0] == expected[0] and torch.equal(got[1], expected[1])
+    if kwargs:
+        assert got[0][0] != got[0][1]  # a new order every epoch
+
+
+@pytest.mark.parametrize("kwargs", [{"num_processes": 1}, {"num_processes": 2, "process_index": 1},
+                                    {"put_on_device": True, "dispatch_batches": True}])
+def test_data_own_rng_never_touches_the_global_rng(kwargs, monkeypatch):
+    """hasten setting data_own_rng (HASTEN_DATA_OWN_RNG=1): every prepared loader has generators of its own,
+    seeded once at prepare, so iterating draws nothing from the global torch RNG; each epoch is still new."""
+    monkeypatch.setenv("HASTEN_DATA_OWN_RNG", "1")
+    loader = prepare_data_loader(DataLoader(list(range(10)), batch_size=3, shuffle=True), **kwargs)
     before = torch.get_rng_state()
     first, second = rows(loader), rows(loader)
     assert torch.equal(before, torch.get_rng_state())
-    assert first != second  # still a new order every epoch
+    assert first != second
+    monkeypatch.setenv("HASTEN_DATA_OWN_RNG", "0")
+    loader = prepare_data_loader(DataLoader(list(range(10)), batch_size=3, shuffle=True), **kwargs)
+    before = torch.get_rng_state()
+    rows(loader)
+    assert not torch.equal(before, torch.get_rng_state())  # the default draws from it, as Accelerate
+
+
+def test_data_own_rng_reaches_the_processes_from_the_flag_and_the_config_file(tmp_path, monkeypatch):
+    from hasten.commands.launch import launch_command_parser, plan_launch
+
+    monkeypatch.delenv("HASTEN_DATA_OWN_RNG", raising=False)
+    config = tmp_path / "own_rng.yaml"
+    config.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: 'NO'\ndata_own_rng: true\n")
+    for argv in (["--data_own_rng", "train.py"], ["--config_file", str(config), "train.py"]):
+        plan = plan_launch(launch_command_parser().parse_args(argv))
+        assert plan.env["HASTEN_DATA_OWN_RNG"] in ("1", "true", "True"), argv
+
+
+def test_seedable_sampler_shuffle_ignores_the_global_rng_but_the_worker_seed_draws_from_it():
+    """use_seedable_sampler=True (Accelerate's switch): the order comes from data_seed + epoch only, while the
+    iterator still draws its worker seed from the global RNG, as a plain torch loader does."""
+    def make():
+        return prepare_data_loader(DataLoader(list(range(10)), batch_size=3, shuffle=True),
+                                   use_seedable_sampler=True, data_seed=3)
+
+    torch.manual_seed(1)
+    first = rows(make())
+    torch.manual_seed(2)
+    assert rows(make()) == first
+    torch.manual_seed(1)
+    rows(make())
+    after = torch.rand(2)
+    torch.manual_seed(1)
+    torch.empty((), dtype=torch.int64).random_()  # the one worker-seed draw of a pass
+    assert torch.equal(torch.rand(2), after)
 
 
 # -- GradientState integration ----------------------------------------------------------------------------------
@@ -391,8 +468,16 @@ def test_dispatcher_refuses_values_it_cannot_slice(collate, message):
     {},
     {"use_seedable_sampler": True},
     {"num_workers": 1, "persistent_workers": True},
+    {"own_rng": True},
+    {"own_rng": True, "num_workers": 1, "persistent_workers": True},
 ])
-def test_state_dict_resumes_at_the_next_unseen_batch(kwargs):
+def test_state_dict_resumes_at_the_next_unseen_batch(kwargs, monkeypatch):
+    """Mid-epoch state resumes at the next unseen batch with the same order and leaves the global RNG where the
+    uninterrupted run left it: by default the epoch's shuffle and worker seeds are drawn again from the saved
+    global state (the persistent case: its fresh iterator draws a worker seed the saved pass did not); with
+    data_own_rng from the loader's own generators."""
+    kwargs = dict(kwargs)
+    monkeypatch.setenv("HASTEN_DATA_OWN_RNG", "1" if kwargs.pop("own_rng", False) else "0")
     loader_kwargs = {k: v for k, v in kwargs.items() if k in ("num_workers", "persistent_workers")}
     prepare_kwargs = {k: v for k, v in kwargs.items() if k not in loader_kwargs}
 
@@ -422,18 +507,27 @@ def test_state_dict_resumes_at_the_next_unseen_batch(kwargs):
     assert torch.equal(torch.rand(2), probe)
 
 
-def test_state_between_epochs_and_mismatched_loaders():
+@pytest.mark.parametrize("own_rng", ["0", "1"])
+def test_state_between_epochs_and_mismatched_loaders(own_rng, monkeypatch):
+    monkeypatch.setenv("HASTEN_DATA_OWN_RNG", own_rng)
     loader = prepare_data_loader(DataLoader(list(range(6)), batch_size=2, shuffle=True))
     rows(loader)
     state = loader.state_dict()
-    assert state["epoch"] == 1 and state["batches_yielded"] == 0
+    global_rng = torch.get_rng_state()
+    assert state["epoch"] == 1 and state["batches_yielded"] == 0 and "global_rng" not in state
     following = rows(loader)
     other = prepare_data_loader(DataLoader(list(range(6)), batch_size=2, shuffle=True))
     other.load_state_dict(state)
+    if own_rng == "0":
+        # An epoch not begun yet draws its order from the global RNG (as torch's RandomSampler): restoring the
+        # loader's state then goes with restoring that RNG, which load_state does from random_states_<i>.pkl.
+        torch.set_rng_state(global_rng)
     assert rows(other) == following
-    sequential = prepare_data_loader(DataLoader(list(range(6)), batch_size=2))
+    sharded = prepare_data_loader(DataLoader(list(range(6)), batch_size=2, shuffle=True), num_processes=2,
+                                  process_index=0)  # a shuffle generator in both modes
+    sequential = prepare_data_loader(DataLoader(list(range(6)), batch_size=2), num_processes=2, process_index=0)
     with pytest.raises(ValueError, match="built differently"):
-        sequential.load_state_dict(state)
+        sequential.load_state_dict(sharded.state_dict())
 
 
 # -- real processes ----------------------------------------------------------------------------------------------
@@ -443,7 +537,8 @@ def test_two_processes_sharding_metrics_epochs_and_skipping():
     for check in ("reference layouts", "map-style exactly once", "iterable shard", "dispatcher exactly once",
                   "dispatcher error reaches every rank", "dispatched plain values", "end_of_dataloader",
                   "set_epoch shuffles alike on every rank",
-                  "shared shuffle without rng_types", "skip_first_batches"):
+                  "shared shuffle without rng_types", "skip_first_batches",
+                  "default draws from the global RNG as torch does", "data_own_rng leaves the global RNG alone"):
         assert f"OK {check}" in output, output
 
 

@@ -18,6 +18,7 @@ import logging
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
+from .config.resolve import data_own_rng
 from .core.enums import RNGType
 from .core.errors import ConfigError
 from .data.dispatcher import DataLoaderDispatcher
@@ -75,6 +76,7 @@ def prepare_data_loader(dataloader, device=None, num_processes=None, process_ind
     `torch_device_mesh`, the share is this process's data-parallel one: tensor/context ranks read the same batches."""
     if use_stateful_dataloader:
         stateful_dataloader_class()  # fail before any work when torchdata is missing
+    own_rng = data_own_rng()
     if torch_device_mesh is not None:
         num_processes, process_index, dispatch_batches = mesh_data_sharding(torch_device_mesh, dispatch_batches)
     if not isinstance(dataloader, DataLoader):
@@ -137,9 +139,10 @@ def prepare_data_loader(dataloader, device=None, num_processes=None, process_ind
             )
             batch_sampler = with_sampler(batch_sampler, sampler)
         elif hasattr(sampler, "generator") and not isinstance(sampler, SeedableRandomSampler):
-            # The shuffle draws from a generator of the loader's own, never from torch's global RNG: iterating
-            # then consumes no global randomness, and a resumed run replays exactly the same order.
-            if sampler.generator is None:
+            # Shared by the processes that read their own shares (as Accelerate, seeded from one global draw, but
+            # with process 0's seed everywhere). Otherwise, as in torch, each pass draws a shuffle seed from the
+            # global RNG, unless data_own_rng gives the loader a generator of its own.
+            if sampler.generator is None and (shard or own_rng):
                 sampler.generator = _new_generator(num_processes, state)
             synchronized_generator = sampler.generator
         if batch_sampler is None:
@@ -159,7 +162,9 @@ def prepare_data_loader(dataloader, device=None, num_processes=None, process_ind
             else:
                 kwargs["batch_sampler"] = batch_sampler
 
-    if kwargs["generator"] is None:
+    if dispatch_batches and not own_rng:
+        kwargs["generator"] = None  # as Accelerate's dispatcher: the worker seed comes from the global RNG
+    if kwargs["generator"] is None and own_rng:
         # torch draws a worker seed when it creates an iterator, from the loader's generator or else from the
         # global RNG. A generator of its own keeps the global stream untouched; keeping it apart from the
         # shuffle's generator keeps the order exact when persistent workers skip that draw on later passes.
@@ -168,12 +173,16 @@ def prepare_data_loader(dataloader, device=None, num_processes=None, process_ind
         rng_types = [r for r in rng_types if synchronized_generator is not None or RNGType(r) != RNGType.GENERATOR]
 
     if dispatch_batches:
-        return DataLoaderDispatcher(new_dataset, split_batches=split_batches, _drop_last=dataloader.drop_last,
+        loader = DataLoaderDispatcher(new_dataset, split_batches=split_batches, _drop_last=dataloader.drop_last,
                                     _non_blocking=non_blocking, slice_fn=slice_fn_for_dispatch,
                                     use_stateful_dataloader=use_stateful_dataloader, **kwargs)
-    return DataLoaderShard(new_dataset, device=device if put_on_device else None, rng_types=rng_types,
-                           synchronized_generator=synchronized_generator, _drop_last=dataloader.drop_last,
-                           _non_blocking=non_blocking, use_stateful_dataloader=use_stateful_dataloader, **kwargs)
+    else:
+        loader = DataLoaderShard(new_dataset, device=device if put_on_device else None, rng_types=rng_types,
+                                 synchronized_generator=synchronized_generator, _drop_last=dataloader.drop_last,
+                                 _non_blocking=non_blocking, use_stateful_dataloader=use_stateful_dataloader,
+                                 **kwargs)
+    loader._global_draws = not own_rng
+    return loader
 
 
 # The loaders, samplers and helpers Accelerate publishes at this path; each lives in its own module of `data/`.

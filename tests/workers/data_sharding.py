@@ -200,3 +200,57 @@ assert everyone(rows(skip_first_batches(loader, 2))) == [[[8, 9]], [[10, 11]]]
 loader = prepare_data_loader(DataLoader(list(range(12)), batch_size=2), put_on_device=True, dispatch_batches=True)
 assert everyone(rows(skip_first_batches(loader, 2))) == [[[8, 9]], [[10, 11]]]
 ok("skip_first_batches")
+
+# -- the global torch RNG, default (as torch and Accelerate) and data_own_rng -----------------------------------
+def draw(generator=None):
+    return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
+
+
+EPOCHS = 3
+# Shard: the shuffle generator is seeded from one global draw at prepare (process 0's everywhere) and kept in step
+# by rng_types=["generator"]; every pass's iterator draws a worker seed from the global RNG.
+torch.manual_seed(7)
+loader = prepare_data_loader(DataLoader(list(range(12)), batch_size=2, shuffle=True), rng_types=["generator"])
+mine = [rows(loader) for _ in range(EPOCHS)]
+probe = torch.rand(3)
+torch.manual_seed(7)
+shuffle = torch.Generator().manual_seed(draw())
+expected = []
+for _ in range(EPOCHS):
+    draw()  # the pass's worker seed
+    order = torch.randperm(12, generator=shuffle).tolist()
+    torch.randperm(12, generator=shuffle)  # RandomSampler's empty tail (num_samples % n items) still draws one
+    expected.append([order[2 * b:2 * b + 2] for b in range(RANK, 6, 2)])
+assert mine == expected and torch.equal(probe, torch.rand(3)), (RANK, mine, expected)
+
+# Dispatcher: every process draws a worker seed per pass (each makes an iterator in Accelerate); process 0, the
+# one that reads, then draws its sampler's shuffle seed, as torch's RandomSampler does without a generator.
+torch.manual_seed(8)
+loader = prepare_data_loader(DataLoader(list(range(8)), batch_size=2, shuffle=True), put_on_device=True,
+                             dispatch_batches=True)
+mine = [rows(loader) for _ in range(EPOCHS)]
+probe = torch.rand(3)
+torch.manual_seed(8)
+for _ in range(EPOCHS):
+    draw()
+    if RANK == 0:
+        draw()
+assert torch.equal(probe, torch.rand(3)), RANK
+assert all(sorted(i for per_rank in everyone(epoch) for batch in per_rank for i in batch) == list(range(8))
+           for epoch in mine)
+ok("default draws from the global RNG as torch does")
+
+# data_own_rng: the loaders' own generators make every draw, the global RNG is left alone; ranks still agree.
+import os  # noqa: E402
+
+os.environ["HASTEN_DATA_OWN_RNG"] = "1"
+torch.manual_seed(300 + RANK)
+for kwargs in ({"rng_types": ["generator"]}, {"put_on_device": True, "dispatch_batches": True}):
+    loader = prepare_data_loader(DataLoader(list(range(16)), batch_size=2, shuffle=True), **kwargs)
+    before = torch.get_rng_state()
+    epochs = [[i for batch in rows(loader) for i in batch] for _ in range(2)]
+    assert torch.equal(before, torch.get_rng_state()), (RANK, kwargs)
+    together = [[i for per_rank in everyone(epoch) for i in per_rank] for epoch in epochs]
+    assert all(sorted(epoch) == list(range(16)) for epoch in together) and together[0] != together[1]
+del os.environ["HASTEN_DATA_OWN_RNG"]
+ok("data_own_rng leaves the global RNG alone")

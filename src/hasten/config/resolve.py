@@ -280,3 +280,10 @@ def strict() -> bool:
     acceptance); on, each of those cases is a one-line error naming the fix.
     """
     return bool(runtime_value("strict").value)
+
+
+def data_own_rng() -> bool:
+    """Whether prepared data loaders keep generators of their own (`--data_own_rng`, `HASTEN_DATA_OWN_RNG=1`,
+    `data_own_rng: true` in the config file). Off by default: shuffles and worker seeds draw from torch's global
+    RNG as in Accelerate; on, iterating a prepared loader never touches it."""
+    return bool(runtime_value("data_own_rng").value)

@@ -160,6 +160,11 @@ SETTINGS: tuple[Setting, ...] = (
                  "optimizer was never prepared, a device map naming modules the model lacks, init_trackers called "
                  "twice, custom checkpoint files holding pickled Python objects (read with weights_only=True) "
                  "(hasten only; off, hasten behaves as Accelerate)."),
+    Setting("data_own_rng", "bool", False, flags=("--data_own_rng",), switch=True, file_key=("data_own_rng",),
+            owner="prepare_data_loader", group="General", env=("HASTEN_DATA_OWN_RNG",), export="HASTEN_DATA_OWN_RNG",
+            help="Give every prepared data loader generators of its own, seeded once at prepare, so iterating never "
+                 "draws from torch's global RNG (hasten only; off, shuffles and worker seeds draw from it as in "
+                 "Accelerate)."),
     Setting("hang_doctor_wait", "float", 2.0, env=("HASTEN_HANG_DOCTOR_WAIT",), minimum=0, owner="PartialState",
             help="Debug mode: seconds a rank writing the hang doctor's report waits for the others to say where "
                  "they are (hasten only)."),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 
+import torch
 from torch.utils.data import IterableDataset
 
 from ..core.errors import ConfigError, DistributedOperationException
@@ -113,6 +114,8 @@ class DataLoaderDispatcher(ResumableLoader):
             keep = per_step if reference_first else 0
             skip = resume * per_step - keep
             batches = None
+            if not is_main:
+                self._draw_worker_seed_as_reader()
             if is_main:
                 if isinstance(self.dataset, IterableDataset):
                     batches = without_range(super().__iter__(), skip, after=keep)
@@ -123,7 +126,22 @@ class DataLoaderDispatcher(ResumableLoader):
             yield from self._dispatch(batches, is_main, reference_first)
             self._finish_pass()
         finally:
+            self._close_draws()
             self.end()
+
+    def _draws_worker_seed(self) -> bool:
+        if self.state.process_index == 0:
+            return super()._draws_worker_seed()
+        return self.generator is None and not (self.persistent_workers and self.num_workers > 0
+                                               and self.__dict__.get("_worker_seed_taken", False))
+
+    def _draw_worker_seed_as_reader(self) -> None:
+        """A process that does not read: Accelerate makes an iterator on every process, so each one draws a
+        worker seed from the global RNG per pass; hasten draws the same number without starting workers."""
+        if self._pass_draws_worker_seed:
+            torch.empty((), dtype=torch.int64).random_(generator=self.generator)
+            self.__dict__["_worker_seed_taken"] = True
+        self._close_draws()
 
     def _dispatch(self, batches, is_main: bool, reference_first: bool = False):
         n, rank = self.state.num_processes, self.state.process_index
@@ -133,6 +151,7 @@ class DataLoaderDispatcher(ResumableLoader):
         pending = None
         if is_main:
             pending = self._read_step_or_error(batches)
+            self._close_draws()
         while True:
             following = None
             message = [None]

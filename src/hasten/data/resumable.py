@@ -102,6 +102,10 @@ class ResumableLoader(StatefulSwitch, DataLoaderStateMixin, DataLoader):
     (`data/stateful.py`), whose `state_dict` then replaces the one below."""
 
     use_stateful_dataloader = False
+    # Iterating draws from torch's global RNG where torch does (a worker seed per iterator, a shuffle seed per
+    # pass of a sampler without a generator). prepare_data_loader sets False under data_own_rng, where the
+    # loader's own generators make those draws and the global RNG is never touched.
+    _global_draws = True
 
     def _init_resume(self, iteration: int, skip_batches: int) -> None:
         self.gradient_state = GradientState()
@@ -111,6 +115,12 @@ class ResumableLoader(StatefulSwitch, DataLoaderStateMixin, DataLoader):
         self._batches_yielded = 0
         self._pending_skip = 0
         self._epoch_start_states = None
+        # The global RNG as the epoch's pass began (state, whether that pass drew a worker seed): what its draws,
+        # hence its order, came from. A loaded state replays it (`_replay_global`) instead of drawing afresh.
+        self._epoch_start_global = None
+        self._replay_global = None
+        self._live_global = None
+        self._pass_draws_worker_seed = False
 
     # torch reads `_index_sampler` once per iterator; returning our own wrapper lets a resumed pass skip whole
     # batches at the index level, so the skipped samples are never loaded.
@@ -119,7 +129,7 @@ class ResumableLoader(StatefulSwitch, DataLoaderStateMixin, DataLoader):
         base = self.batch_sampler if self._auto_collation else self.sampler
         wrapper = self.__dict__.get("_resumable_index_sampler")
         if wrapper is None or wrapper.base is not base:
-            wrapper = ResumableIndexSampler(base)
+            wrapper = ResumableIndexSampler(base, owner=self)
             self.__dict__["_resumable_index_sampler"] = wrapper
         return wrapper
 
@@ -156,9 +166,51 @@ class ResumableLoader(StatefulSwitch, DataLoaderStateMixin, DataLoader):
     def _snapshot(self, finished: bool = False) -> None:
         """Called before each read ahead; only a stateful loader (data/stateful.py) records anything."""
 
+    def _draws_worker_seed(self) -> bool:
+        """Whether this pass's iterator draws a worker seed from the global RNG: torch draws one per iterator
+        made, from the loader's generator when it has one; persistent workers keep their first iterator."""
+        if self.generator is not None:
+            return False
+        return not (self.persistent_workers and self.num_workers > 0 and self._iterator is not None)
+
+    def _open_draws(self) -> None:
+        """At the start of a pass, before its iterator is made: note the global RNG its draws come from, or, for
+        a loaded state, let them come from the saved one (the live state comes back in `_close_draws`)."""
+        replay, self._replay_global = self._replay_global, None
+        self._pass_draws_worker_seed = self._draws_worker_seed()
+        if not self._global_draws:
+            self._epoch_start_global = None
+            return
+        if replay is None:
+            self._epoch_start_global = (torch.get_rng_state(), self._pass_draws_worker_seed)
+            return
+        self._epoch_start_global = replay
+        self._live_global = torch.get_rng_state()
+        torch.set_rng_state(replay[0])
+
+    def _sampler_draws(self) -> None:
+        """The index sampler starts its pass (its shuffle draw comes next). In a replay whose iterator does not
+        draw a worker seed as the saved pass did (persistent workers), put the global RNG where it was then."""
+        if self._live_global is None or self._epoch_start_global[1] == self._pass_draws_worker_seed:
+            return
+        state, drew = self._epoch_start_global
+        generator = torch.Generator()
+        generator.set_state(state)
+        if drew:
+            torch.empty((), dtype=torch.int64).random_(generator=generator)
+        torch.set_rng_state(generator.get_state())
+
+    def _close_draws(self) -> None:
+        """The pass's draws are made (its iterator exists and its first index was drawn): a replay gives the
+        global RNG back its live state, so the model's random stream is the one of a run that never stopped."""
+        if self._live_global is not None:
+            torch.set_rng_state(self._live_global)
+            self._live_global = None
+
     def _start_pass(self) -> int:
         """Bookkeeping at the start of a pass; returns how many batches a resume asked to skip."""
         self._epoch_start_states = [g.get_state() for g in self._generators()]
+        self._open_draws()
         resume, self._pending_skip = self._pending_skip, 0
         self._in_epoch = True
         self._batches_yielded = resume
@@ -185,15 +237,18 @@ class ResumableLoader(StatefulSwitch, DataLoaderStateMixin, DataLoader):
     # state_dict is torchdata's): checkpoint/layout.py saves it as sampler.bin.
     def _position_state(self) -> dict:
         if self._in_epoch:
-            states, done = self._epoch_start_states, self._batches_yielded
+            states, done, start = self._epoch_start_states, self._batches_yielded, self._epoch_start_global
         else:
             states, done = [g.get_state() for g in self._generators()], self._pending_skip
+            start = self._replay_global  # a loaded state not yet replayed; between epochs the live RNG decides
         state = {
             "version": _STATE_VERSION,
             "epoch": self.iteration,
             "batches_yielded": done,
             "generator_states": [s.tolist() for s in states],
         }
+        if start is not None:
+            state["global_rng"] = {"state": start[0].tolist(), "worker_seed_drawn": bool(start[1])}
         sampler = get_sampler(self)
         if isinstance(sampler, SeedableRandomSampler):
             state["sampler_seed"] = sampler.initial_seed
@@ -215,6 +270,11 @@ class ResumableLoader(StatefulSwitch, DataLoaderStateMixin, DataLoader):
         sampler = get_sampler(self)
         if "sampler_seed" in state and isinstance(sampler, SeedableRandomSampler):
             sampler.initial_seed = state["sampler_seed"]
+        saved_global = state.get("global_rng")
+        self._replay_global = None
+        if saved_global is not None and self._global_draws:
+            self._replay_global = (torch.tensor(saved_global["state"], dtype=torch.uint8),
+                                   bool(saved_global["worker_seed_drawn"]))
         self.iteration = int(state["epoch"])
         self._pending_skip = int(state["batches_yielded"]) if within_epoch else 0
         self._in_epoch = False

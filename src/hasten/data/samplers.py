@@ -7,6 +7,7 @@ checked in one process by passing `num_processes` / `process_index` explicitly.
 from __future__ import annotations
 
 import math
+import weakref
 
 import torch
 from torch.utils.data import BatchSampler, IterableDataset, RandomSampler
@@ -287,9 +288,19 @@ class ResumableIndexSampler:
     across passes, so persistent workers (which keep the index sampler of their first iterator) see the skip too.
     """
 
-    def __init__(self, base):
+    def __init__(self, base, owner=None):
         self.base = base
+        # The loader, told when the pass's draws from the global RNG begin and end (weakly held: the loader holds
+        # this object, and must still be freed by reference counting alone).
+        self._owner = weakref.ref(owner) if owner is not None else None
         self._pending = (0, 0)
+
+    @property
+    def owner(self):
+        return self._owner() if self._owner is not None else None
+
+    def __getstate__(self):
+        return {**self.__dict__, "_owner": None}
 
     def skip_next(self, count: int, after: int = 0) -> None:
         self._pending = (count, after)
@@ -302,6 +313,13 @@ class ResumableIndexSampler:
         # the first index is requested (a resumed pass must draw in the same order as an uninterrupted one), and
         # the multi-process iterator calls iter() twice but only advances the second.
         (count, after), self._pending = self._pending, (0, 0)
+        owner = self.owner
+        if owner is not None:
+            owner._sampler_draws()
         for position, entry in enumerate(self.base):
+            if position == 0 and owner is not None:
+                owner._close_draws()  # a sampler draws its shuffle seed before its first index
             if not after <= position < after + count:
                 yield entry
+        if owner is not None:
+            owner._close_draws()

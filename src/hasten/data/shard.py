@@ -82,6 +82,7 @@ class DataLoaderShard(ResumableLoader):
             batches = super().__iter__()
             position = 0
             current = next(batches, END)
+            self._close_draws()
             while current is not END:
                 keep = position >= skip_in_loop
                 if keep and self._places_batches:
@@ -99,4 +100,5 @@ class DataLoaderShard(ResumableLoader):
                 current = following
             self._finish_pass()
         finally:
+            self._close_draws()
             self.end()

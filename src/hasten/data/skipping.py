@@ -92,6 +92,9 @@ def skip_first_batches(dataloader, num_batches: int = 0):
         # the position load_state restored, and once the skipped pass ends the source loader is at the next epoch.
         dataloader._pending_skip = 0
         skipped.__dict__["_skipped_from"] = dataloader
+        # The skipped pass is the epoch load_state put back: it replays that epoch's draws from the global RNG.
+        skipped._global_draws = dataloader._global_draws
+        skipped._replay_global, dataloader._replay_global = dataloader._replay_global, None
     return skipped
 
 
