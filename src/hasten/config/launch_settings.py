@@ -1,7 +1,8 @@
 """What `hasten launch` will do, from its flags, the environment and the config file.
 
 `resolve_launch(args)` applies the one precedence (flag > environment > file > default, see
-`hasten.config.resolve`), rejects combinations that cannot work (conflicting flags are errors, never
+`hasten.config.resolve`) and then, as Accelerate's launcher, lets the file and the launcher's own defaults beat
+the ACCELERATE_*/FSDP_* variables the user exported (unless `environment_over_file`), rejects combinations that cannot work (conflicting flags are errors, never
 warnings), and returns the variables to export to the training processes.
 """
 
