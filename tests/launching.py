@@ -18,7 +18,10 @@ def launch(script, *script_args, num_processes: int = 2, flags=(), env=None, tim
     script = Path(script)
     if not script.is_absolute():
         script = SCRIPTS / script
-    command = [sys.executable, "-m", "hasten", "launch", "--num_processes", str(num_processes), *flags,
+    # A free port per launch: launches on one machine default to 29500 (as Accelerate), and test runs side by side
+    # would otherwise meet there (a busy 29500 only warns and moves on, but the check and the bind can race).
+    port = [] if any(str(f).startswith("--main_process_port") for f in flags) else ["--main_process_port", "0"]
+    command = [sys.executable, "-m", "hasten", "launch", "--num_processes", str(num_processes), *port, *flags,
                str(script), *map(str, script_args)]
     full_env = {k: v for k, v in os.environ.items() if not k.startswith(("HASTEN_", "ACCELERATE_"))}
     full_env.update(env or {})

@@ -48,17 +48,40 @@ def test_bad_command_line_is_one_line(argv, needle):
     assert len(lines) == 1 and needle in lines[0], result.stderr
 
 
-def test_busy_main_process_port_is_refused():
+def test_busy_port_on_one_machine_warns_and_moves_on_and_strict_refuses_it():
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as holder:
         holder.bind(("127.0.0.1", 0))
         holder.listen(1)
         port = holder.getsockname()[1]
+        # As Accelerate: its warning, then a free port for this run.
         result = hasten_launch("--num_processes", "2", "--main_process_port", port, FAILURES, "no-destroy")
+        assert result.returncode == 0, result.stderr
+        assert f"Port `{port}` is already in use" in result.stderr and "--main_process_port 0" in result.stderr
+        assert result.stdout.count("NO-DESTROY RANK") == 2, result.stdout + result.stderr
+        # strict: a port you named that is taken is an error, before anything starts.
+        result = hasten_launch("--strict", "--num_processes", "2", "--main_process_port", port, FAILURES, "no-destroy")
     assert result.returncode != 0
     lines = launcher_lines(result.stderr)
     assert len(lines) == 1 and f"port {port} is already in use" in lines[0], result.stderr
     assert "NO-DESTROY" not in result.stdout  # nothing was started
     assert "Traceback" not in result.stderr
+
+
+def test_port_is_29500_unless_given_and_busy_across_machines_is_a_connection_error(monkeypatch):
+    import hasten.commands.launch as launch_module
+    from hasten.commands.launch import PORT_IN_USE_WARNING, LaunchPlan, _resolve_port
+
+    monkeypatch.setattr(launch_module, "_port_in_use", lambda host, port: False)
+    assert _resolve_port(LaunchPlan(num_processes=2)) == 29500  # Accelerate's default, not a random port
+    assert _resolve_port(LaunchPlan(num_processes=2, main_process_port=29777)) == 29777
+    assert _resolve_port(LaunchPlan(num_processes=2, main_process_port=0)) not in (0, 29500)  # 0: any free port
+    monkeypatch.setattr(launch_module, "_port_in_use", lambda host, port: True)
+    with pytest.warns(UserWarning, match="Port `29500` is already in use") as caught:
+        assert _resolve_port(LaunchPlan(num_processes=2)) != 29500
+    assert str(caught[0].message) == PORT_IN_USE_WARNING.format(port=29500)
+    with pytest.raises(ConnectionError, match="port 29500 is already in use"):
+        _resolve_port(LaunchPlan(num_processes=4, num_machines=2, main_process_ip="10.0.0.1"))
+    assert _resolve_port(LaunchPlan(num_processes=4, num_machines=2, machine_rank=1)) == 29500  # not its port
 
 
 # -- one process runs in place ------------------------------------------------------------------------------
@@ -129,8 +152,9 @@ def test_exit_without_destroy_process_group_is_clean():
     assert [code for code, _ in outcomes] == [0] * 5, outcomes
 
 
-def test_gpu_count_errors_are_not_swallowed(monkeypatch):
-    """A broken CUDA install is named, not launched as one CPU process."""
+def test_gpu_count_errors_are_not_swallowed(monkeypatch, capsys):
+    """A CUDA device node that torch cannot see launches on the CPU with a warning, as Accelerate launches it
+    (strict: refused); a driver error is not swallowed."""
     import torch
 
     from hasten.config import launch_settings
@@ -145,5 +169,9 @@ def test_gpu_count_errors_are_not_swallowed(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     monkeypatch.setattr(torch.version, "cuda", "12.4")
     monkeypatch.setattr(launch_settings.os.path, "exists", lambda path: path == "/dev/nvidia0")
+    monkeypatch.setattr(launch_settings, "_WARNED", set())
+    assert launch_settings._gpu_count() == 0 and launch_settings._gpu_count() == 0
+    warned = capsys.readouterr().err.splitlines()
+    assert len(warned) == 1 and "sees none; launching on the CPU" in warned[0], warned
     with pytest.raises(LaunchError, match="sees none.*--cpu"):
-        launch_settings._gpu_count()
+        launch_settings._gpu_count(strict=True)

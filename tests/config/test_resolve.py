@@ -48,54 +48,77 @@ def test_each_pair_of_sources_the_higher_wins(higher, lower, home, monkeypatch):
     assert result.value == values[higher]
 
 
-@pytest.mark.parametrize("higher,lower", [("flag", "environment"), ("flag", "file"), ("flag", "default"),
-                                          ("environment", "file"), ("environment", "default"), ("file", "default")])
-def test_launch_and_config_explain_report_the_winner(higher, lower, home, monkeypatch, capsys):
-    values = {"flag": "bf16", "environment": "fp8", "file": "fp16"}
-    flags = []
-    if "flag" in (higher, lower):
-        flags = ["--mixed_precision", values["flag"]]
-    if "environment" in (higher, lower):
+# (sources set, winner under the launcher's default order (Accelerate's: flag > file > the launcher's default >
+# environment, as its launcher writes the merged values over exported variables), winner with environment_over_file)
+LAUNCH_CASES = [
+    (("flag", "environment"), "flag", "flag"),
+    (("flag", "file"), "flag", "flag"),
+    (("flag",), "flag", "flag"),
+    (("environment", "file"), "file", "environment"),
+    (("environment",), "default", "environment"),
+    (("file",), "file", "file"),
+]
+
+
+@pytest.mark.parametrize("given, accelerate_winner, hasten_winner", LAUNCH_CASES)
+@pytest.mark.parametrize("environment_over_file", [False, True])
+def test_launch_and_config_explain_report_the_winner(given, accelerate_winner, hasten_winner, environment_over_file,
+                                                     home, monkeypatch, capsys):
+    values = {"flag": "bf16", "environment": "fp8", "file": "fp16", "default": "no"}
+    flags = ["--environment_over_file"] if environment_over_file else []
+    if "flag" in given:
+        flags += ["--mixed_precision", values["flag"]]
+    if "environment" in given:
         monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", values["environment"])
-    if "file" in (higher, lower):
+    if "file" in given:
         write_config(home, f"distributed_type: NO\nmixed_precision: {values['file']}\n")
+    winner = hasten_winner if environment_over_file else accelerate_winner
     launch = plan(*flags)
     resolved = launch.settings.values["mixed_precision"]
-    assert resolved.source == higher
-    assert resolved.value == values.get(higher, "no")
-    # The launcher exports only values that came from a flag or the file, never over the user's variable.
+    assert (resolved.source, resolved.value) == (winner, values[winner])
+    # Exported: a flag's or the file's value, and Accelerate's default where it replaces the user's variable (the
+    # variable itself is overwritten too); never over the user's variable with environment_over_file.
     exported = launch.env.get("HASTEN_MIXED_PRECISION")
-    assert exported == (resolved.value if higher in ("flag", "file") else None)
+    assert exported == (resolved.value if winner in ("flag", "file") or "environment" in given and winner != "environment"
+                        else None)
+    if "environment" in given:
+        assert launch.env.get("ACCELERATE_MIXED_PRECISION") == (None if winner in ("environment", "flag") else exported)
+        if winner != "environment":
+            assert "written over ACCELERATE_MIXED_PRECISION" in resolved.origin or winner == "flag"
 
     assert config_command.main(["explain", *flags]) == 0
     line = next(l for l in capsys.readouterr().out.splitlines() if l.startswith("mixed_precision "))
-    assert line.split()[1:3] == [resolved.value, higher]
+    assert line.split()[1:3] == [resolved.value, winner]
 
 
-def test_file_value_does_not_clobber_the_users_variable_end_to_end(home, tmp_path):
-    """File says bf16, the user exported ACCELERATE_MIXED_PRECISION=fp16: the script runs with fp16."""
+def test_file_value_and_the_users_variable_end_to_end(home, tmp_path):
+    """File says bf16, the user exported ACCELERATE_MIXED_PRECISION=fp16: the script runs with bf16, as under
+    Accelerate's launcher; with HASTEN_ENVIRONMENT_OVER_FILE=1, with fp16."""
     config = write_config(home, "distributed_type: NO\nmixed_precision: bf16\ndebug: true\n")
     script = tmp_path / "show.py"
     script.write_text(
+        "import os\n"
         "from hasten.accelerator import Accelerator\n"
         "from hasten.config.resolve import explain_values\n"
         "acc = Accelerator()\n"
-        "print('PRECISION', acc.mixed_precision)\n"
+        "print('PRECISION', acc.mixed_precision, os.environ['ACCELERATE_MIXED_PRECISION'])\n"
         "for name, r in explain_values(code={'gradient_accumulation_steps': 4}).items():\n"
         "    print('SOURCE', name, str(r.value).lower(), r.source)\n"
     )
     env = {k: v for k, v in __import__("os").environ.items() if not k.startswith(("HASTEN_", "ACCELERATE_"))}
     env.update(ACCELERATE_MIXED_PRECISION="fp16", HF_HOME=str(home / "hf"))
-    out = subprocess.run([sys.executable, "-m", "hasten", "launch", "--cpu", str(script)], env=env,
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert "PRECISION fp16" in out.stdout
-    sources = {line.split()[1]: line.split()[2:] for line in out.stdout.splitlines() if line.startswith("SOURCE")}
-    assert sources["mixed_precision"] == ["fp16", "environment"]
-    assert sources["debug"] == ["true", "file"]          # from the config file, through the launcher
-    assert sources["use_cpu"] == ["true", "flag"]        # --cpu
-    assert sources["gradient_accumulation_steps"] == ["4", "code"]  # nothing else sets it
-    assert sources["dynamo_backend"] == ["no", "default"]
+    for variables, precision, source in (({}, "bf16", "file"), ({"HASTEN_ENVIRONMENT_OVER_FILE": "1"}, "fp16",
+                                                                   "environment")):
+        out = subprocess.run([sys.executable, "-m", "hasten", "launch", "--cpu", str(script)],
+                             env={**env, **variables}, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert f"PRECISION {precision} {precision}" in out.stdout  # the user's variable says what the script uses
+        sources = {line.split()[1]: line.split()[2:] for line in out.stdout.splitlines() if line.startswith("SOURCE")}
+        assert sources["mixed_precision"] == [precision, source]
+        assert sources["debug"] == ["true", "file"]          # from the config file, through the launcher
+        assert sources["use_cpu"] == ["true", "flag"]        # --cpu
+        assert sources["gradient_accumulation_steps"] == ["4", "code"]  # nothing else sets it
+        assert sources["dynamo_backend"] == ["no", "default"]
     assert config.endswith("default_config.yaml")
 
 
@@ -118,22 +141,67 @@ def test_hasten_variable_beats_accelerate_variable(home, monkeypatch):
 def test_fsdp_flags_and_file_are_exported_as_fsdp_variables(home, monkeypatch):
     write_config(home, "distributed_type: FSDP\nnum_processes: 2\nfsdp_config:\n  fsdp_version: 2\n"
                        "  fsdp_offload_params: true\n  fsdp_state_dict_type: SHARDED_STATE_DICT\n")
-    monkeypatch.setenv("FSDP_STATE_DICT_TYPE", "FULL_STATE_DICT")  # the user's own variable wins over the file
+    monkeypatch.setenv("FSDP_STATE_DICT_TYPE", "FULL_STATE_DICT")  # the file's value is written over it
     launch = plan("--fsdp_auto_wrap_policy", "size_based_wrap", "--use_fsdp", "--fsdp_min_num_params", "1000")
     assert launch.env["HASTEN_USE_FSDP"] == "true"
     assert launch.env["FSDP_AUTO_WRAP_POLICY"] == "SIZE_BASED_WRAP"
     assert launch.env["FSDP_MIN_NUM_PARAMS"] == "1000"
     assert launch.env["FSDP_VERSION"] == "2"  # flags and the file's fsdp block combine
-    assert "FSDP_STATE_DICT_TYPE" not in launch.env
+    assert launch.env["FSDP_STATE_DICT_TYPE"] == "SHARDED_STATE_DICT"
     # --cpu replaces the file's distributed_type, and its fsdp block with it.
     launch = plan("--cpu")
-    assert "HASTEN_USE_FSDP" not in launch.env and "FSDP_VERSION" not in launch.env
+    assert not [name for name in launch.env if "FSDP" in name]
     launch = plan()
     assert launch.env["HASTEN_USE_FSDP"] == "true"
     assert (launch.env["FSDP_VERSION"], launch.env["FSDP_OFFLOAD_PARAMS"]) == ("2", "true")
+    assert launch.env["FSDP_STATE_DICT_TYPE"] == "SHARDED_STATE_DICT"
+    assert launch.settings.values["fsdp_state_dict_type"].source == "file"
+    assert launch.num_processes == 2
+    # hasten's order (environment_over_file): the user's variable beats the file and is left as it is.
+    launch = plan("--environment_over_file")
     assert "FSDP_STATE_DICT_TYPE" not in launch.env
     assert launch.settings.values["fsdp_state_dict_type"].source == "environment"
-    assert launch.num_processes == 2
+
+
+# What Accelerate 1.15's launcher writes for `--use_fsdp` when nothing sets these (its launch flags' defaults)
+ACCELERATE_FSDP_EXPORTS = {
+    "FSDP_VERSION": "1", "FSDP_SHARDING_STRATEGY": "FULL_SHARD", "FSDP_RESHARD_AFTER_FORWARD": "true",
+    "FSDP_OFFLOAD_PARAMS": "false", "FSDP_MIN_NUM_PARAMS": "100000000", "FSDP_FORWARD_PREFETCH": "false",
+    "FSDP_USE_ORIG_PARAMS": "true", "FSDP_CPU_RAM_EFFICIENT_LOADING": "true", "FSDP_SYNC_MODULE_STATES": "true",
+    "FSDP_ACTIVATION_CHECKPOINTING": "false", "FSDP_ACTIVATION_CHECKPOINTING_OFFLOAD": "false",
+}
+
+
+def test_fsdp_launch_exports_accelerates_defaults_and_the_plugin_matches(home, monkeypatch):
+    import warnings
+
+    from hasten.utils import FullyShardedDataParallelPlugin
+
+    monkeypatch.setenv("FSDP_USE_ORIG_PARAMS", "false")  # written over, as Accelerate's launcher does
+    launch = plan("--use_fsdp", "--num_processes", "2")
+    assert {k: v for k, v in launch.env.items() if k.startswith("FSDP_")} == ACCELERATE_FSDP_EXPORTS
+    assert launch.settings.values["fsdp_use_orig_params"].source == "default"
+    assert plan("--use_fsdp", "--num_processes", "2", "--environment_over_file").env.get("FSDP_USE_ORIG_PARAMS") is None
+    monkeypatch.delenv("FSDP_USE_ORIG_PARAMS")
+    # A script launched that way gets Accelerate's plugin (FSDP1) ...
+    with monkeypatch.context() as env:
+        for name, value in launch.env.items():
+            env.setenv(name, value)
+        plugin = FullyShardedDataParallelPlugin()
+    assert (plugin.fsdp_version, plugin.sharding_strategy.name, plugin.use_orig_params, plugin.sync_module_states,
+            plugin.cpu_ram_efficient_loading, plugin.min_num_params) == (1, "FULL_SHARD", True, True, True, 10**8)
+    # ... and with fsdp_version 2 the FSDP1-only defaults the launcher wrote are dropped without a warning.
+    launch = plan("--use_fsdp", "--num_processes", "2", "--fsdp_version", "2")
+    assert launch.env["FSDP_USE_ORIG_PARAMS"] == "true" and launch.env["FSDP_VERSION"] == "2"
+    with monkeypatch.context() as env, warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for name, value in launch.env.items():
+            env.setenv(name, value)
+        plugin = FullyShardedDataParallelPlugin()
+    assert (plugin.fsdp_version, plugin.reshard_after_forward, plugin.use_orig_params) == (2, True, None)
+    # Accelerate refuses cpu_ram_efficient_loading (on by default) without sync_module_states, and so does hasten.
+    with pytest.raises(ConfigError, match="fsdp_sync_module_states true"):
+        plan("--use_fsdp", "--num_processes", "2", "--fsdp_sync_module_states", "false")
 
 
 def test_file_supplies_multi_machine_settings(home):

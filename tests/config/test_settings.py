@@ -130,7 +130,9 @@ def test_each_enum_value_is_accepted_or_refused_alike_by_code_flag_environment_a
             monkeypatch.setenv(row.env[0], str(value))
             if owner is not None:
                 outcomes["environment"] = _outcome(lambda: _used(row, owner()))
-            outcomes["environment at launch"] = _outcome(lambda: _plan(*_context_flags(row)).settings.values[row.name].value)
+            # (with hasten's order: by default the launcher writes Accelerate's FSDP defaults over FSDP_* variables)
+            outcomes["environment at launch"] = _outcome(
+                lambda: _plan(*_context_flags(row), "--environment_over_file").settings.values[row.name].value)
             monkeypatch.delenv(row.env[0])
         if row.file_key:
             _write(home, _file_with(row, value))

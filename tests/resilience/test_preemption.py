@@ -118,7 +118,7 @@ def test_a_loop_without_accumulate_is_warned(tmp_path):
 
 def _launch_and_signal(workdir, event_step: int, signum):
     """Launch the script, wait for its READY line (inside micro-step `event_step`), signal the launcher."""
-    command = [sys.executable, "-m", "hasten", "launch", "--num_processes", "2", str(SCRIPTS / SCRIPT),
+    command = [sys.executable, "-m", "hasten", "launch", "--handle_preemption", "--num_processes", "2", str(SCRIPTS / SCRIPT),
                str(workdir), "flag", f"wait:{event_step}"]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HASTEN_", "ACCELERATE_"))}
     env["PYTHONUNBUFFERED"] = "1"
@@ -148,11 +148,54 @@ def _stopped_at(stdout: str) -> set:
     return {line.split()[2] for line in stdout.splitlines() if line.startswith("STOPPED")}
 
 
+def test_launchers_preemption_side_is_opt_in(tmp_path, monkeypatch):
+    """Default: as Accelerate's launcher (torch's agent signals, no SIGUSR1; a stopped or preempted run exits 1, no
+    requeue). handle_preemption: SIGUSR1 passed on, 75 after a preemption, 128+n after another signal, requeue."""
+    import torch.distributed.launcher.api as api
+    from torch.distributed.elastic.multiprocessing import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from hasten.commands.launch import _run_distributed, launch_command_parser, plan_launch
+    from hasten.resilience import requeue
+
+    script = tmp_path / "train.py"
+    script.write_text("")
+    seen, requeued = [], []
+
+    def fake_launch(config, entrypoint):
+        def run(*args):
+            seen.append(getattr(config, "signals_to_handle", ""))
+            raise outcome
+
+        return run
+
+    monkeypatch.setattr(api, "elastic_launch", fake_launch)
+    monkeypatch.setattr(requeue, "requeue_slurm_job", lambda rank: requeued.append(rank))
+    preempted = {rank: ProcessFailure(local_rank=rank, pid=1, exitcode=75, error_file=str(tmp_path / "none"))
+                 for rank in (0, 1)}
+    saved = dict(os.environ)
+    codes = {}
+    try:
+        for opt_in in ([], ["--handle_preemption"]):
+            args = launch_command_parser().parse_args([*opt_in, "--cpu", "--num_processes", "2", str(script)])
+            for name, outcome in (("usr1", SignalException("stop", signal.SIGUSR1)),
+                                  ("int", SignalException("stop", signal.SIGINT)),
+                                  ("workers75", ChildFailedError("train.py", preempted))):
+                codes[bool(opt_in), name] = _run_distributed(args, plan_launch(args))
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    assert [codes[False, n] for n in ("usr1", "int", "workers75")] == [1, 1, 1]
+    assert [codes[True, n] for n in ("usr1", "int", "workers75")] == [75, 128 + signal.SIGINT, 75]
+    assert "SIGUSR1" not in seen[0] and "SIGUSR1" in seen[-1]
+    assert requeued == [0]  # SIGUSR1 with handle_preemption only
+
+
 def test_preempted_three_ways_then_finished_bit_identical(tmp_path):
     os.makedirs(tmp_path, exist_ok=True)
     # 1. SIGUSR1 to rank 1 only, in the middle of micro-step 5 (accumulation windows of 2): the ranks' flags are
     # reduced from the boundary after micro-step 6 on and read at the next one, so both checkpoint after 8.
-    first = launch(SCRIPT, tmp_path, "flag", "usr1:1:5", check=False)
+    first = launch(SCRIPT, tmp_path, "flag", "usr1:1:5", flags=["--handle_preemption"], check=False)
     assert first.returncode == PREEMPTED_EXIT_CODE, first.stdout + first.stderr
     assert first.stdout.count("STOPPED") == 2 and _stopped_at(first.stdout) == {"micro=8"}, first.stdout
     assert "SIGUSR1 received (rank 1 of 2)" in first.stderr and "exit code 75" in first.stderr

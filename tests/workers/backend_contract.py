@@ -145,9 +145,12 @@ def main(expected_backend: str, workdir: str) -> None:
     unwrapped = accelerator.unwrap_model(model)
     assert isinstance(unwrapped, type(plain)), f"unwrap_model gave a {type(unwrapped).__name__}"
     if getattr(accelerator._backend, "version", None) == 1:
-        # FSDP1 (torch's wrapper API, as in Accelerate) keeps the parameters inside flat parameters of its inner
-        # wrappers, so the unwrapped module's own names are FSDP's; the user's names come from get_state_dict.
-        assert any("_flat_param" in n for n, _ in unwrapped.named_parameters()), list(unwrapped.named_parameters())
+        # FSDP1 (torch's wrapper API, as in Accelerate) keeps the parameters inside its inner wrappers, so the
+        # unwrapped module's own names are FSDP's: flat parameters, or with use_orig_params (on under
+        # `hasten launch --use_fsdp`, as under Accelerate's launcher) the originals under `_fsdp_wrapped_module`;
+        # the user's names come from get_state_dict.
+        marker = "_fsdp_wrapped_module" if accelerator.state.fsdp_plugin.use_orig_params else "_flat_param"
+        assert any(marker in n for n, _ in unwrapped.named_parameters()), list(unwrapped.named_parameters())
     else:
         assert [n for n, _ in unwrapped.named_parameters()] == [n for n, _ in plain.named_parameters()]
     state = accelerator.get_state_dict(model)

@@ -259,19 +259,39 @@ def get_free_port() -> int:
         return sock.getsockname()[1]
 
 
+# Accelerate's words when the port is busy on a single machine (it then takes a free one, as hasten does)
+PORT_IN_USE_WARNING = (
+    "Port `{port}` is already in use. Accelerate will attempt to launch in a standalone-like mode by finding an open "
+    "port automatically for this session. If this current attempt fails, or for more control in future runs, please "
+    "specify a different port (e.g., `--main_process_port <your_chosen_port>`) or use `--main_process_port 0` for "
+    "automatic selection in your launch command or Accelerate config file."
+)
+
+
 def _resolve_port(plan: LaunchPlan) -> int:
-    port = plan.main_process_port
-    if port in (None, 0):
-        # One machine: any free port will do, like `torchrun --standalone`. Several machines must agree.
-        if plan.num_machines == 1 or port == 0:
-            return get_free_port()
-        return 29500
-    if plan.machine_rank == 0 and plan.rdzv_backend == "static" and _port_in_use(plan.main_process_ip, port):
-        raise LaunchError(
-            f"port {port} is already in use on this machine; pass another --main_process_port "
-            "(or 0 to pick a free one), or stop the process holding it"
-        )
-    return port
+    """The rendezvous port, as Accelerate's launcher picks it: the one given, else 29500; 0 takes a free one. A busy
+    port on the main machine is a warning and a free port on a single machine (an error in strict mode, when the
+    port was given), and an error across several machines."""
+    import warnings
+
+    given = plan.main_process_port
+    if given == 0:
+        return get_free_port()
+    port = 29500 if given is None else given
+    if plan.machine_rank != 0 or plan.rdzv_backend != "static" or not _port_in_use(plan.main_process_ip, port):
+        return port
+    strict = bool(plan.settings is not None and plan.settings.values["strict"].value)
+    if plan.num_machines == 1 and not (strict and given is not None):
+        warnings.warn(PORT_IN_USE_WARNING.format(port=port), stacklevel=2)
+        return get_free_port()
+    raise PortInUseError(
+        f"port {port} is already in use on this machine; pass another --main_process_port "
+        "(or 0 to pick a free one on a single machine), or stop the process holding it"
+    )
+
+
+class PortInUseError(LaunchError, ConnectionError):
+    """The rendezvous port is taken (a ConnectionError, as Accelerate's launcher raises there)."""
 
 
 def _target_command(args) -> tuple[str, list[str]]:
@@ -386,9 +406,10 @@ def _logs_specs(args):
 
 
 def _agent_signals() -> dict:
-    """The agent passes these signals on to the workers, waits up to TORCH_ELASTIC_SHUTDOWN_TIMEOUT (30 s) for
-    them to checkpoint and leave, then raises SignalException here (docs/fault_tolerance.md). Older torch
-    (2.6) has no such field: its agent forwards SIGTERM/SIGINT/SIGHUP/SIGQUIT only (not SIGUSR1)."""
+    """With `handle_preemption`: the agent passes these signals (its defaults and SIGUSR1) on to the workers,
+    waits up to TORCH_ELASTIC_SHUTDOWN_TIMEOUT (30 s) for them to checkpoint and leave, then raises SignalException
+    here (docs/fault_tolerance.md). Older torch (2.6) has no such field: its agent forwards
+    SIGTERM/SIGINT/SIGHUP/SIGQUIT only (not SIGUSR1)."""
     import dataclasses
 
     from torch.distributed.launcher.api import LaunchConfig
@@ -419,6 +440,9 @@ def _run_distributed(args, plan: LaunchPlan) -> int:
     if not args.no_python and not args.module and not os.path.exists(args.training_script):
         raise LaunchError(f"training script {args.training_script!r} does not exist")
     port = _resolve_port(plan)
+    # hasten's side of preemption (exit codes 75 / 128+n, SIGUSR1 passed on, SLURM requeue) is opt-in; off, the
+    # launcher behaves as Accelerate's: torch's agent handles its default signals and a stopped run exits 1.
+    preemption = bool(plan.settings is not None and plan.settings.values["handle_preemption"].value)
     os.environ.update(plan.env)
     rdzv_configs = dict(plan.rdzv_conf)
     if plan.rdzv_backend == "static":
@@ -436,7 +460,7 @@ def _run_distributed(args, plan: LaunchPlan) -> int:
         monitor_interval=plan.monitor_interval,
         start_method="spawn",
         logs_specs=_logs_specs(args),
-        **_agent_signals(),
+        **(_agent_signals() if preemption else {}),
     )
     entrypoint, entry_args = _target_command(args)
     # Debug mode's hang doctor leaves its report in the workers' error files for the launcher to print, once.
@@ -447,6 +471,10 @@ def _run_distributed(args, plan: LaunchPlan) -> int:
     try:
         elastic_launch(config, entrypoint)(*entry_args)
     except SignalException as error:
+        if not preemption:
+            print(f"hasten launch: stopped by {error.sigval.name} after {time.monotonic() - started:.1f}s; exit code 1 "
+                  "(--handle_preemption: exit 75 after a preemption signal, to start the run again)", file=sys.stderr)
+            return 1
         code = requeue.exit_code_for_signal(error.sigval)
         hint = " (preempted: start the run again to resume)" if code == requeue.PREEMPTED_EXIT_CODE else ""
         print(f"hasten launch: stopped by {error.sigval.name} after {time.monotonic() - started:.1f}s; exit code "
@@ -455,7 +483,7 @@ def _run_distributed(args, plan: LaunchPlan) -> int:
             requeue.requeue_slurm_job(plan.machine_rank)
         return code
     except ChildFailedError as error:
-        if requeue.all_preempted(f.exitcode for f in (getattr(error, "failures", {}) or {}).values()):
+        if preemption and requeue.all_preempted(f.exitcode for f in (getattr(error, "failures", {}) or {}).values()):
             print(f"hasten launch: the workers checkpointed and stopped after a preemption signal; exit code "
                   f"{requeue.PREEMPTED_EXIT_CODE} (start the run again to resume)", file=sys.stderr)
             return requeue.PREEMPTED_EXIT_CODE

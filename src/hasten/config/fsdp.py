@@ -59,6 +59,17 @@ def _bool(value, field_name: str, variable: Optional[str]) -> bool:
         ) from None
 
 
+def _is_bool_text(text: str) -> bool:
+    """true/false (or yes/no...): FSDP2's spelling of reshard_after_forward; a number names an FSDP1 strategy."""
+    if text.strip().isdigit():
+        return False
+    try:
+        parse_bool(text)
+    except ValueError:
+        return False
+    return True
+
+
 def _enum(enum_cls, value, field_name: str, variable: Optional[str]):
     """An enum member from itself, its name (any case) or its 1-based position, as Accelerate accepts."""
     if isinstance(value, enum_cls):
@@ -190,8 +201,12 @@ class FullyShardedDataParallelPlugin:
             self.sources["sharding_strategy"] = "argument"
         if self.reshard_after_forward is None and not explicit_strategy:
             text, variable = _env("reshard_after_forward")
-            if text is None and self.fsdp_version == 1:
-                text, variable = _env("sharding_strategy")
+            if self.fsdp_version == 1 and (text is None or _is_bool_text(text)):
+                # FSDP2's true/false means nothing to FSDP1, whose strategy comes first from FSDP_SHARDING_STRATEGY
+                # (`hasten launch --use_fsdp` writes both, as Accelerate's launcher does)
+                strategy, strategy_variable = _env("sharding_strategy")
+                if strategy is not None:
+                    text, variable = strategy, strategy_variable
             source = f"environment variable {variable}" if variable else "default"
             default = True if self.fsdp_version == 2 else "FULL_SHARD"
             self.reshard_after_forward = default if text is None else text

@@ -1,7 +1,8 @@
 """What `hasten launch` will do, from its flags, the environment and the config file.
 
 `resolve_launch(args)` applies the one precedence (flag > environment > file > default, see
-`hasten.config.resolve`), rejects combinations that cannot work (conflicting flags are errors, never
+`hasten.config.resolve`) and then, as Accelerate's launcher, lets the file and the launcher's own defaults beat
+the ACCELERATE_*/FSDP_* variables the user exported (unless `environment_over_file`), rejects combinations that cannot work (conflicting flags are errors, never
 warnings), and returns the variables to export to the training processes.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -43,19 +45,31 @@ def parse_rdzv_conf(text: str | None, origin: str = "--rdzv_conf") -> dict:
     return result
 
 
-def _gpu_count() -> int:
-    """The GPUs torch sees. A machine with an NVIDIA device node that a CUDA build of torch cannot see has a
-    broken driver or install: refused, rather than launching one CPU process without a word."""
+def _gpu_count(strict: bool = False) -> int:
+    """The GPUs torch sees. A machine with an NVIDIA device node that a CUDA build of torch cannot see (a broken
+    driver, or GPUs hidden with CUDA_VISIBLE_DEVICES=) launches on the CPU, as Accelerate's launcher does, with a
+    one-line warning; with `strict` it is refused."""
     import torch
 
     count = torch.cuda.device_count()
     if count == 0 and torch.version.cuda and os.path.exists("/dev/nvidia0"):
-        raise LaunchError(
-            f"this machine has an NVIDIA GPU (/dev/nvidia0) but torch {torch.__version__} (CUDA "
-            f"{torch.version.cuda}) sees none: check the driver (nvidia-smi) and CUDA_VISIBLE_DEVICES, or pass "
-            "--cpu to launch on the CPU"
-        )
+        problem = (f"this machine has an NVIDIA GPU (/dev/nvidia0) but torch {torch.__version__} (CUDA "
+                   f"{torch.version.cuda}) sees none")
+        if strict:
+            raise LaunchError(f"{problem}: check the driver (nvidia-smi) and CUDA_VISIBLE_DEVICES, or pass --cpu to "
+                              "launch on the CPU (strict mode)")
+        _warn_once(f"hasten launch: warning: {problem}; launching on the CPU (check the driver with nvidia-smi and "
+                   "CUDA_VISIBLE_DEVICES if that is not what you want)")
     return count
+
+
+_WARNED = set()
+
+
+def _warn_once(line: str) -> None:
+    if line not in _WARNED:
+        _WARNED.add(line)
+        print(line, file=sys.stderr, flush=True)
 
 
 def _where(resolved: Resolved) -> str:
@@ -124,6 +138,7 @@ def resolve_launch(args, env: Mapping[str, str] | None = None) -> LaunchSettings
         table.refuse_unbuilt_file(file_values, path, paradigm_from_flags=paradigm_typed)
     flags = vars(args)
     values = resolve(flags=flags, env=env, file_values=file_values, file_path=path)
+    written = _file_over_environment(values, file_values, path)
 
     # A paradigm typed on the command line replaces the file's distributed_type entirely.
     if any(getattr(args, name, None) for name in PARADIGM_FLAGS):
@@ -137,6 +152,8 @@ def resolve_launch(args, env: Mapping[str, str] | None = None) -> LaunchSettings
 
     _check_requirements(args, values)
     _fp8_settings_follow_precision(values)
+    # a file value dropped above (another paradigm typed, fp8 settings without fp8) overwrites nothing
+    written = _launcher_writes(values, {k: v for k, v in written.items() if values[k].source == "file"})
 
     slurm = slurm_values(env)
     per_task = bool(slurm.get("slurm_per_task"))
@@ -146,8 +163,70 @@ def resolve_launch(args, env: Mapping[str, str] | None = None) -> LaunchSettings
     rdzv = values["rdzv_conf"]
     rdzv_conf = parse_rdzv_conf(rdzv.value, "--rdzv_conf" if rdzv.source == "flag" else _where(rdzv))
     settings = LaunchSettings(values, path, rdzv_conf=rdzv_conf, slurm_per_task=per_task)
-    settings.env = _exports(values, env)
+    settings.env = _exports(values, env, written)
     return settings
+
+
+# What Accelerate's launcher writes into the processes' environment even when nothing set it: its own defaults for
+# mixed precision and the compile backend, and, for an FSDP run, its FSDP flag defaults (so a launched script gets
+# Accelerate's plugin: use_orig_params, sync_module_states and cpu_ram_efficient_loading on, min_num_params 1e8).
+LAUNCHER_DEFAULTS = {"mixed_precision": "no", "dynamo_backend": "no"}
+FSDP_LAUNCHER_DEFAULTS = {
+    "fsdp_version": 1, "fsdp_sharding_strategy": "FULL_SHARD", "fsdp_reshard_after_forward": True,
+    "fsdp_offload_params": False, "fsdp_min_num_params": 100_000_000, "fsdp_forward_prefetch": False,
+    "fsdp_use_orig_params": True, "fsdp_cpu_ram_efficient_loading": True, "fsdp_sync_module_states": True,
+    "fsdp_activation_checkpointing": False, "fsdp_activation_checkpointing_offload": False,
+}
+LAUNCHER_DEFAULT = "launcher default (as Accelerate's launcher)"
+
+
+def _file_over_environment(values: dict, file_values, path) -> dict:
+    """Accelerate's launcher order for the exported settings, unless `environment_over_file` is on: it merges the
+    config file into its command line and writes the result over the variables the user exported, so a value
+    from the file beats the user's variable (an ACCELERATE_*, FSDP_*, ... one; a HASTEN_* variable still wins). `values` is updated (`hasten config explain` names the winner).
+    Returns {setting: the user's variable the launcher overwrites}."""
+    from .resolve import _from_file
+
+    written = {}
+    if values["environment_over_file"].value:
+        return written
+    for setting in SETTINGS:
+        resolved = values[setting.name]
+        if not _accelerates_variable(setting, resolved):
+            continue
+        found = _from_file(setting, file_values, path)
+        if found is None or (setting.name == "gpu_ids" and str(found[0]).lower() == "all"):
+            continue  # "all" writes nothing: the user's CUDA_VISIBLE_DEVICES stays, as in Accelerate
+        values[setting.name] = Resolved(setting.name, found[0], "file",
+                                        f"{found[1]} (written over {resolved.origin}, as Accelerate's launcher does)")
+        written[setting.name] = resolved.origin
+    return written
+
+
+def _accelerates_variable(setting, resolved: Resolved) -> bool:
+    """The value came from a variable the user exported that Accelerate's launcher writes over (ACCELERATE_*,
+    FSDP_*, CUDA_VISIBLE_DEVICES, ...). hasten's own HASTEN_* variables keep hasten's order: they beat the file."""
+    return (setting.export is not None and resolved.source == "environment" and resolved.origin in setting.env
+            and not resolved.origin.startswith("HASTEN_"))
+
+
+def _launcher_writes(values: dict, written: dict) -> dict:
+    """Add the launcher's own defaults to `written` ({setting: the user's variable overwritten, or None}): Accelerate's
+    launcher writes them even when nothing set them (`LAUNCHER_DEFAULTS`, and `FSDP_LAUNCHER_DEFAULTS` for an FSDP
+    run), over the user's variables unless `environment_over_file` is on."""
+    defaults = dict(LAUNCHER_DEFAULTS)
+    if values["use_fsdp"].value:
+        defaults.update(FSDP_LAUNCHER_DEFAULTS)
+    hasten_order = bool(values["environment_over_file"].value)
+    for name, value in defaults.items():
+        resolved = values[name]
+        if _accelerates_variable(table.get(name), resolved) and not hasten_order:
+            values[name] = Resolved(name, value, "default", f"{LAUNCHER_DEFAULT}, written over {resolved.origin}")
+            written[name] = resolved.origin
+        elif resolved.source == "default" and resolved.value is None:
+            values[name] = Resolved(name, value, "default", LAUNCHER_DEFAULT)
+            written[name] = None
+    return written
 
 
 def _layout_size(values: dict) -> int:
@@ -203,7 +282,7 @@ def _fill_num_processes(values: dict, per_task: bool, env: Mapping[str, str]) ->
                                            "built-in default (the product of the parallelism_config sizes)")
         return
     machines = values["num_machines"].value
-    gpus = 0 if values["use_cpu"].value else _gpu_count()
+    gpus = 0 if values["use_cpu"].value else _gpu_count(bool(values["strict"].value))
     if values["multi_gpu"].value:
         count, why = max(2, gpus), f"--multi_gpu: one per GPU ({gpus} found), at least 2"
     else:
@@ -215,7 +294,7 @@ def _check_values(values: dict) -> None:
     """Combinations that cannot work, whatever source each value came from."""
     v = {name: r.value for name, r in values.items()}
     size = values["parallelism_config_cp_size"]
-    if (size.value or 1) > 1 and (v["use_cpu"] or _gpu_count() == 0):
+    if (size.value or 1) > 1 and (v["use_cpu"] or _gpu_count(bool(v["strict"])) == 0):
         raise NotBuiltError(f"{_where(size)}: cp_size={size.value} on CPU processes: {CP_ON_CPU}; fix: launch on "
                             "CUDA GPUs or leave cp_size at 1")
     if v["use_cpu"] and v["use_fsdp"]:
@@ -262,9 +341,11 @@ def _check_values(values: dict) -> None:
         )
 
 
-def _exports(values: dict, env: Mapping[str, str]) -> dict:
-    """Variables for the training processes: winners from a flag, the file or a computed default only."""
+def _exports(values: dict, env: Mapping[str, str], written: Mapping[str, str | None] | None = None) -> dict:
+    """Variables for the training processes: winners from a flag, the file, a computed default or a default the
+    launcher writes (`written`: {setting: the user's variable it replaces, also overwritten, or None})."""
     exports, sources = {}, {}
+    written = written or {}
     for setting in SETTINGS:
         if setting.export is None:
             continue
@@ -281,13 +362,15 @@ def _exports(values: dict, env: Mapping[str, str]) -> dict:
             value = ",".join(p.strip() for p in str(resolved.value).split(","))
         else:
             value = _text(resolved.value)
-        if resolved.source != "default":
+        if resolved.source != "default" or setting.name in written:
             sources[setting.name] = [resolved.source, resolved.origin]
         if resolved.source == "environment":
             continue  # the user's own variable reaches the processes unchanged
-        if resolved.source == "default" and setting.name not in ("num_cpu_threads_per_process",):
+        if resolved.source == "default" and setting.name not in ("num_cpu_threads_per_process", *written):
             continue
         exports[setting.export] = value
+        if written.get(setting.name):
+            exports[written[setting.name]] = value  # the user's variable now says what the launcher wrote
     if values["num_cpu_threads_per_process"].value is None and "OMP_NUM_THREADS" not in env:
         # Without a limit every process starts one thread per core and they fight for the same cores.
         import psutil

@@ -6,9 +6,9 @@ Two exceptions inside the script, as in Accelerate: a launcher's gradient_accumu
 Accelerator argument, and a true HASTEN_/ACCELERATE_USE_CPU forces CPU even when the code says cpu=False.
 
 `hasten launch` resolves flags, the user's environment and the config file, then exports the winners as
-`HASTEN_*` / `FSDP_*` variables. It only exports values that came from a flag, the file or a computed
-default, never over a variable the user already set, so a user's `export ACCELERATE_MIXED_PRECISION=fp16`
-still beats the file. It also exports `HASTEN_CONFIG_SOURCES` (JSON: setting -> [source, origin]) so that
+`HASTEN_*` / `FSDP_*` variables. As Accelerate's launcher, it writes the file's values and its own defaults
+over the `ACCELERATE_*` / `FSDP_*` variables the user exported (`launch_settings._file_over_environment`);
+with `environment_over_file` it keeps this order and never writes over a user's variable. It also exports `HASTEN_CONFIG_SOURCES` (JSON: setting -> [source, origin]) so that
 code inside the training processes can still tell a value from a flag apart from one from the file:
 
     from hasten.config.resolve import explain

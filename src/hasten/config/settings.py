@@ -165,6 +165,16 @@ SETTINGS: tuple[Setting, ...] = (
             help="Give every prepared data loader generators of its own, seeded once at prepare, so iterating never "
                  "draws from torch's global RNG (hasten only; off, shuffles and worker seeds draw from it as in "
                  "Accelerate)."),
+    Setting("environment_over_file", "bool", False, flags=("--environment_over_file",), switch=True,
+            file_key=("environment_over_file",), env=("HASTEN_ENVIRONMENT_OVER_FILE",), group="General",
+            help="Let the variables you exported (ACCELERATE_MIXED_PRECISION, FSDP_*, ...) beat the config file and "
+                 "the values the launcher writes by default (hasten only; off, the launcher writes them over your "
+                 "variables, as Accelerate's does)."),
+    Setting("handle_preemption", "bool", False, flags=("--handle_preemption",), switch=True,
+            file_key=("handle_preemption",), env=("HASTEN_HANDLE_PREEMPTION",), group="General",
+            help="The launcher's side of preemption: SIGUSR1 is passed on to the workers, a run stopped by "
+                 "SIGTERM/SIGUSR1 (or whose workers all exited 75) exits 75, another signal n exits 128+n, and "
+                 "SIGUSR1 requeues a SLURM job (hasten only; off, as Accelerate's launcher; docs/fault_tolerance.md)."),
     Setting("hang_doctor_wait", "float", 2.0, env=("HASTEN_HANG_DOCTOR_WAIT",), minimum=0, owner="PartialState",
             help="Debug mode: seconds a rank writing the hang doctor's report waits for the others to say where "
                  "they are (hasten only)."),

@@ -43,13 +43,14 @@ def prepare_multi_gpu_env(args) -> dict:
     As in Accelerate, torchrun's own options are also set on `args` (`nproc_per_node`, `nnodes`, `node_rank`,
     `master_addr`, `master_port`, `rdzv_backend`, `rdzv_endpoint`, `rdzv_conf`, `max_restarts`,
     `monitor_interval`), so `torch.distributed.run.run(args)` can start the processes. The port is chosen as
-    `hasten launch` chooses it: `main_process_port=0` (or no port on one machine) takes a free one, and a port
-    already in use on the main machine is a `LaunchError`.
+    `hasten launch` chooses it (as Accelerate does): the given one, else 29500; `main_process_port=0` takes a free
+    one; a port already in use on a single machine is a warning and a free port, on several machines a
+    `ConnectionError`.
     """
     from ..commands.launch import _resolve_port
 
     plan = _plan(args)
-    port = _resolve_port(plan)  # as `hasten launch`: 0 (or none, on one machine) picks a free port
+    port = _resolve_port(plan)  # as `hasten launch`: 29500 by default, 0 picks a free port
     args.nproc_per_node = str(plan.nproc_per_node)
     args.nnodes = str(plan.num_machines)
     args.node_rank = plan.machine_rank

@@ -30,10 +30,11 @@ def explain_command_parser(parser=None, parents=()):
 
 
 def explain_command(args) -> int:
-    from ...config.launch_settings import resolve_launch
+    from ...config.launch_settings import LAUNCHER_DEFAULT, resolve_launch
 
     settings = resolve_launch(args)
-    values = {k: v for k, v in settings.values.items() if args.all or v.source != "default"}
+    values = {k: v for k, v in settings.values.items()
+              if args.all or v.source != "default" or v.origin.startswith(LAUNCHER_DEFAULT)}
     exported = {k: v for k, v in settings.env.items() if k != "HASTEN_CONFIG_SOURCES"}
     print(f"config file: {settings.config_path or 'none found'}")
     if not _print_rich(values):
