@@ -122,6 +122,8 @@ def resolve_launch(args, env: Mapping[str, str] | None = None) -> LaunchSettings
         file_values = config_file.validate(config_file.read_raw(path), path, fill_defaults=False, refuse_unbuilt=False)
         paradigm_typed = any(getattr(args, name, None) for name in PARADIGM_FLAGS)
         table.refuse_unbuilt_file(file_values, path, paradigm_from_flags=paradigm_typed)
+        if not any(getattr(args, name, None) for name in PARADIGM_FLAGS if name != "cpu"):
+            config_file.refuse_one_process_with_many(file_values, path)  # --cpu keeps the file's one-process run
     flags = vars(args)
     values = resolve(flags=flags, env=env, file_values=file_values, file_path=path)
 

@@ -89,6 +89,14 @@ def _megatron_row(name, kind, default, text, **kwargs) -> Setting:
                    file_key=("megatron_lm_config", full), owner="MegatronLMPlugin", code=name,
                    requires="use_megatron_lm", group=_MEGATRON_GROUP, help=text, **kwargs)
 _tpu = _not_built("TPU (XLA)", _TPU_FIX, "TPU")
+
+
+def _tpu_config(name, kind="str", **kwargs) -> Setting:
+    """A config-file key of `hasten tpu-config` (no launch flag: the command has its own flags)."""
+    return Setting(name, kind, file_key=(name,), role="file", owner="hasten tpu-config",
+                   group="TPU pod setup (hasten tpu-config)", **kwargs)
+
+
 _msamp = _not_built("MS-AMP fp8", _MSAMP_FIX, "FP8 (with --mixed_precision fp8)")
 _FP8_BACKEND_UNBUILT = {"msamp": ("MS-AMP fp8 (fp8_backend msamp)", _MSAMP_FIX)}
 _TE, _AO = "TERecipeKwargs", "AORecipeKwargs"
@@ -490,10 +498,11 @@ SETTINGS: tuple[Setting, ...] = (
          help="Function a TPU launch calls."),
     _tpu("downcast_bf16", "bool", default=False, switch=True, file_key=("downcast_bf16",),
          env=_pair("DOWNCAST_BF16"), help="TPU bf16 downcasting."),
-    _tpu("tpu_name", flag=False, file_key=("tpu_name",), help="TPU name."),
-    _tpu("tpu_zone", flag=False, file_key=("tpu_zone",), help="TPU zone."),
-    _tpu("command_file", flag=False, file_key=("command_file",), help="Commands for TPU workers."),
-    _tpu("commands", "str_or_list", flag=False, file_key=("commands",), help="Commands for TPU workers."),
+    # read by `hasten tpu-config` only (it composes a gcloud command), so they are built whatever the machine
+    _tpu_config("tpu_name", help="TPU name `hasten tpu-config` runs the commands on (its --tpu_name wins)."),
+    _tpu_config("tpu_zone", help="Zone of that TPU (`hasten tpu-config --tpu_zone` wins)."),
+    _tpu_config("command_file", help="File of commands `hasten tpu-config` runs on every TPU worker, one a line."),
+    _tpu_config("commands", "str_or_list", help="Commands `hasten tpu-config` runs on every TPU worker."),
     _tpu("in_tpu_pod", "bool", flag=False, env=_pair("IN_TPU_POD"), help="Set inside a TPU pod launch."),
     # -- MPI and SageMaker (not built) --------------------------------------------------------------------------------
     Setting("mpirun_config", "dict", {}, file_key=("mpirun_config",), role="file", built=False,
