@@ -112,8 +112,12 @@ def _fp8_settings_follow_precision(values: dict) -> None:
             values[name] = Resolved(name, table.get(name).default, "default", "built-in default")
 
 
-def resolve_launch(args, env: Mapping[str, str] | None = None) -> LaunchSettings:
-    """Resolve a parsed `hasten launch` command line against the environment and the config file."""
+def resolve_launch(args, env: Mapping[str, str] | None = None, *, ignored_flags_fail: bool = True) -> LaunchSettings:
+    """Resolve a parsed `hasten launch` command line against the environment and the config file.
+
+    A typed flag that means nothing without its switch (`--deepspeed_config_file` without `--use_deepspeed`) is a
+    ConfigError; with `ignored_flags_fail=False` (Accelerate's `_validate_launch_command`, which accepts such a
+    command line) it is a warning unless `strict` is on."""
     env = os.environ if env is None else env
     _check_flags(args)
     path = config_file.find_config_file(getattr(args, "config_file", None), env)
@@ -137,7 +141,14 @@ def resolve_launch(args, env: Mapping[str, str] | None = None) -> LaunchSettings
                 if values[name].source == "file":
                     values[name] = Resolved(name, None, "default", "built-in default")
 
-    _check_requirements(args, values)
+    try:
+        _check_requirements(args, values)
+    except ConfigError as error:
+        if ignored_flags_fail or values["strict"].value:
+            raise
+        import logging
+
+        logging.getLogger("hasten.launch").warning("%s (`hasten launch` refuses this command line)", error)
     _fp8_settings_follow_precision(values)
 
     slurm = slurm_values(env)

@@ -23,7 +23,7 @@ from typing import Mapping
 
 from ..core import enums
 from ..distributed.cluster import parse_bool
-from .setting import Setting  # the row type; callers name it from here too
+from .setting import ParserDefault, Setting  # the row type; callers name it from here too
 
 # ----------------------------------------------------------------------------------------------- row builders
 
@@ -552,10 +552,15 @@ def file_rows() -> tuple[dict, dict]:
     return top, nested
 
 
+# What an untyped flag reads on the parsed command line where Accelerate's parser has a default that code reads
+# (Accelerate's tests check it); every other settings flag reads None. Either way it counts as not typed.
+PARSER_DEFAULTS = {"fsdp_sync_module_states": ParserDefault("true")}
+
+
 def flag_given(args, row: Setting) -> bool:
-    """Whether the command line set this row's flag (flags default to None: "not typed")."""
+    """Whether the command line set this row's flag (flags default to None or a ParserDefault: "not typed")."""
     value = getattr(args, row.flag_dest, None)
-    return value is not None and value is not False and value != []
+    return value is not None and value is not False and value != [] and not isinstance(value, ParserDefault)
 
 
 # Values a flag may carry while the switch it `requires` is off, because Accelerate's launch parser fills them in
