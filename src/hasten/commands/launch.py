@@ -543,14 +543,35 @@ def deepspeed_launcher(args: argparse.Namespace) -> None:
     multi_gpu_launcher(args)
 
 
+def _run_mpirun(args, plan: LaunchPlan) -> int:
+    """An mpirun hostfile was given: mpirun starts the processes, each reads its rank from MPI's variables."""
+    import subprocess
+
+    from ..launch.prepare import mpirun_env, mpirun_prefix
+
+    command = mpirun_prefix(plan) + _script_command(args)
+    return subprocess.call(command, env={**os.environ, **plan.env, **mpirun_env(plan)})
+
+
 def launch_command(args: argparse.Namespace) -> int:
     plan = plan_launch(args)
     if not args.no_python and not args.module and not os.path.exists(args.training_script):
         # Checked before torch is imported: the answer should not wait for it.
         raise LaunchError(f"training script {args.training_script!r} does not exist")
-    if plan.num_processes == 1 and plan.num_machines == 1 and not plan.max_restarts:
-        return _run_in_place(args, plan)
-    return _run_distributed(args, plan)
+    if plan.settings["mpirun_hostfile"]:
+        return _run_mpirun(args, plan)
+    # The run's variables go into this process's environment (the script runs in place, or torchrun's workers
+    # inherit them); afterwards the caller's environment and argv are back, as after Accelerate's child process.
+    saved_env, saved_argv = dict(os.environ), list(sys.argv)
+    try:
+        if plan.num_processes == 1 and plan.num_machines == 1 and not plan.max_restarts:
+            return _run_in_place(args, plan)
+        return _run_distributed(args, plan)
+    finally:
+        if dict(os.environ) != saved_env:
+            os.environ.clear()
+            os.environ.update(saved_env)
+        sys.argv = saved_argv
 
 
 def main(argv=None) -> int:

@@ -70,7 +70,6 @@ _MEGATRON_SP = ("Megatron-LM sequence parallelism (megatron_lm_sequence_parallel
                 "tp_plan={...: 'sequence_parallel', ...}))")
 _TPU_FIX = "run on GPUs or CPUs, or run this job with Accelerate"
 _ND_FIX = "use --use_fsdp (data-parallel sharding), or run this job with Accelerate"
-_MPI_FIX = "start the processes with `hasten launch --num_machines ... --machine_rank ...` on each machine, or srun"
 _SM_FIX = "run on a LOCAL_MACHINE (`hasten config`), or run this job with Accelerate"
 
 _deepspeed = _not_built("DeepSpeed", "", "DeepSpeed (with --use_deepspeed)", built=True, requires="use_deepspeed")
@@ -101,7 +100,7 @@ _msamp = _not_built("MS-AMP fp8", _MSAMP_FIX, "FP8 (with --mixed_precision fp8)"
 _FP8_BACKEND_UNBUILT = {"msamp": ("MS-AMP fp8 (fp8_backend msamp)", _MSAMP_FIX)}
 _TE, _AO = "TERecipeKwargs", "AORecipeKwargs"
 _nd = _not_built("N-D parallelism (ParallelismConfig)", _ND_FIX, "ParallelismConfig", requires="use_parallelism_config")
-_mpi = _not_built("mpirun launching", _MPI_FIX, "MPI")
+_MPI_GROUP = "MPI (CPU processes started by mpirun, with --mpirun_hostfile)"
 _sagemaker = _not_built("Amazon SageMaker", _SM_FIX, "AWS")
 
 _FSDP = "FullyShardedDataParallelPlugin"
@@ -505,10 +504,15 @@ SETTINGS: tuple[Setting, ...] = (
     _tpu_config("commands", "str_or_list", help="Commands `hasten tpu-config` runs on every TPU worker."),
     _tpu("in_tpu_pod", "bool", flag=False, env=_pair("IN_TPU_POD"), help="Set inside a TPU pod launch."),
     # -- MPI and SageMaker (not built) --------------------------------------------------------------------------------
-    Setting("mpirun_config", "dict", {}, file_key=("mpirun_config",), role="file", built=False,
-            feature="mpirun launching (the mpirun_config block)", fix=_MPI_FIX, help="mpirun settings."),
-    _mpi("mpirun_hostfile", file_key=("mpirun_config", "mpirun_hostfile"), help="mpirun hostfile."),
-    _mpi("mpirun_ccl", "any", flag=False, file_key=("mpirun_config", "mpirun_ccl"), help="oneCCL workers."),
+    Setting("mpirun_config", "dict", {}, file_key=("mpirun_config",), role="file",
+            help="mpirun settings: CPU processes started by mpirun/mpiexec instead of torchrun."),
+    Setting("mpirun_hostfile", "str", None, flags=("--mpirun_hostfile",), file_key=("mpirun_config", "mpirun_hostfile"),
+            group=_MPI_GROUP,
+            help="Start the CPU processes with mpirun (Intel MPI, MPICH, MVAPICH: -f; Open MPI: --hostfile) and this "
+                 "hostfile, instead of torchrun."),
+    Setting("mpirun_ccl", "int", None, flags=("--mpirun_ccl",), file_key=("mpirun_config", "mpirun_ccl"), minimum=1,
+            env=("CCL_WORKER_COUNT",), export="CCL_WORKER_COUNT", requires="mpirun_hostfile", group=_MPI_GROUP,
+            help="oneCCL worker threads per process (CCL_WORKER_COUNT) of an mpirun launch."),
     _sagemaker("aws_access_key_id", help="AWS key id."),
     _sagemaker("aws_secret_access_key", help="AWS secret key."),
     _sagemaker("use_sagemaker", "bool", flag=False, env=_pair("USE_SAGEMAKER"), help="Set by the SageMaker launcher."),
