@@ -86,7 +86,7 @@ def test_file_value_does_not_clobber_the_users_variable_end_to_end(home, tmp_pat
     )
     env = {k: v for k, v in __import__("os").environ.items() if not k.startswith(("HASTEN_", "ACCELERATE_"))}
     env.update(ACCELERATE_MIXED_PRECISION="fp16", HF_HOME=str(home / "hf"))
-    out = subprocess.run([sys.executable, "-m", "hasten", "launch", "--cpu", str(script)], env=env,
+    out = subprocess.run([sys.executable, "-m", "hasten", "launch", "--config_file", config, "--cpu", str(script)], env=env,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "PRECISION fp16" in out.stdout
@@ -224,3 +224,14 @@ def test_strict_setting_is_off_by_default_and_read_from_flag_variable_and_file(h
     for argv in (["--strict", "train.py"], ["--config_file", str(config), "train.py"]):
         plan = plan_launch(launch_command_parser().parse_args(argv))
         assert plan.env["HASTEN_STRICT"] in ("1", "true", "True"), argv
+
+
+def test_cpu_alone_skips_the_default_config_file_as_accelerate(home):
+    """`--cpu` without `--config_file` reads no default file (Accelerate's launch); naming the file reads it."""
+    path = write_config(home, "distributed_type: MULTI_CPU\nnum_processes: 3\nmixed_precision: bf16\n")
+    assert plan().num_processes == 3  # without --cpu the default file is read
+    launch = plan("--cpu")
+    assert launch.num_processes == 1 and launch.settings.config_path is None
+    assert launch.settings.values["mixed_precision"].source == "default"
+    launch = plan("--config_file", path, "--cpu")
+    assert (launch.num_processes, launch.settings.values["mixed_precision"].value) == (3, "bf16")

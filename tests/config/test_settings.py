@@ -294,7 +294,7 @@ def test_explain_reports_what_the_launched_scripts_accelerator_uses(processes, r
             code[name] = value
     if round_["dynamo_backend"][0] == "code":
         env["HASTEN_DYNAMO_BACKEND"] = "eager"  # the code's value must win over this
-    _write(home, file_values)
+    flags += ["--config_file", _write(home, file_values)]  # named: --cpu alone skips the default file, as Accelerate
 
     full_env = {k: v for k, v in os.environ.items() if not k.startswith(("HASTEN_", "ACCELERATE_"))}
     full_env.update(env, PYTHONUNBUFFERED="1")

@@ -356,7 +356,10 @@ def basic_config(mixed_precision: str = "no", machine: Mapping | None = None) ->
 
 
 def write_basic_config(mixed_precision: str = "no", save_location: str | None = None) -> str | bool:
-    """Write a config for this machine; refuses (returns False) when the file already exists, as Accelerate."""
+    """Write a config for this machine; refuses (returns False) when the file already exists, as Accelerate.
+
+    As Accelerate, the text is JSON whatever the file's name (JSON is YAML too, so a `.yaml` name reads back the
+    same); `hasten config` and `write_config_file` write YAML."""
     path = os.fspath(save_location) if save_location else default_config_path()  # Accelerate's tests pass a Path
     if os.path.exists(path):
         print(f"Configuration already exists at {path}, will not override. Run `hasten config update` or "
@@ -366,4 +369,10 @@ def write_basic_config(mixed_precision: str = "no", save_location: str | None = 
         raise ConfigError(f"mixed_precision {mixed_precision!r} is not one of {', '.join(PRECISIONS)}")
     table.get("mixed_precision").refuse(f"write_basic_config(mixed_precision={mixed_precision!r})",
                                         str(mixed_precision).lower())
-    return write_config_file(basic_config(str(mixed_precision).lower()), path, overwrite=False)
+    config = to_file_dict(basic_config(str(mixed_precision).lower()))
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    temporary = f"{path}.tmp-{os.getpid()}"
+    with open(temporary, "w", encoding="utf-8") as handle:
+        handle.write(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    os.replace(temporary, path)
+    return path

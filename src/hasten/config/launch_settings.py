@@ -120,7 +120,9 @@ def resolve_launch(args, env: Mapping[str, str] | None = None, *, ignored_flags_
     command line) it is a warning unless `strict` is on."""
     env = os.environ if env is None else env
     _check_flags(args)
-    path = config_file.find_config_file(getattr(args, "config_file", None), env)
+    explicit = getattr(args, "config_file", None)
+    # As Accelerate: --cpu alone skips the default config file (`--config_file X --cpu` reads X)
+    path = config_file.find_config_file(explicit, env) if explicit or not getattr(args, "cpu", False) else None
     file_values = None
     if path:
         file_values = config_file.validate(config_file.read_raw(path), path, fill_defaults=False, refuse_unbuilt=False)
