@@ -141,3 +141,18 @@ def test_validate_launch_command_accepts_a_flag_without_its_switch_as_accelerate
         launch._validate_launch_command(launch.launch_command_parser().parse_args(["--strict", *argv]))
     with pytest.raises(ConfigError, match="needs --use_deepspeed"):  # `hasten launch` itself refuses it
         launch.plan_launch(launch.launch_command_parser().parse_args(argv))
+
+
+def test_launch_command_in_this_process_leaves_the_callers_environment_as_it_was(tmp_path, monkeypatch):
+    # Accelerate's launch_command runs a child process; hasten runs one process in place: the run's variables
+    # (HASTEN_DEBUG_MODE, ...) must not stay behind and beat a config file read later in the same process.
+    import os
+
+    from hasten.commands.launch import launch_command
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    script = tmp_path / "t.py"
+    script.write_text("import os, sys\nassert os.environ['HASTEN_DEBUG_MODE'] == 'true'\nsys.argv.append('x')\n")
+    before, argv = dict(os.environ), list(sys.argv)
+    assert launch_command(launch_command_parser().parse_args(["--debug", "--cpu", str(script)])) == 0
+    assert dict(os.environ) == before and sys.argv == argv
