@@ -1,6 +1,7 @@
 """`hasten config` (questionnaire in a real terminal, default, update, explain), `hasten test`, `estimate-memory`."""
 
 import io
+import json
 import os
 import pty
 import select
@@ -115,12 +116,14 @@ def test_config_default_then_update_then_explain(home, capsys):
     path = config_file.default_config_path()
     assert config_file.load_config_file(path)["mixed_precision"] == "bf16"
     assert cli.main(["config", "default"]) == 1  # refuses to overwrite
-    with open(path, "a") as handle:
-        handle.write("fp16: true\n")  # legacy key: update rewrites it into the current form
+    written = json.loads(open(path).read())  # JSON text, as Accelerate's `accelerate config default`
+    with open(path, "w") as handle:
+        handle.write(json.dumps({**written, "fp16": True}))  # legacy key: update rewrites it into the current form
     assert cli.main(["config", "update"]) == 0
     assert "fp16" not in yaml.safe_load(open(path))
     capsys.readouterr()
-    assert cli.main(["config", "explain", "--all", "--num_processes", "3", "--cpu"]) == 0
+    # --cpu alone skips the default file, as Accelerate: name it
+    assert cli.main(["config", "explain", "--all", "--num_processes", "3", "--cpu", "--config_file", path]) == 0
     out = capsys.readouterr().out
     rows = {line.split()[0]: line.split()[1:] for line in out.splitlines()[3:] if line and not line.startswith(" ")}
     assert rows["mixed_precision"][:2] == ["bf16", "file"]

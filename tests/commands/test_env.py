@@ -1,4 +1,5 @@
-"""`hasten env` as a table: every fact of the bug-report list, grouped; plain text when piped, rich on a terminal."""
+"""`hasten env`: Accelerate's bug-report list by default; `--table` groups every fact of it (plain text when piped,
+rich on a terminal)."""
 
 from __future__ import annotations
 
@@ -38,17 +39,20 @@ def test_plain_table_aligns_keys():
 
 def test_piped_output_is_the_plain_table(monkeypatch, capsys):
     monkeypatch.setenv("HASTEN_DEBUG_MODE", "1")
-    assert env_command.main([]) == 0
+    assert env_command.main(["--table"]) == 0
     out = capsys.readouterr().out
     assert "Environment variables\n---------------------" in out
     assert "│" not in out and "\x1b[" not in out  # no box drawing or colour codes when piped
 
 
-def test_markdown_list_for_issues(monkeypatch, capsys):
+def test_the_default_is_accelerates_markdown_list_for_issues(monkeypatch, capsys):
     monkeypatch.setenv("HASTEN_DEBUG_MODE", "1")
-    assert env_command.main(["--markdown"]) == 0
-    out = capsys.readouterr().out
-    assert f"- PyTorch version: {torch.__version__}" in out and "- env HASTEN_DEBUG_MODE: 1" in out
+    for argv in ([], ["--markdown"]):
+        assert env_command.main(argv) == 0
+        out = capsys.readouterr().out
+        assert out.startswith("\nCopy-and-paste the text below in your GitHub issue\n")
+        assert f"- PyTorch version: {torch.__version__}" in out and "- env HASTEN_DEBUG_MODE: 1" in out
+        assert "Environment variables\n---" not in out  # not the table
 
 
 def test_env_shows_whether_the_accelerate_alias_is_active(capsys):

@@ -99,3 +99,60 @@ def test_the_cli_test_script_runs_under_launch(capfd):
     script = path_in_accelerate_package("test_utils", "scripts", "test_cli.py")
     assert launch_command(launch_command_parser().parse_args(["--cpu", str(script)])) in (0, None)
     assert "Successfully ran on" in capfd.readouterr().out
+
+
+def test_an_untyped_fsdp_sync_module_states_reads_accelerates_true_and_the_file_still_wins(tmp_path, monkeypatch):
+    from hasten.commands.launch import _validate_launch_command
+    from hasten.config.launch_settings import resolve_launch
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path))  # no default config file
+    parser = launch_command_parser()
+    args = parser.parse_args(["t.py"])
+    assert args.fsdp_sync_module_states == "true" and args.fsdp_sync_module_states  # Accelerate's parser default
+    # ... which is not a typed flag: no "needs --use_fsdp" error, nothing exported, the FSDP plugin's default applies
+    assert resolve_launch(args).values["fsdp_sync_module_states"].source == "default"
+    assert parser.parse_args(["--use_fsdp", "--fsdp_sync_module_states", "false", "t.py"]).fsdp_sync_module_states is False
+    # without a file the parser's default stays; a file's value replaces it (whatever its distributed_type), as in
+    # Accelerate; a typed value beats the file
+    assert _validate_launch_command(parser.parse_args(["--cpu", "t.py"]))[0].fsdp_sync_module_states == "true"
+    config = tmp_path / "c.yaml"
+    config.write_text("distributed_type: 'NO'\nfsdp_config:\n  fsdp_sync_module_states: false\n"
+                      "deepspeed_config:\n  deepspeed_config_file: ignored.json\n")
+    args = _validate_launch_command(parser.parse_args(["--config_file", str(config), "t.py"]))[0]
+    assert args.fsdp_sync_module_states is False
+    config.write_text("distributed_type: FSDP\nfsdp_config:\n  fsdp_sync_module_states: false\n")
+    args = _validate_launch_command(parser.parse_args(["--config_file", str(config), "--use_fsdp",
+                                                       "--fsdp_sync_module_states", "true", "t.py"]))[0]
+    assert args.fsdp_sync_module_states is True
+
+
+def test_validate_launch_command_accepts_a_flag_without_its_switch_as_accelerate_and_launch_refuses_it(
+        tmp_path, monkeypatch, caplog):
+    from hasten.commands import launch
+    from hasten.core.errors import ConfigError
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    argv = ["--num-processes", "1", "--deepspeed_config_file", "path/to/be/accepted", str(tmp_path / "t.py")]
+    with caplog.at_level("WARNING", logger="hasten.launch"):
+        args = launch._validate_launch_command(launch.launch_command_parser().parse_args(argv))[0]
+    assert args.deepspeed_config_file == "path/to/be/accepted"
+    assert "--deepspeed_config_file needs --use_deepspeed" in caplog.text
+    with pytest.raises(ConfigError, match="needs --use_deepspeed"):  # with --strict: hasten's one-line error
+        launch._validate_launch_command(launch.launch_command_parser().parse_args(["--strict", *argv]))
+    with pytest.raises(ConfigError, match="needs --use_deepspeed"):  # `hasten launch` itself refuses it
+        launch.plan_launch(launch.launch_command_parser().parse_args(argv))
+
+
+def test_launch_command_in_this_process_leaves_the_callers_environment_as_it_was(tmp_path, monkeypatch):
+    # Accelerate's launch_command runs a child process; hasten runs one process in place: the run's variables
+    # (HASTEN_DEBUG_MODE, ...) must not stay behind and beat a config file read later in the same process.
+    import os
+
+    from hasten.commands.launch import launch_command
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    script = tmp_path / "t.py"
+    script.write_text("import os, sys\nassert os.environ['HASTEN_DEBUG_MODE'] == 'true'\nsys.argv.append('x')\n")
+    before, argv = dict(os.environ), list(sys.argv)
+    assert launch_command(launch_command_parser().parse_args(["--debug", "--cpu", str(script)])) == 0
+    assert dict(os.environ) == before and sys.argv == argv

@@ -123,6 +123,9 @@ def test_write_basic_config_refuses_to_overwrite(hf_home, capsys):
     path = config_file.write_basic_config()
     assert path == config_file.default_config_path()
     before = open(path).read()
+    # as Accelerate: JSON text in the .yaml file (JSON is YAML too, so it loads as any config file)
+    assert json.loads(before)["compute_environment"] == "LOCAL_MACHINE" and before.startswith("{")
+    assert config_file.load_config_file(path)["mixed_precision"] == "no"
     assert config_file.write_basic_config(mixed_precision="bf16") is False
     assert "will not override" in capsys.readouterr().out
     assert open(path).read() == before

@@ -55,3 +55,21 @@ def test_a_sagemaker_file_loads_as_data_and_launch_refuses_it(tmp_path):
     # Nothing runs it: a ClusterConfig (what the launcher reads) refuses the same file in one line.
     with pytest.raises(ValueError, match="SageMaker"):
         ClusterConfig.from_yaml_file(str(path))
+
+
+def test_a_one_process_config_with_many_processes_builds_and_only_its_launch_is_refused(tmp_path, capsys):
+    # Accelerate builds and writes such a config; launching it would run one process and drop num_processes.
+    config = ClusterConfig(compute_environment="LOCAL_MACHINE", distributed_type="NO", mixed_precision="fp16",
+                           num_processes=2, debug=False, use_cpu=False)
+    assert (config.distributed_type, config.num_processes, config.mixed_precision) == ("NO", 2, "fp16")
+    path = str(tmp_path / "no.yaml")
+    config.to_yaml_file(path)
+    assert load_config_from_file(path).num_processes == 2
+    script = tmp_path / "train.py"
+    script.write_text("print('RAN')\n")
+    from hasten.commands import launch
+
+    assert launch.main(["--config_file", path, str(script)]) == 2
+    err = capsys.readouterr().err
+    assert "distributed_type NO runs one process but num_processes is 2" in err and "RAN" not in err
+    assert len(err.strip().splitlines()) == 1

@@ -109,7 +109,7 @@ def test_file_value_and_the_users_variable_end_to_end(home, tmp_path):
     env.update(ACCELERATE_MIXED_PRECISION="fp16", HF_HOME=str(home / "hf"))
     for variables, precision, source in (({}, "bf16", "file"), ({"HASTEN_ENVIRONMENT_OVER_FILE": "1"}, "fp16",
                                                                    "environment")):
-        out = subprocess.run([sys.executable, "-m", "hasten", "launch", "--cpu", str(script)],
+        out = subprocess.run([sys.executable, "-m", "hasten", "launch", "--config_file", config, "--cpu", str(script)],
                              env={**env, **variables}, capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr
         assert f"PRECISION {precision} {precision}" in out.stdout  # the user's variable says what the script uses
@@ -292,3 +292,14 @@ def test_strict_setting_is_off_by_default_and_read_from_flag_variable_and_file(h
     for argv in (["--strict", "train.py"], ["--config_file", str(config), "train.py"]):
         plan = plan_launch(launch_command_parser().parse_args(argv))
         assert plan.env["HASTEN_STRICT"] in ("1", "true", "True"), argv
+
+
+def test_cpu_alone_skips_the_default_config_file_as_accelerate(home):
+    """`--cpu` without `--config_file` reads no default file (Accelerate's launch); naming the file reads it."""
+    path = write_config(home, "distributed_type: MULTI_CPU\nnum_processes: 3\nmixed_precision: bf16\n")
+    assert plan().num_processes == 3  # without --cpu the default file is read
+    launch = plan("--cpu")
+    assert launch.num_processes == 1 and launch.settings.config_path is None
+    assert launch.settings.values["mixed_precision"].source == "default"
+    launch = plan("--config_file", path, "--cpu")
+    assert (launch.num_processes, launch.settings.values["mixed_precision"].value) == (3, "bf16")

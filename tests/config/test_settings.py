@@ -296,7 +296,7 @@ def test_explain_reports_what_the_launched_scripts_accelerator_uses(processes, r
             code[name] = value
     if round_["dynamo_backend"][0] == "code":
         env["HASTEN_DYNAMO_BACKEND"] = "eager"  # the code's value must win over this
-    _write(home, file_values)
+    flags += ["--config_file", _write(home, file_values)]  # named: --cpu alone skips the default file, as Accelerate
 
     full_env = {k: v for k, v in os.environ.items() if not k.startswith(("HASTEN_", "ACCELERATE_"))}
     full_env.update(env, PYTHONUNBUFFERED="1")
@@ -335,7 +335,7 @@ def test_docs_settings_page_is_generated_from_the_table():
 
 # The TPU and SageMaker rows that only Accelerate's own launchers set: each route a row has (flag, file key,
 # variable) is refused in one line that names the row's feature.
-LAUNCHER_ONLY_UNBUILT = ("no_tpu_cluster", "vm", "tpu_vm", "tpu_name", "tpu_zone", "command_file", "in_tpu_pod",
+LAUNCHER_ONLY_UNBUILT = ("no_tpu_cluster", "vm", "tpu_vm", "in_tpu_pod",
                          "aws_access_key_id", "aws_secret_access_key", "use_sagemaker", "sagemaker_distributed_type")
 
 

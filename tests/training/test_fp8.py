@@ -92,13 +92,14 @@ def _write_config(tmp_path, text: str):
     path = tmp_path / "hf" / "hasten" / "default_config.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
+    return str(path)
 
 
 @no_fp8_here
 def test_config_file_fp8_config_reaches_the_recipe_and_the_refusal(tmp_path, monkeypatch):
-    _write_config(tmp_path, "distributed_type: NO\nmixed_precision: fp8\nfp8_config:\n  backend: AO\n"
-                            "  pad_inner_dim: false\n  enable_fsdp_float8_all_gather: false\n")
-    exported = _plan("--cpu").settings.env
+    path = _write_config(tmp_path, "distributed_type: NO\nmixed_precision: fp8\nfp8_config:\n  backend: AO\n"
+                                   "  pad_inner_dim: false\n  enable_fsdp_float8_all_gather: false\n")
+    exported = _plan("--config_file", path, "--cpu").settings.env  # named: --cpu alone skips the default file
     assert exported["HASTEN_MIXED_PRECISION"] == "fp8"
     assert exported["HASTEN_FP8_BACKEND"] == "ao"
     assert exported["HASTEN_FP8_PAD_INNER_DIM"] == "false"
@@ -113,10 +114,10 @@ def test_config_file_fp8_config_reaches_the_recipe_and_the_refusal(tmp_path, mon
 
 def test_config_file_te_keys_with_accelerate_spellings_reach_the_recipe(tmp_path, monkeypatch):
     # Accelerate's `accelerate config` writes amax_history_length / amax_compute_algorithm / override_linear_precision
-    _write_config(tmp_path, "distributed_type: NO\nmixed_precision: fp8\nfp8_config:\n  backend: TE\n"
-                            "  fp8_format: E4M3\n  amax_history_length: 16\n  amax_compute_algorithm: max\n"
-                            "  margin: 2\n  override_linear_precision: [false, false, true]\n")
-    for key, value in _plan("--cpu").settings.env.items():
+    path = _write_config(tmp_path, "distributed_type: NO\nmixed_precision: fp8\nfp8_config:\n  backend: TE\n"
+                                   "  fp8_format: E4M3\n  amax_history_length: 16\n  amax_compute_algorithm: max\n"
+                                   "  margin: 2\n  override_linear_precision: [false, false, true]\n")
+    for key, value in _plan("--config_file", path, "--cpu").settings.env.items():
         monkeypatch.setenv(key, value)
     handler = TERecipeKwargs()
     assert (handler.fp8_format, handler.amax_history_len, handler.amax_compute_algo, handler.margin) == (
@@ -178,8 +179,8 @@ def test_launcher_refuses_a_typed_fp8_flag_without_fp8():
 
 
 def test_the_files_fp8_block_stays_home_when_a_flag_changes_the_precision(tmp_path):
-    _write_config(tmp_path, "distributed_type: NO\nmixed_precision: fp8\nfp8_config:\n  backend: AO\n  margin: 2\n")
-    exported = _plan("--cpu", "--mixed_precision", "bf16").settings.env
+    path = _write_config(tmp_path, "distributed_type: NO\nmixed_precision: fp8\nfp8_config:\n  backend: AO\n  margin: 2\n")
+    exported = _plan("--config_file", path, "--cpu", "--mixed_precision", "bf16").settings.env
     assert exported["HASTEN_MIXED_PRECISION"] == "bf16"
     assert not any(key.startswith("HASTEN_FP8_") for key in exported)
 

@@ -14,7 +14,7 @@ COMMANDS = {
     "estimate-memory": ("hasten.commands.estimate", "Estimate a model's memory for inference and training."),
     "merge-weights": ("hasten.commands.merge_weights", "Merge a sharded FSDP checkpoint into model.safetensors."),
     "to-fsdp2": ("hasten.commands.to_fsdp2", "Rewrite a config file's FSDP1 settings for FSDP2."),
-    "tpu-config": ("hasten.commands.tpu", "Accelerate's TPU pod command: refused, hasten has no TPU backend."),
+    "tpu-config": ("hasten.commands.tpu", "Run setup commands on every worker of a Cloud TPU pod (through gcloud)."),
     "alias": ("hasten.commands.alias", "Let `import accelerate` load hasten (install/remove/status), for transformers."),
 }
 

@@ -156,17 +156,21 @@ def env_command_parser(subparsers=None) -> argparse.ArgumentParser:
     else:
         parser = argparse.ArgumentParser(prog="hasten env", description=description)
     parser.add_argument("--config_file", "--config-file", default=None, help="Config file to show.")
+    parser.add_argument("--table", action="store_true",
+                        help="Print a table grouped by topic, with the installed libraries (rich on a terminal, "
+                             "aligned text when piped) instead of the bug-report list (hasten only).")
     parser.add_argument("--markdown", action="store_true",
-                        help="Print a Markdown list (as `accelerate env` does) instead of a table.")
+                        help="Print the bug-report list (the default, as `accelerate env` does).")
     if subparsers is not None:
         parser.set_defaults(func=env_command)
     return parser
 
 
 def env_command(args) -> dict:
-    """Print the report for `args.config_file` and return what it holds (as Accelerate's `env_command` does)."""
+    """Print the report for `args.config_file` and return what it holds (as Accelerate's `env_command` does):
+    Accelerate's bug-report list, or with `args.table` hasten's grouped table."""
     info = collect_info(getattr(args, "config_file", None))
-    if getattr(args, "markdown", False):
+    if getattr(args, "markdown", False) or not getattr(args, "table", False):
         print("\nCopy-and-paste the text below in your GitHub issue\n")
         print(render_markdown(info))
         return info

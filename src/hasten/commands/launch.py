@@ -101,8 +101,11 @@ GROUP_ORDER = ("General", "Hardware selection", "Resource selection", "Training 
 
 def _flag_type(row):
     """argparse `type` for a row: the table's own conversion, with argparse's one-line error on bad text."""
+    from ..config import settings as table
 
     def convert(text):
+        if isinstance(text, table.ParserDefault):
+            return text  # argparse converts a text default too: keep it marked as not typed
         try:
             if row.kind == "int":
                 value = parse_int(text, row.minimum, row.maximum)
@@ -158,7 +161,7 @@ def add_launch_arguments(parser) -> None:
         if row.role == "option":
             kwargs["default"] = row.default
         else:
-            kwargs["default"] = None
+            kwargs["default"] = table.PARSER_DEFAULTS.get(row.name)  # None: "not typed"
         if row.switch:
             # an untyped switch reads False, as in Accelerate's parser (code tests `args.multi_gpu is False`);
             # the resolver reads False from a switch as "not typed", so the file and the environment still apply
@@ -233,13 +236,21 @@ def _validate_launch_command(args: argparse.Namespace):
     from ..config.launch_settings import resolve_launch
     from .config.config_args import load_config_from_file
 
-    resolved_settings = resolve_launch(args)
+    resolved_settings = resolve_launch(args, ignored_flags_fail=False)
+    path = resolved_settings.config_path
+    config = load_config_from_file(path) if path else None
     for name, resolved in resolved_settings.values.items():
         row = table.get(name)
         if row.flags and resolved.source != "flag" and hasattr(args, row.flag_dest):
+            untyped = getattr(args, row.flag_dest)
+            if resolved.source == "default" and isinstance(untyped, table.ParserDefault):
+                # As Accelerate: the file's block value replaces the parser's default (whatever the file's
+                # distributed_type), and without one the parser's default stays.
+                block = getattr(config, row.file_key[0], None) if config is not None and row.file_key else None
+                if isinstance(block, dict) and block.get(row.file_key[-1]) is not None:
+                    setattr(args, row.flag_dest, block[row.file_key[-1]])
+                continue
             setattr(args, row.flag_dest, resolved.value)
-    path = resolved_settings.config_path
-    config = load_config_from_file(path) if path else None
     return args, config, resolved_settings.values["mixed_precision"].source == "file"
 
 
@@ -560,14 +571,35 @@ def deepspeed_launcher(args: argparse.Namespace) -> None:
     multi_gpu_launcher(args)
 
 
+def _run_mpirun(args, plan: LaunchPlan) -> int:
+    """An mpirun hostfile was given: mpirun starts the processes, each reads its rank from MPI's variables."""
+    import subprocess
+
+    from ..launch.prepare import mpirun_env, mpirun_prefix
+
+    command = mpirun_prefix(plan) + _script_command(args)
+    return subprocess.call(command, env={**os.environ, **plan.env, **mpirun_env(plan)})
+
+
 def launch_command(args: argparse.Namespace) -> int:
     plan = plan_launch(args)
     if not args.no_python and not args.module and not os.path.exists(args.training_script):
         # Checked before torch is imported: the answer should not wait for it.
         raise LaunchError(f"training script {args.training_script!r} does not exist")
-    if plan.num_processes == 1 and plan.num_machines == 1 and not plan.max_restarts:
-        return _run_in_place(args, plan)
-    return _run_distributed(args, plan)
+    if plan.settings["mpirun_hostfile"]:
+        return _run_mpirun(args, plan)
+    # The run's variables go into this process's environment (the script runs in place, or torchrun's workers
+    # inherit them); afterwards the caller's environment and argv are back, as after Accelerate's child process.
+    saved_env, saved_argv = dict(os.environ), list(sys.argv)
+    try:
+        if plan.num_processes == 1 and plan.num_machines == 1 and not plan.max_restarts:
+            return _run_in_place(args, plan)
+        return _run_distributed(args, plan)
+    finally:
+        if dict(os.environ) != saved_env:
+            os.environ.clear()
+            os.environ.update(saved_env)
+        sys.argv = saved_argv
 
 
 def main(argv=None) -> int:

@@ -222,9 +222,6 @@ def _check_combinations(config: dict, raw: Mapping, where) -> None:
         fail(f"num_processes {processes} is the total over all machines and must divide evenly by num_machines "
              f"{machines}; fix: use a multiple of {machines}")
     kind = config["distributed_type"]
-    if kind == "NO" and processes > 1:
-        fail(f"distributed_type NO runs one process but num_processes is {processes}; fix: set "
-             "`distributed_type: MULTI_CPU` (or MULTI_GPU), or `num_processes: 1`")
     if config["use_cpu"] and kind not in ("NO", "MULTI_CPU", "DEEPSPEED", "MEGATRON_LM"):  # hasten runs these on CPUs too
         fail(f"use_cpu is true but distributed_type is {kind}, which needs accelerators; fix: set "
              "`distributed_type: MULTI_CPU` or `use_cpu: false`")
@@ -235,6 +232,18 @@ def _check_combinations(config: dict, raw: Mapping, where) -> None:
     if kind == "FSDP" and fsdp.get("fsdp_version") == 2 and "fsdp_sharding_strategy" in fsdp:
         fail("fsdp_config.fsdp_sharding_strategy is an FSDP1 setting but fsdp_version is 2; fix: replace it with "
              "`fsdp_reshard_after_forward: true` (FULL_SHARD) or `false` (SHARD_GRAD_OP)")
+
+
+def refuse_one_process_with_many(values: Mapping, source: str) -> None:
+    """A file with `distributed_type: NO` and `num_processes` above 1: Accelerate reads it and then runs one
+    process, dropping num_processes; `hasten launch` refuses it in one line instead. (Reading the file, or building
+    a `ClusterConfig` from such values, works as in Accelerate: only launching it is refused.)"""
+    processes = values.get("num_processes")
+    if values.get("distributed_type", "NO") == "NO" and isinstance(processes, int) and processes > 1:
+        raise ConfigFileError(
+            f"{source}: distributed_type NO runs one process but num_processes is {processes}; fix: set "
+            "`distributed_type: MULTI_CPU` (or MULTI_GPU), or `num_processes: 1`"
+        )
 
 
 # ----------------------------------------------------------------------------------------------- read / write
@@ -347,7 +356,10 @@ def basic_config(mixed_precision: str = "no", machine: Mapping | None = None) ->
 
 
 def write_basic_config(mixed_precision: str = "no", save_location: str | None = None) -> str | bool:
-    """Write a config for this machine; refuses (returns False) when the file already exists, as Accelerate."""
+    """Write a config for this machine; refuses (returns False) when the file already exists, as Accelerate.
+
+    As Accelerate, the text is JSON whatever the file's name (JSON is YAML too, so a `.yaml` name reads back the
+    same); `hasten config` and `write_config_file` write YAML."""
     path = os.fspath(save_location) if save_location else default_config_path()  # Accelerate's tests pass a Path
     if os.path.exists(path):
         print(f"Configuration already exists at {path}, will not override. Run `hasten config update` or "
@@ -357,4 +369,10 @@ def write_basic_config(mixed_precision: str = "no", save_location: str | None = 
         raise ConfigError(f"mixed_precision {mixed_precision!r} is not one of {', '.join(PRECISIONS)}")
     table.get("mixed_precision").refuse(f"write_basic_config(mixed_precision={mixed_precision!r})",
                                         str(mixed_precision).lower())
-    return write_config_file(basic_config(str(mixed_precision).lower()), path, overwrite=False)
+    config = to_file_dict(basic_config(str(mixed_precision).lower()))
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    temporary = f"{path}.tmp-{os.getpid()}"
+    with open(temporary, "w", encoding="utf-8") as handle:
+        handle.write(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    os.replace(temporary, path)
+    return path

@@ -126,16 +126,24 @@ def _fp8_settings_follow_precision(values: dict) -> None:
             values[name] = Resolved(name, table.get(name).default, "default", "built-in default")
 
 
-def resolve_launch(args, env: Mapping[str, str] | None = None) -> LaunchSettings:
-    """Resolve a parsed `hasten launch` command line against the environment and the config file."""
+def resolve_launch(args, env: Mapping[str, str] | None = None, *, ignored_flags_fail: bool = True) -> LaunchSettings:
+    """Resolve a parsed `hasten launch` command line against the environment and the config file.
+
+    A typed flag that means nothing without its switch (`--deepspeed_config_file` without `--use_deepspeed`) is a
+    ConfigError; with `ignored_flags_fail=False` (Accelerate's `_validate_launch_command`, which accepts such a
+    command line) it is a warning unless `strict` is on."""
     env = os.environ if env is None else env
     _check_flags(args)
-    path = config_file.find_config_file(getattr(args, "config_file", None), env)
+    explicit = getattr(args, "config_file", None)
+    # As Accelerate: --cpu alone skips the default config file (`--config_file X --cpu` reads X)
+    path = config_file.find_config_file(explicit, env) if explicit or not getattr(args, "cpu", False) else None
     file_values = None
     if path:
         file_values = config_file.validate(config_file.read_raw(path), path, fill_defaults=False, refuse_unbuilt=False)
         paradigm_typed = any(getattr(args, name, None) for name in PARADIGM_FLAGS)
         table.refuse_unbuilt_file(file_values, path, paradigm_from_flags=paradigm_typed)
+        if not any(getattr(args, name, None) for name in PARADIGM_FLAGS if name != "cpu"):
+            config_file.refuse_one_process_with_many(file_values, path)  # --cpu keeps the file's one-process run
     flags = vars(args)
     values = resolve(flags=flags, env=env, file_values=file_values, file_path=path)
     written = _file_over_environment(values, file_values, path)
@@ -150,7 +158,14 @@ def resolve_launch(args, env: Mapping[str, str] | None = None) -> LaunchSettings
                 if values[name].source == "file":
                     values[name] = Resolved(name, None, "default", "built-in default")
 
-    _check_requirements(args, values)
+    try:
+        _check_requirements(args, values)
+    except ConfigError as error:
+        if ignored_flags_fail or values["strict"].value:
+            raise
+        import logging
+
+        logging.getLogger("hasten.launch").warning("%s (`hasten launch` refuses this command line)", error)
     _fp8_settings_follow_precision(values)
     # a file value dropped above (another paradigm typed, fp8 settings without fp8) overwrites nothing
     written = _launcher_writes(values, {k: v for k, v in written.items() if values[k].source == "file"})

@@ -199,7 +199,8 @@ def resolve(
             result[name] = Resolved(name, code[name], "code", f"in the script ({name}=...)")
             continue
         # a switch (store_true) that was not typed reads False, as in Accelerate's parser: not a flag value
-        typed = flags.get(setting.flag) is not None and not (setting.switch and flags[setting.flag] is False)
+        typed = (flags.get(setting.flag) is not None and not (setting.switch and flags[setting.flag] is False)
+                 and not isinstance(flags[setting.flag], table.ParserDefault))
         if setting.flag and typed:
             result[name] = Resolved(name, flags[setting.flag], "flag", setting.flag_text)
             continue

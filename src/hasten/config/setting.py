@@ -10,6 +10,12 @@ from ..core.errors import NotBuiltError
 from ..distributed.cluster import parse_bool, parse_int
 
 
+class ParserDefault(str):
+    """The value an untyped launch flag reads where Accelerate's parser gives it a default (`"true"` for
+    `--fsdp_sync_module_states`): code that reads the parsed command line sees Accelerate's value, while the
+    precedence still knows the flag was not typed, so the environment and the config file apply."""
+
+
 @dataclass(frozen=True)
 class Setting:
     """One setting and every name it goes by."""

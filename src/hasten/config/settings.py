@@ -23,7 +23,7 @@ from typing import Mapping
 
 from ..core import enums
 from ..distributed.cluster import parse_bool
-from .setting import Setting  # the row type; callers name it from here too
+from .setting import ParserDefault, Setting  # the row type; callers name it from here too
 
 # ----------------------------------------------------------------------------------------------- row builders
 
@@ -70,7 +70,6 @@ _MEGATRON_SP = ("Megatron-LM sequence parallelism (megatron_lm_sequence_parallel
                 "tp_plan={...: 'sequence_parallel', ...}))")
 _TPU_FIX = "run on GPUs or CPUs, or run this job with Accelerate"
 _ND_FIX = "use --use_fsdp (data-parallel sharding), or run this job with Accelerate"
-_MPI_FIX = "start the processes with `hasten launch --num_machines ... --machine_rank ...` on each machine, or srun"
 _SM_FIX = "run on a LOCAL_MACHINE (`hasten config`), or run this job with Accelerate"
 
 _deepspeed = _not_built("DeepSpeed", "", "DeepSpeed (with --use_deepspeed)", built=True, requires="use_deepspeed")
@@ -89,11 +88,19 @@ def _megatron_row(name, kind, default, text, **kwargs) -> Setting:
                    file_key=("megatron_lm_config", full), owner="MegatronLMPlugin", code=name,
                    requires="use_megatron_lm", group=_MEGATRON_GROUP, help=text, **kwargs)
 _tpu = _not_built("TPU (XLA)", _TPU_FIX, "TPU")
+
+
+def _tpu_config(name, kind="str", **kwargs) -> Setting:
+    """A config-file key of `hasten tpu-config` (no launch flag: the command has its own flags)."""
+    return Setting(name, kind, file_key=(name,), role="file", owner="hasten tpu-config",
+                   group="TPU pod setup (hasten tpu-config)", **kwargs)
+
+
 _msamp = _not_built("MS-AMP fp8", _MSAMP_FIX, "FP8 (with --mixed_precision fp8)")
 _FP8_BACKEND_UNBUILT = {"msamp": ("MS-AMP fp8 (fp8_backend msamp)", _MSAMP_FIX)}
 _TE, _AO = "TERecipeKwargs", "AORecipeKwargs"
 _nd = _not_built("N-D parallelism (ParallelismConfig)", _ND_FIX, "ParallelismConfig", requires="use_parallelism_config")
-_mpi = _not_built("mpirun launching", _MPI_FIX, "MPI")
+_MPI_GROUP = "MPI (CPU processes started by mpirun, with --mpirun_hostfile)"
 _sagemaker = _not_built("Amazon SageMaker", _SM_FIX, "AWS")
 
 _FSDP = "FullyShardedDataParallelPlugin"
@@ -516,16 +523,22 @@ SETTINGS: tuple[Setting, ...] = (
          help="Function a TPU launch calls."),
     _tpu("downcast_bf16", "bool", default=False, switch=True, file_key=("downcast_bf16",),
          env=_pair("DOWNCAST_BF16"), help="TPU bf16 downcasting."),
-    _tpu("tpu_name", flag=False, file_key=("tpu_name",), help="TPU name."),
-    _tpu("tpu_zone", flag=False, file_key=("tpu_zone",), help="TPU zone."),
-    _tpu("command_file", flag=False, file_key=("command_file",), help="Commands for TPU workers."),
-    _tpu("commands", "str_or_list", flag=False, file_key=("commands",), help="Commands for TPU workers."),
+    # read by `hasten tpu-config` only (it composes a gcloud command), so they are built whatever the machine
+    _tpu_config("tpu_name", help="TPU name `hasten tpu-config` runs the commands on (its --tpu_name wins)."),
+    _tpu_config("tpu_zone", help="Zone of that TPU (`hasten tpu-config --tpu_zone` wins)."),
+    _tpu_config("command_file", help="File of commands `hasten tpu-config` runs on every TPU worker, one a line."),
+    _tpu_config("commands", "str_or_list", help="Commands `hasten tpu-config` runs on every TPU worker."),
     _tpu("in_tpu_pod", "bool", flag=False, env=_pair("IN_TPU_POD"), help="Set inside a TPU pod launch."),
     # -- MPI and SageMaker (not built) --------------------------------------------------------------------------------
-    Setting("mpirun_config", "dict", {}, file_key=("mpirun_config",), role="file", built=False,
-            feature="mpirun launching (the mpirun_config block)", fix=_MPI_FIX, help="mpirun settings."),
-    _mpi("mpirun_hostfile", file_key=("mpirun_config", "mpirun_hostfile"), help="mpirun hostfile."),
-    _mpi("mpirun_ccl", "any", flag=False, file_key=("mpirun_config", "mpirun_ccl"), help="oneCCL workers."),
+    Setting("mpirun_config", "dict", {}, file_key=("mpirun_config",), role="file",
+            help="mpirun settings: CPU processes started by mpirun/mpiexec instead of torchrun."),
+    Setting("mpirun_hostfile", "str", None, flags=("--mpirun_hostfile",), file_key=("mpirun_config", "mpirun_hostfile"),
+            group=_MPI_GROUP,
+            help="Start the CPU processes with mpirun (Intel MPI, MPICH, MVAPICH: -f; Open MPI: --hostfile) and this "
+                 "hostfile, instead of torchrun."),
+    Setting("mpirun_ccl", "int", None, flags=("--mpirun_ccl",), file_key=("mpirun_config", "mpirun_ccl"), minimum=1,
+            env=("CCL_WORKER_COUNT",), export="CCL_WORKER_COUNT", requires="mpirun_hostfile", group=_MPI_GROUP,
+            help="oneCCL worker threads per process (CCL_WORKER_COUNT) of an mpirun launch."),
     _sagemaker("aws_access_key_id", help="AWS key id."),
     _sagemaker("aws_secret_access_key", help="AWS secret key."),
     _sagemaker("use_sagemaker", "bool", flag=False, env=_pair("USE_SAGEMAKER"), help="Set by the SageMaker launcher."),
@@ -569,10 +582,15 @@ def file_rows() -> tuple[dict, dict]:
     return top, nested
 
 
+# What an untyped flag reads on the parsed command line where Accelerate's parser has a default that code reads
+# (Accelerate's tests check it); every other settings flag reads None. Either way it counts as not typed.
+PARSER_DEFAULTS = {"fsdp_sync_module_states": ParserDefault("true")}
+
+
 def flag_given(args, row: Setting) -> bool:
-    """Whether the command line set this row's flag (flags default to None: "not typed")."""
+    """Whether the command line set this row's flag (flags default to None or a ParserDefault: "not typed")."""
     value = getattr(args, row.flag_dest, None)
-    return value is not None and value is not False and value != []
+    return value is not None and value is not False and value != [] and not isinstance(value, ParserDefault)
 
 
 # Values a flag may carry while the switch it `requires` is off, because Accelerate's launch parser fills them in

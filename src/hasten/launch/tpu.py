@@ -1,5 +1,5 @@
 """TPU (torch_xla) entry points Accelerate has. hasten has no XLA backend, so each of them refuses in one line
-instead of half-working; `hasten tpu-config` refuses the same way."""
+instead of half-working. (`hasten tpu-config`, which only runs setup commands on a pod through gcloud, is built.)"""
 
 from __future__ import annotations
 

@@ -1,0 +1,132 @@
+"""`hasten tpu-config`: the gcloud command it composes from flags and the config file, and running it."""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+
+import pytest
+import yaml
+
+from hasten.commands import cli
+from hasten.commands.tpu import tpu_command_launcher, tpu_command_parser
+
+SSH = "Running gcloud compute tpus tpu-vm ssh"
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    """No default config file unless a test writes one."""
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    return tmp_path
+
+
+def printed(capsys, *argv) -> str:
+    tpu_command_launcher(tpu_command_parser().parse_args([*argv, "--debug"]))
+    return capsys.readouterr().out.strip()
+
+
+def config(home, **keys) -> str:
+    path = home / "tpu.yaml"
+    path.write_text(yaml.safe_dump({"compute_environment": "LOCAL_MACHINE", "distributed_type": "NO", **keys}))
+    return str(path)
+
+
+def test_flags_compose_accelerates_gcloud_command(home, capsys):
+    assert printed(capsys, "--tpu_name", "pod", "--tpu_zone", "us-central1-a", "--command", "ls") == (
+        f"{SSH} pod --zone us-central1-a --command cd /usr/share; ls --worker all")
+    # the words of one --command make one command; --command repeats; --use_alpha
+    assert printed(capsys, "--tpu_name", "pod", "--tpu_zone", "z", "--use_alpha", "--command", "pip", "install", "x",
+                   "--command", "ls") == (
+        "Running gcloud alpha compute tpus tpu-vm ssh pod --zone z --command cd /usr/share; pip install x; ls "
+        "--worker all")
+
+
+def test_the_config_files_tpu_keys_fill_what_the_flags_leave_out(home, capsys):
+    commands = home / "commands.sh"
+    commands.write_text('echo "one"\necho two\n')
+    path = config(home, tpu_name="test-tpu", tpu_zone="zone-a", command_file=str(commands), commands=["date"])
+    # the file's command_file beats its commands, as in Accelerate
+    assert printed(capsys, "--config_file", path) == (
+        f'{SSH} test-tpu --zone zone-a --command cd /usr/share; echo "one"; echo two --worker all')
+    # a typed --command beats both; typed names beat the file's
+    assert printed(capsys, "--config_file", path, "--command", "ls", "--tpu_name", "other") == (
+        f"{SSH} other --zone zone-a --command cd /usr/share; ls --worker all")
+    # the default config file is read when no --config_file is given
+    default = home / "hf" / "hasten" / "default_config.yaml"
+    default.parent.mkdir(parents=True)
+    default.write_text(yaml.safe_dump({"distributed_type": "NO", "tpu_name": "dflt", "tpu_zone": "z",
+                                       "commands": "uptime"}))
+    assert printed(capsys) == f"{SSH} dflt --zone z --command cd /usr/share; uptime --worker all"
+
+
+@pytest.mark.parametrize("flags, step", [
+    (["--install_accelerate"], "pip install accelerate -U"),
+    (["--install_accelerate", "--accelerate_version", "1.15.0"], "pip install accelerate==1.15.0"),
+    (["--install_accelerate", "--accelerate_version", "dev"],
+     "pip install git+https://github.com/huggingface/accelerate.git"),
+    (["--install_hasten"], "pip install hasten -U"),
+    (["--install_hasten", "--hasten_version", "0.1.0"], "pip install hasten==0.1.0"),
+    (["--install_hasten", "--hasten_version", "./hasten-0.1.0.tar.gz"], "pip install ./hasten-0.1.0.tar.gz"),
+])
+def test_install_steps_come_right_after_cd(home, capsys, flags, step):
+    assert printed(capsys, "--tpu_name", "p", "--tpu_zone", "z", "--command", "ls", *flags) == (
+        f"{SSH} p --zone z --command cd /usr/share; {step}; ls --worker all")
+
+
+def test_mistakes_are_one_line(home, capsys):
+    assert cli.main(["tpu-config", "--tpu_name", "p", "--tpu_zone", "z"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "You must specify either a command file or a command to run on the pod" in err
+    assert cli.main(["tpu-config", "--command", "ls"]) == 2
+    assert "fix: pass --tpu_name and --tpu_zone" in capsys.readouterr().err
+    assert cli.main(["tpu-config", "--tpu_name", "p", "--tpu_zone", "z", "--command_file", str(home / "none")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "cannot be read" in err
+    assert cli.main(["tpu-config", "--install_hasten", "--hasten_version", "dev", "--tpu_name", "p", "--tpu_zone",
+                     "z", "--command", "ls"]) == 2
+    assert "hasten has no development source" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # a misspelt flag is reported as such
+        cli.main(["tpu-config", "--tpu_nmae", "pod"])
+    assert "unrecognized arguments" in capsys.readouterr().err
+
+
+def test_it_runs_gcloud_and_a_tpu_training_config_still_only_launches_with_a_refusal(home, capsys, monkeypatch):
+    bin_dir = home / "bin"
+    bin_dir.mkdir()
+    record = home / "argv.txt"
+    fake = bin_dir / "gcloud"
+    fake.write_text(f"#!{sys.executable}\nimport sys\nopen({str(record)!r}, 'w').write('\\n'.join(sys.argv[1:]))\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    # a TPU training config: tpu-config reads its keys (it trains nothing) ...
+    path = config(home, distributed_type="XLA", tpu_name="pod", tpu_zone="z", commands=["ls -l", "date"])
+    assert cli.main(["tpu-config", "--config_file", path]) == 0
+    assert "Successfully setup pod." in capsys.readouterr().out
+    assert record.read_text().splitlines() == [
+        "compute", "tpus", "tpu-vm", "ssh", "pod", "--zone", "z", "--command", "cd /usr/share; ls -l; date",
+        "--worker", "all"]
+    # ... while training on TPUs stays refused in one line
+    script = home / "train.py"
+    script.write_text("print('RAN')\n")
+    assert cli.main(["launch", "--config_file", path, str(script)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "TPU (distributed_type XLA) is not built" in err
+    # a gcloud that fails: its exit code, in one line
+    fake.write_text(f"#!{sys.executable}\nimport sys\nsys.exit(3)\n")
+    assert cli.main(["tpu-config", "--config_file", path]) == 3
+    assert "gcloud failed with exit code 3" in capsys.readouterr().err
+
+
+def test_a_config_with_tpu_config_keys_beside_a_cpu_run_loads_and_launches(home, capsys):
+    from hasten.commands.config.config_args import load_config_from_file
+
+    path = config(home, tpu_name="test-tpu", tpu_zone="us-central1-a", commands=None,
+                  command_file="tests/cmds.sh", num_processes=1, use_cpu=False)
+    loaded = load_config_from_file(path)
+    assert (loaded.tpu_name, loaded.tpu_zone, loaded.command_file) == ("test-tpu", "us-central1-a", "tests/cmds.sh")
+    script = home / "train.py"
+    script.write_text("print('RAN')\n")
+    assert cli.main(["launch", "--config_file", path, str(script)]) == 0
+    assert "RAN" in capsys.readouterr().out
