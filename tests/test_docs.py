@@ -1,0 +1,34 @@
+"""The user-facing documents stay true to the code where a machine can check it."""
+
+import re
+from pathlib import Path
+
+from hasten.config.settings import BY_NAME
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+LABELS = ("Accelerate's switch: ", "hasten setting: ", "addition", "invisible", "Accelerate bug fixed: ",
+          "clearer error", "same as Accelerate", "not built: ")
+
+
+def _entries():
+    text = (DOCS / "differences.md").read_text()
+    body = text.split("\n## ", 1)[1]  # after the legend
+    return [line for line in body.splitlines() if line.startswith("- ")]
+
+
+def test_every_difference_is_labelled_with_one_of_the_legends_labels():
+    entries = _entries()
+    assert len(entries) > 100
+    unlabelled = [e[:100] for e in entries if not any(e.startswith(f"- *[{label}") for label in LABELS)]
+    assert unlabelled == [], "docs/differences.md entries without a legend label"
+
+
+def test_a_hasten_setting_named_by_a_difference_exists():
+    # "[hasten setting: X]" must name a real settings-table row (or one of the ProjectConfiguration fields).
+    named = set()
+    for entry in _entries():
+        for match in re.finditer(r"\*\[hasten setting: ([^\]]+)\]\*", entry):
+            named.update(word.strip() for word in re.split(r"[,(]| or ", match.group(1)))
+    project_fields = {"ProjectConfiguration", "automatic_resume=True", "handle_preemption=True)", ""}
+    missing = sorted(n for n in named if n not in BY_NAME and n not in project_fields)
+    assert missing == []
