@@ -183,7 +183,7 @@ def notebook_launcher(function, args=(), num_processes=None, mixed_precision="no
     except ValueError:
         raise ConfigError(f"use_port={use_port!r} is not a port number (e.g. '29500', or '0' for any free port)") from None
     if port == 0:
-        from .commands.launch import get_free_port
+        from .launch.machine import get_free_port
 
         port = get_free_port()
     return _launch_function(
@@ -196,7 +196,7 @@ def notebook_launcher(function, args=(), num_processes=None, mixed_precision="no
 
 def debug_launcher(function, args=(), num_processes=2):
     """Run `function(*args)` on `num_processes` CPU processes (gloo), for tests and debugging."""
-    from .commands.launch import get_free_port
+    from .launch.machine import get_free_port
 
     env = {"HASTEN_USE_CPU": "true", "HASTEN_MIXED_PRECISION": "no"}
     body = _run_forked_alone if num_processes == 1 else None  # one process: not distributed, as in Accelerate

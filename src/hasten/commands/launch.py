@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from ..core.errors import ConfigError, LaunchError
 from ..distributed.cluster import parse_bool, parse_int
+from ..launch.machine import get_free_port
 
 
 class _Parser(argparse.ArgumentParser):
@@ -262,12 +263,6 @@ def _port_in_use(host: str, port: int) -> bool:
         except OSError:
             return True
     return False
-
-
-def get_free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("", 0))
-        return sock.getsockname()[1]
 
 
 # Accelerate's words when the port is busy on a single machine (it then takes a free one, as hasten does)
@@ -575,7 +570,7 @@ def _run_mpirun(args, plan: LaunchPlan) -> int:
     """An mpirun hostfile was given: mpirun starts the processes, each reads its rank from MPI's variables."""
     import subprocess
 
-    from ..launch.prepare import mpirun_env, mpirun_prefix
+    from ..launch.mpirun import mpirun_env, mpirun_prefix
 
     command = mpirun_prefix(plan) + _script_command(args)
     return subprocess.call(command, env={**os.environ, **plan.env, **mpirun_env(plan)})

@@ -291,3 +291,12 @@ def set_numa_affinity(local_process_index: int, verbose: bool | None = None) -> 
 def are_libraries_initialized(*library_names: str) -> list:
     """The names among `library_names` that are already imported in this process."""
     return [name for name in library_names if name in sys.modules]
+
+
+def get_free_port() -> int:
+    """A TCP port free on this machine right now (the operating system's choice)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]

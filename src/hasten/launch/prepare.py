@@ -7,13 +7,13 @@ flags, then environment, then config file), so what they return is what the laun
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
+import subprocess  # noqa: F401 - Accelerate patches utils.launch.subprocess.check_output (the module object mpirun uses)
 from shutil import which
 
 from ..core.enums import DistributedType
 from ..core.errors import ConfigError
 from ..distributed.cluster import parse_int
+from . import mpirun
 
 # distributed types whose processes find their rank from LOCAL_RANK/RANK
 _RANKED_TYPES = (
@@ -32,55 +32,9 @@ def _plan(args):
 
 
 def _get_mpirun_args() -> tuple:
-    """(program, hostfile option, process-count option, processes-per-machine option, bind option) of the MPI
-    found on PATH (`mpirun`, else `mpiexec`): Open MPI spells them --hostfile/-n/--npernode/--bind-to; Intel MPI,
-    MPICH and MVAPICH -f/-n/-ppn and no bind option."""
-    from ..core.errors import LaunchError
-
-    programs = [name for name in ("mpirun", "mpiexec") if which(name)]
-    if not programs:  # `pip install mpich` into a virtual environment that is not activated
-        beside = [os.path.join(os.path.dirname(sys.executable), name) for name in ("mpirun", "mpiexec")]
-        programs = [path for path in beside if os.access(path, os.X_OK)]
-    if not programs:
-        raise LaunchError("mpirun or mpiexec were not found. Ensure that Intel MPI, Open MPI, or MVAPICH are "
-                          "installed. (fix: put one on PATH, e.g. `pip install mpich`, or drop --mpirun_hostfile "
-                          "to start the processes through torchrun)")
-    version = subprocess.check_output([programs[0], "--version"])
-    if b"Open MPI" in version:
-        return programs[0], "--hostfile", "-n", "--npernode", "--bind-to"
-    return programs[0], "-f", "-n", "-ppn", ""
-
-
-def mpirun_prefix(plan) -> list:
-    """The `mpirun ... ` words that start `plan`'s processes from its hostfile (empty without a hostfile)."""
-    hostfile = plan.settings["mpirun_hostfile"] if plan.settings is not None else None
-    if not hostfile:
-        return []
-    torchrun_only = [name for name in ("multi_gpu", "use_fsdp", "use_deepspeed", "use_megatron_lm")
-                     if plan.settings[name]]
-    if torchrun_only:
-        raise ConfigError(f"mpirun_hostfile (from {plan.settings.values['mpirun_hostfile'].origin}) starts CPU "
-                          f"processes, but {torchrun_only[0]} is on, which hasten starts through torchrun; fix: drop "
-                          "the hostfile, or launch with --cpu (distributed_type: MULTI_CPU)")
-    program, hostfile_option, count_option, per_node_option, bind_option = _get_mpirun_args()
-    command = [program, hostfile_option, os.path.expanduser(hostfile), per_node_option, str(plan.nproc_per_node),
-               count_option, str(plan.num_processes)]
-    return command + ([bind_option, "socket"] if bind_option else [])
-
-
-def mpirun_env(plan) -> dict:
-    """What the mpirun-started processes need beside the run's settings: where rank 0 listens (each process reads
-    its rank from MPI's own variables, PMI_RANK / OMPI_COMM_WORLD_RANK / MV2_COMM_WORLD_RANK)."""
-    from ..commands.launch import get_free_port
-
-    if plan.num_processes == 1 and plan.num_machines == 1:
-        return {}
-    # Rank 0 runs on the hostfile's first machine, maybe not this one: the port is not checked here. Port 0 (or
-    # none on one machine) takes a free one; several machines without a port use 29500, as Accelerate.
-    port = plan.main_process_port
-    if not port:
-        port = get_free_port() if plan.num_machines == 1 or port == 0 else 29500
-    return {"MASTER_ADDR": plan.main_process_ip, "MASTER_PORT": str(port)}
+    """(program, hostfile option, process-count option, processes-per-machine option, bind option) of the MPI on
+    PATH; `which` is looked up here, where Accelerate's `utils.launch.which` is."""
+    return mpirun.get_mpirun_args(which)
 
 
 def prepare_simple_launcher_cmd_env(args) -> tuple:
@@ -93,8 +47,8 @@ def prepare_simple_launcher_cmd_env(args) -> tuple:
     from ..commands.launch import _script_command
 
     plan = _plan(args)
-    prefix = mpirun_prefix(plan)
-    env = {**os.environ, **plan.env, **(mpirun_env(plan) if prefix else {})}
+    prefix = mpirun.mpirun_prefix(plan, which)
+    env = {**os.environ, **plan.env, **(mpirun.mpirun_env(plan) if prefix else {})}
     return prefix + _script_command(args), env
 
 

@@ -81,7 +81,6 @@ _SOURCES = {
         "compile_regions", "compile_regions_deepspeed", "compile_regions_fsdp2", "has_compiled_regions",
         "get_module_children_bottom_up",
     ],
-    "hasten.commands.launch": ["get_free_port"],
     "hasten.config.file": ["write_basic_config"],
     "hasten.utils.other": [
         "is_port_in_use", "merge_dicts", "recursive_getattr", "convert_bytes", "get_pretty_name", "is_compiled_module",
@@ -115,7 +114,7 @@ _SOURCES = {
     "hasten.launch.machine": [
         "are_libraries_initialized", "check_cuda_fp8_capability", "check_cuda_p2p_ib_support", "clear_environment",
         "convert_dict_to_env_variables", "get_cpu_distributed_information", "get_current_device_type",
-        "get_gpu_info", "patch_environment", "purge_accelerate_environment", "set_numa_affinity",
+        "get_free_port", "get_gpu_info", "patch_environment", "purge_accelerate_environment", "set_numa_affinity",
     ],
     "hasten.launch.prepare": [
         "PrepareForLaunch", "prepare_multi_gpu_env", "prepare_simple_launcher_cmd_env", "prepare_deepspeed_cmd_env",

@@ -3,7 +3,12 @@
 from ..config.dataclasses import *  # noqa: F401,F403
 from ..config.dataclasses import KwargsHandler  # noqa: F401
 from ..config.deepspeed import DeepSpeedPlugin, DeepSpeedSequenceParallelConfig  # noqa: F401
-from ..config.fp8 import AORecipeKwargs, FP8RecipeKwargs, MSAMPRecipeKwargs, TERecipeKwargs  # noqa: F401
+from ..config.fp8 import (  # noqa: F401
+    AORecipeKwargs,
+    FP8RecipeKwargs,
+    MSAMPRecipeKwargs,
+    TERecipeKwargs,
+)
 from ..config.fsdp import FullyShardedDataParallelPlugin, get_module_class_from_name  # noqa: F401,E402
 from ..config.megatron import (  # noqa: F401,E402
     MODEL_CONFIGS_TO_MEGATRON_PARSERS,

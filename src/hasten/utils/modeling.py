@@ -35,8 +35,8 @@ from ..big_model.loading import (  # noqa: F401
     set_module_tensor_to_device,
 )
 from ..big_model.offload import offload_weight, save_offload_index  # noqa: F401
-from ..training.precision import get_grad_scaler, get_mixed_precision_context_manager  # noqa: F401
 from ..core.constants import WEIGHTS_INDEX_NAME  # noqa: F401,E402 - Accelerate's modeling module has it too
+from ..training.precision import get_grad_scaler, get_mixed_precision_context_manager  # noqa: F401
 
 
 def check_device_same(first_device, second_device) -> bool:

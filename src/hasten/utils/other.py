@@ -13,9 +13,13 @@ from ..checkpointing import clean_state_dict_for_safetensors  # noqa: F401
 from ..config.file import write_basic_config  # noqa: F401
 from ..distributed.operations import wait_for_everyone  # noqa: F401
 from ..distributed.tp_plan import get_model_tp_size, model_has_dtensor  # noqa: F401
-from ..launch.machine import are_libraries_initialized, clear_environment, patch_environment  # noqa: F401
+from ..launch.machine import (  # noqa: F401
+    are_libraries_initialized,
+    clear_environment,
+    get_free_port,  # noqa: F401
+    patch_environment,
+)
 from ..state import PartialState
-from ..commands.launch import get_free_port  # noqa: F401
 from ..training.compilation import (  # noqa: F401
     compile_regions,
     compile_regions_deepspeed,
