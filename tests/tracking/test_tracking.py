@@ -127,7 +127,7 @@ def test_custom_tracker_receives_the_documented_calls(state):
         ("log", {"loss": 1.0}, None, {}),
         ("finish",),
     ]
-    assert session.trackers == []
+    assert session.trackers == [tracker]  # still listed after end_training, as Accelerate's `trackers` are
     session.finish()  # a second end_training closes nothing twice
     assert tracker.calls[-1] == ("finish",) and tracker.calls.count(("finish",)) == 1
 
@@ -307,10 +307,17 @@ def test_start_twice_adds_runs_as_accelerate_and_is_an_error_under_strict(state,
     session.finish()
 
 
-def test_start_bad_values_are_clear_errors(state):
+def test_start_bad_values_are_clear_errors(state, tmp_path):
     session = TrackerSession([RecordingTracker()], None)
     with pytest.raises(ValueError, match="project_name"):
-        session.start("")
+        session.start(3)
+    # None is a project name as in Accelerate (Comet, W&B, MLflow pick their default) unless a tracker names its
+    # folder after it.
+    session.start(None)
+    session.finish()
+    folder_tracker = TrackerSession(["jsonl"], str(tmp_path))
+    with pytest.raises(ValueError, match="project_name=None.*'jsonl' tracker names its folder"):
+        folder_tracker.start(None)
     session.start("p")
     with pytest.raises(TypeError, match="dict"):
         session.log([1, 2])

@@ -76,8 +76,8 @@ def filter_trackers(log_with, logging_dir=None) -> list:
                 continue
             if logging_dir is None and tracker_class(name).requires_logging_directory:
                 raise ConfigError(
-                    f"the {name!r} tracker writes to a logging directory: pass project_dir= to the Accelerator "
-                    "or ProjectConfiguration(logging_dir=...)"
+                    f"Logging with `{name}` requires a `logging_dir` to be passed in: pass project_dir= to the "
+                    "Accelerator or ProjectConfiguration(logging_dir=...)"
                 )
             wanted.append(LoggerType(name) if name in LoggerType else name)
     result = []
@@ -106,15 +106,16 @@ class TrackerSession:
         self.trackers: list[GeneralTracker] = []
         self.failures: dict[str, int] = {}
         self._exit_hook_registered = False
+        self._open = False  # started and not finished; `trackers` still lists them after end_training, as Accelerate's
 
     # -- init_trackers --------------------------------------------------------------------------------
     def start(self, project_name: str, config: dict | None = None, init_kwargs: dict | None = None) -> None:
         init_kwargs = dict(init_kwargs or {})
-        if not isinstance(project_name, str) or not project_name:
-            raise ConfigError(f"init_trackers needs a non-empty project_name string, got {project_name!r}")
+        if project_name is not None and not isinstance(project_name, str):
+            raise ConfigError(f"init_trackers needs project_name as a string (or None), got {project_name!r}")
         if config is not None and not isinstance(config, Mapping):
             config = _config_as_dict(config)
-        if self.trackers and strict():
+        if self._open and self.trackers and strict():
             raise RuntimeError("init_trackers was already called: call end_training() before starting new trackers "
                                "(an error under hasten's strict setting; unset HASTEN_STRICT to add runs as Accelerate)")
         is_main = _is_main_process()
@@ -135,10 +136,13 @@ class TrackerSession:
                 continue
             kwargs = init_kwargs.get(name, {})
             if cls.requires_logging_directory:
+                if project_name is None:
+                    raise ConfigError(f"init_trackers(project_name=None): the {name!r} tracker names its folder under "
+                                      "the logging directory after the project; pass a project name")
                 built.append(cls(project_name, self.logging_dir, **kwargs))
             else:
                 built.append(cls(project_name, **kwargs))
-        if not self.trackers:
+        if not self._open:
             self.failures = {}
         self._register_exit_hook()
         # A second init_trackers without end_training() does what Accelerate's does: the new trackers join the
@@ -152,9 +156,12 @@ class TrackerSession:
             except BaseException:
                 # The runs already started are closed; the error (often a missing library) is the user's to see.
                 self.trackers += [kept for kept in everything[index + 1:] if any(kept is old for old in earlier)]
+                self._open = True
                 self.finish()
+                self.trackers = []  # none of them runs: a retry after the fix starts them afresh
                 raise
             self.trackers.append(tracker)
+        self._open = True
         if config is not None:
             for tracker in everything:
                 tracker.store_init_configuration(dict(config))
@@ -204,7 +211,8 @@ class TrackerSession:
     # -- end_training ---------------------------------------------------------------------------------
     def finish(self) -> None:
         """Close every tracker; one that fails to close is reported and the others are still closed."""
-        trackers, self.trackers = self.trackers, []
+        trackers = list(self.trackers) if self._open else []
+        self._open = False  # the list stays: Accelerate's `trackers` still names them after end_training()
         self._unregister_exit_hook()
         # Last started, first closed: several libraries wrap sys.stdout/sys.stderr to capture the console,
         # and unwinding those wrappers out of order leaves a cycle (RecursionError at exit).
@@ -229,7 +237,7 @@ class TrackerSession:
             self._exit_hook_registered = False
 
     def _finish_at_exit(self) -> None:
-        if self.trackers:
+        if self._open and self.trackers:
             logger.info("closing %d tracker(s) at exit: end_training() was not called", len(self.trackers))
             self.finish()
 
