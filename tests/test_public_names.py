@@ -22,17 +22,9 @@ from launching import FIXTURES
 
 NAMES_FILE = FIXTURES / "accelerate_public_names.txt"
 
-NOT_BUILT = {
-    "no issue yet (SageMaker, TPU launchers)": [
-        "prepare_sagemager_args_inputs", "hasten.commands.launch:sagemaker_launcher",
-        "hasten.commands.launch:tpu_launcher", "hasten.commands.launch:tpu_pod_launcher",
-    ],
-    "not built: Accelerate's MRPC test loaders download the bert-base-cased tokenizer from the Hub and read "
-    "Accelerate's own sample CSV files; hasten's test utilities do not contact the Hub": [
-        "hasten.test_utils.training:mocked_dataloaders",
-        "hasten.test_utils.training:mocked_dataloaders_for_autoregressive_models",
-    ],
-}
+# {reason: [names]} of Accelerate's public names hasten does not have yet (empty since issue 24: every name is at its
+# path; the ones hasten has not built refuse on use, counted below).
+NOT_BUILT: dict = {}
 NOT_BUILT_KEYS = [key for keys in NOT_BUILT.values() for key in keys]
 
 

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import sys
 import unittest
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from hasten import test_utils
 from hasten.test_utils import testing
-from hasten.test_utils.examples import clean_lines, compare_against_test, get_function_contents_by_name
+from hasten.test_utils.examples import (
+    clean_lines,
+    compare_against_test,
+    get_function_contents_by_name,
+)
 
 
 def test_launch_command():
@@ -184,3 +189,64 @@ def test_bundled_self_check_scripts_pass_on_two_processes_and_catch_a_wrong_grad
     monkeypatch.setattr(Accelerator, "backward", lambda self, loss, **kwargs: loss.backward())
     with pytest.raises(AssertionError, match="differ from one full-batch step"):
         test_sync.check_accumulate(Accelerator(cpu=True, gradient_accumulation_steps=2))
+
+
+# -- Accelerate's MRPC loaders for its example tests -------------------------------------------------------------
+def _tiny_tokenizer(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "<eos>", "the", "cat", "sat", "a", "dog", "ran", "far",
+             "on", "mat", "it", "is", "good", "bad"]
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(words) + "\n")
+    tokenizer = transformers.BertTokenizerFast(vocab_file=str(vocab), eos_token="<eos>")
+    return transformers, tokenizer
+
+
+def _mrpc_files(root):
+    folder = root / "tests" / "test_samples" / "MRPC"
+    folder.mkdir(parents=True)
+    rows = [("the cat sat", "a cat sat on the mat", 1), ("a dog ran", "it is good", 0),
+            ("the dog ran far", "the dog ran", 1), ("it is bad", "the mat", 0), ("a cat", "a dog", 0)]
+    for name, part in (("train.csv", rows), ("dev.csv", rows[:3])):
+        (folder / name).write_text("label,sentence1,sentence2\n" + "".join(f"{lab},{a},{b}\n" for a, b, lab in part))
+
+
+def test_mocked_dataloaders_read_the_mrpc_samples_with_accelerates_batch_sizes(tmp_path, monkeypatch):
+    pytest.importorskip("datasets")
+    transformers, tokenizer = _tiny_tokenizer(tmp_path)
+    asked = []
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained",
+                        lambda name, *a, **k: asked.append(name) or tokenizer)
+    _mrpc_files(tmp_path)
+    monkeypatch.chdir(tmp_path)  # the files are found relative to the working directory, as in Accelerate
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "cache"))
+    from hasten import Accelerator
+    from hasten.test_utils.training import (
+        mocked_dataloaders,
+        mocked_dataloaders_for_autoregressive_models,
+    )
+
+    accelerator = Accelerator(cpu=True)
+    train, evaluation = mocked_dataloaders(accelerator, batch_size=16)
+    assert asked == ["bert-base-cased"]
+    batches = list(train)
+    assert [len(b["labels"]) for b in batches] == [2, 2, 1]  # batch size 2, whatever batch_size says
+    # labels are numbered in the order the training file shows them: "1" (two rows) -> 0, "0" (three rows) -> 1
+    assert sorted(torch.cat([b["labels"] for b in batches]).tolist()) == [0, 0, 1, 1, 1]
+    assert {"input_ids", "attention_mask", "token_type_ids", "labels"} <= set(batches[0])
+    assert len(list(evaluation)) == 3 and next(iter(evaluation))["input_ids"].shape[0] == 1
+
+    train, evaluation = mocked_dataloaders_for_autoregressive_models(accelerator)
+    assert asked[-1] == "HuggingFaceTB/SmolLM-360M"
+    batch = next(iter(train))
+    pad = tokenizer.pad_token_id
+    assert pad == tokenizer.eos_token_id  # the end-of-text token pads
+    full = tokenizer(["the cat sat", "a dog ran"])["input_ids"]
+    longest = max(len(ids) for ids in full)
+    assert batch["input_ids"].shape == batch["labels"].shape == (2, longest)
+    assert batch["labels"][0, : len(full[0]) - 1].tolist() == full[0][1:]  # next-token targets
+    assert (batch["labels"][1, len(full[1]) - 1:] == -100).all()  # padding is ignored by the loss
+    bf16 = SimpleNamespace(distributed_type=accelerator.distributed_type, mixed_precision="bf16",
+                           main_process_first=accelerator.main_process_first)
+    train, _ = mocked_dataloaders_for_autoregressive_models(bf16)
+    assert next(iter(train))["input_ids"].shape[1] % 8 == 7  # mixed precision pads to a multiple of 8, less one

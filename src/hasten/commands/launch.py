@@ -607,5 +607,9 @@ def main(argv=None) -> int:
         return 2 if isinstance(error, ConfigError) else 1
 
 
+
+# Accelerate's launchers for TPU hosts, TPU pods and SageMaker jobs, at its path; each refuses in one line.
+from ..launch.tpu import sagemaker_launcher, tpu_launcher, tpu_pod_launcher  # noqa: E402,F401
+
 if __name__ == "__main__":
     sys.exit(main())

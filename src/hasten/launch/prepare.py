@@ -212,4 +212,4 @@ def prepare_deepspeed_cmd_env(args):
     )
 
 
-from .tpu import prepare_tpu  # noqa: E402,F401 - Accelerate's utils.launch path (this module) names it too
+from .tpu import prepare_sagemager_args_inputs, prepare_tpu  # noqa: E402,F401 - Accelerate names them on its utils.launch path (this module)

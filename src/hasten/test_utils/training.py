@@ -40,3 +40,85 @@ class RegressionModel(torch.nn.Module):
             self.first_batch = False
         y = x * self.a + self.b
         return (y, y) if self.double_output else y
+
+
+# -- Accelerate's MRPC loaders for its example tests -------------------------------------------------------------
+# Accelerate's example tests swap an example's `get_dataloaders` for these. Like Accelerate's, they read the MRPC
+# sample files at tests/test_samples/MRPC/{train,dev}.csv relative to the working directory (Accelerate's
+# repository root) and load the tokenizer by its Hub name (from the local cache when offline). They use batch
+# sizes 2 (train) and 1 (eval) whatever `batch_size` says, as Accelerate's do: the example tests count their steps
+# and checkpoint folders with those sizes.
+MRPC_FILES = {"train": "tests/test_samples/MRPC/train.csv", "validation": "tests/test_samples/MRPC/dev.csv"}
+
+
+def _mrpc():
+    from datasets import load_dataset
+
+    return load_dataset("csv", data_files=MRPC_FILES)
+
+
+def _is_xla(accelerator) -> bool:
+    from ..core.enums import DistributedType
+
+    return accelerator.distributed_type == DistributedType.XLA
+
+
+def mocked_dataloaders(accelerator, batch_size: int = 16):
+    """(train, eval) DataLoaders over the MRPC sample files, sentence pairs tokenized by `bert-base-cased`, padded
+    to the tokenizer's maximum length and then per batch to the longest row; labels become `labels` ids."""
+    from torch.utils.data import DataLoader
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained("bert-base-cased")
+    raw = _mrpc()
+    label_ids = {label: index for index, label in enumerate(raw["train"].unique("label"))}
+
+    def encode(rows):
+        encoded = tokenizer(rows["sentence1"], rows["sentence2"], truncation=True, max_length=None,
+                            padding="max_length")
+        if "label" in rows:
+            encoded["labels"] = [label_ids[label] for label in rows["label"]]
+        return encoded
+
+    tokenized = raw.map(encode, batched=True, remove_columns=["sentence1", "sentence2", "label"])
+
+    def collate(rows):
+        if _is_xla(accelerator):
+            return tokenizer.pad(rows, padding="max_length", max_length=128, return_tensors="pt")
+        return tokenizer.pad(rows, padding="longest", return_tensors="pt")
+
+    return (DataLoader(tokenized["train"], shuffle=True, collate_fn=collate, batch_size=2),
+            DataLoader(tokenized["validation"], shuffle=False, collate_fn=collate, batch_size=1))
+
+
+def mocked_dataloaders_for_autoregressive_models(accelerator, batch_size: int = 16):
+    """(train, eval) DataLoaders for next-token prediction over the MRPC sample files' first sentences, tokenized
+    by `HuggingFaceTB/SmolLM-360M` (padding with its end-of-text token): `input_ids` and `labels` are the padded
+    ids shifted by one, padding in the labels is -100; mixed precision pads to a multiple of 8 (16 for fp8)."""
+    from torch.utils.data import DataLoader
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained("HuggingFaceTB/SmolLM-360M")
+    tokenizer.pad_token = tokenizer.eos_token
+    raw = _mrpc()
+
+    def encode(rows):
+        return tokenizer(rows["sentence1"], truncation=True, max_length=None, return_attention_mask=False)
+
+    with accelerator.main_process_first():
+        tokenized = raw.map(encode, batched=True, remove_columns=["sentence1", "sentence2", "label"])
+
+    def collate(rows):
+        longest = 128 if _is_xla(accelerator) else max(len(row["input_ids"]) for row in rows)
+        multiple = {"no": None, "fp8": 16}.get(accelerator.mixed_precision, 8)
+        batch = tokenizer.pad(rows, padding="max_length", max_length=longest + 1, pad_to_multiple_of=multiple,
+                              return_tensors="pt")
+        ids = batch["input_ids"]
+        batch["input_ids"], labels = ids[:, :-1], ids[:, 1:]
+        batch["labels"] = torch.where(labels == tokenizer.pad_token_id, -100, labels)
+        if "attention_mask" in batch:
+            batch["attention_mask"] = batch["attention_mask"][:, :-1]
+        return batch
+
+    return (DataLoader(tokenized["train"], shuffle=False, collate_fn=collate, batch_size=2),
+            DataLoader(tokenized["validation"], shuffle=False, collate_fn=collate, batch_size=1))

@@ -119,7 +119,7 @@ _SOURCES = {
     "hasten.launch.prepare": [
         "PrepareForLaunch", "prepare_multi_gpu_env", "prepare_simple_launcher_cmd_env", "prepare_deepspeed_cmd_env",
     ],
-    "hasten.launch.tpu": ["install_xla", "prepare_tpu"],
+    "hasten.launch.tpu": ["install_xla", "prepare_sagemager_args_inputs", "prepare_tpu"],
     "hasten.training.precision": ["get_grad_scaler", "get_mixed_precision_context_manager"],
     "hasten.observe.progress": ["tqdm"],
     "hasten.checkpointing": ["clean_state_dict_for_safetensors"],
