@@ -175,3 +175,18 @@ def test_gpu_count_errors_are_not_swallowed(monkeypatch, capsys):
     assert len(warned) == 1 and "sees none; launching on the CPU" in warned[0], warned
     with pytest.raises(LaunchError, match="sees none.*--cpu"):
         launch_settings._gpu_count(strict=True)
+
+
+def test_module_target_is_found_from_the_working_directory_as_python_m_finds_it(tmp_path):
+    # `hasten launch -m pkg.train` started from the `hasten` command (whose sys.path[0] is its bin folder) must
+    # import `pkg` from the working directory, as `python -m pkg.train` and Accelerate's launcher do.
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "train.py").write_text("import sys\nprint('RAN', sys.argv[1:])\n")
+    command = os.path.join(os.path.dirname(sys.executable), "hasten")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HASTEN_", "ACCELERATE_", "PYTHONPATH"))}
+    env["PYTHONPATH"] = os.environ.get("PYTHONPATH", "")  # keeps a worktree's hasten, if a test run set one
+    result = subprocess.run([command, "launch", "--cpu", "-m", "pkg.train", "--x", "1"], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "RAN ['--x', '1']" in result.stdout

@@ -317,7 +317,8 @@ def _run_in_place(args, plan: LaunchPlan) -> int:
         raise LaunchError(f"training script {args.training_script!r} does not exist")
     sys.argv = [args.training_script, *args.training_script_args]
     try:
-        if args.module:
+        if args.module:  # as `python -m`: the module is looked up from the working directory first
+            sys.path.insert(0, os.getcwd())
             runpy.run_module(args.training_script, run_name="__main__", alter_sys=True)
         else:
             sys.path.insert(0, os.path.dirname(os.path.abspath(args.training_script)))
