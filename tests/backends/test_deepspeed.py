@@ -15,8 +15,13 @@ import sys
 import pytest
 import torch
 
-from hasten.config.deepspeed import DeepSpeedPlugin, DummyOptim, DummyScheduler, HfDeepSpeedConfig
-from hasten.core.errors import ConfigError, NotSupportedYetError
+from hasten.config.deepspeed import (
+    DeepSpeedPlugin,
+    DummyOptim,
+    DummyScheduler,
+    HfDeepSpeedConfig,
+)
+from hasten.core.errors import ConfigError, NotBuiltError, NotSupportedYetError
 
 needs_deepspeed = pytest.mark.skipif(
     __import__("importlib").util.find_spec("deepspeed") is None, reason='needs deepspeed: pip install "hasten[deepspeed]"'
@@ -336,20 +341,38 @@ def test_a_launched_script_gets_deepspeed_from_the_config_file_and_flags(tmp_pat
     assert "OK launch rank 0 main=True" in result.stdout and "OK launch rank 1 main=False" in result.stdout
 
 
-def test_unbuilt_deepspeed_names_import_and_refuse_in_one_line():
+def test_unbuilt_deepspeed_names_import_and_refuse_in_one_line(monkeypatch):
     """Ulysses sequence parallelism and DeepSpeed's own multi-node launcher exist at Accelerate's paths (so
-    imports work) and refuse when used, saying what to do instead."""
+    imports work) and refuse when used, saying what to do instead. The Ulysses settings object is data, checked
+    as Accelerate checks it; a run that asks for sp_size above 1 is what is refused."""
+    from hasten.parallelism_config import ParallelismConfig, backend_for_layout
     from hasten.utils import DeepSpeedSequenceParallelConfig, prepare_deepspeed_cmd_env
-    from hasten.utils.dataclasses import DeepSpeedSequenceParallelConfig as from_dataclasses
+    from hasten.utils.dataclasses import (
+        DeepSpeedSequenceParallelConfig as from_dataclasses,
+    )
     from hasten.utils.launch import prepare_deepspeed_cmd_env as from_launch
 
     assert from_dataclasses is DeepSpeedSequenceParallelConfig and from_launch is prepare_deepspeed_cmd_env
-    with pytest.raises(NotSupportedYetError, match="Ulysses sequence parallelism is not built") as refused:
-        DeepSpeedSequenceParallelConfig(sp_seq_length=128)
+    for name in ("SP_SEQ_LENGTH", "SP_SEQ_LENGTH_IS_VARIABLE", "SP_ATTN_IMPLEMENTATION"):
+        monkeypatch.delenv(f"PARALLELISM_CONFIG_{name}", raising=False)
+    handler = DeepSpeedSequenceParallelConfig(sp_seq_length=128)
+    assert handler.sp_seq_length_is_variable is True and handler.sp_attn_implementation is None
+    for bad in ("eager", "foobar", "someone/other-kernel"):
+        with pytest.raises(ValueError, match=f"Invalid sp_attn_implementation: {bad}"):
+            DeepSpeedSequenceParallelConfig(sp_attn_implementation=bad)
+    assert DeepSpeedSequenceParallelConfig(sp_attn_implementation="kernels-community/flash-attn2")
+    with pytest.raises(ValueError, match="sp_seq_length` must be provided"):
+        DeepSpeedSequenceParallelConfig(sp_seq_length_is_variable=False)
+    monkeypatch.setenv("PARALLELISM_CONFIG_SP_SEQ_LENGTH_IS_VARIABLE", "false")
+    monkeypatch.setenv("PARALLELISM_CONFIG_SP_SEQ_LENGTH", "256")
+    monkeypatch.setenv("PARALLELISM_CONFIG_SP_ATTN_IMPLEMENTATION", "sdpa")
+    from_env = DeepSpeedSequenceParallelConfig()
+    assert (from_env.sp_seq_length_is_variable, from_env.sp_seq_length, from_env.sp_attn_implementation) == (
+        False, 256, "sdpa")
+    config = ParallelismConfig(sp_backend="deepspeed", sp_size=2, sp_handler=handler)
+    with pytest.raises(NotBuiltError, match="sequence \\(DeepSpeed\\) parallelism is not built") as refused:
+        backend_for_layout(config, 2)
     assert "\n" not in str(refused.value)
-    for field in ({"sp_seq_length_is_variable": True}, {"sp_attn_implementation": "sdpa"}):
-        with pytest.raises(NotSupportedYetError, match="Ulysses sequence parallelism is not built"):
-            DeepSpeedSequenceParallelConfig(**field)
     with pytest.raises(NotSupportedYetError, match="hasten launch --use_deepspeed") as refused:
         prepare_deepspeed_cmd_env(None)
     assert "\n" not in str(refused.value)
@@ -412,9 +435,9 @@ def test_plugin_fields_reach_the_deepspeed_config_and_engine_inputs(monkeypatch)
     with pytest.raises(ConfigError, match="transformer_moe_cls_names lists Router"):
         DeepSpeedPlugin(zero_stage=3, transformer_moe_cls_names="Router").set_moe_leaf_modules(model)
 
-    import hasten.config.deepspeed as ds_config
-
     import transformers.integrations
+
+    import hasten.config.deepspeed as ds_config
 
     class TransformersView:  # stands for transformers' HfDeepSpeedConfig, which needs the accelerate alias installed
         def __init__(self, config):

@@ -649,15 +649,39 @@ class DummyScheduler:
 
 @dataclass
 class DeepSpeedSequenceParallelConfig:
-    """Accelerate's settings for DeepSpeed's Ulysses sequence parallelism. hasten has not built it: the class
-    exists at Accelerate's paths so imports work, and building one is refused in one line."""
+    """Accelerate's settings for DeepSpeed's Ulysses sequence parallelism (`ParallelismConfig(sp_handler=...)`).
+
+    The object is data, checked as Accelerate checks it (the `PARALLELISM_CONFIG_SP_*` variables fill unset fields);
+    hasten has not built Ulysses itself, so a run that asks for `sp_size` above 1 is refused in one line when the
+    Accelerator sets it up (`parallelism_config.backend_for_layout`).
+    """
 
     sp_seq_length: Optional[int] = None
     sp_seq_length_is_variable: Optional[bool] = None
     sp_attn_implementation: Optional[str] = None
 
+    BUILT_ATTENTION = ("flash_attention_2", "flash_attention_3", "sdpa")
+    NO_SEQUENCE_PARALLEL_ATTENTION = ("eager", "flex_attention")
+
     def __post_init__(self):
-        raise NotSupportedYetError(
-            "DeepSpeedSequenceParallelConfig: DeepSpeed's Ulysses sequence parallelism is not built in hasten yet; "
-            "train without it (sp_size 1), or run this job with Accelerate"
-        )
+        if self.sp_seq_length_is_variable is None:
+            variable = os.environ.get("PARALLELISM_CONFIG_SP_SEQ_LENGTH_IS_VARIABLE", "true")
+            self.sp_seq_length_is_variable = variable.strip().lower() == "true"
+        if not self.sp_seq_length_is_variable and self.sp_seq_length is None:
+            given = os.environ.get("PARALLELISM_CONFIG_SP_SEQ_LENGTH")
+            if given is None:
+                raise ValueError("when `sp_seq_length_is_variable` is `False` `sp_seq_length` must be provided either "
+                                 "through the constructor or the environment variable PARALLELISM_CONFIG_SP_SEQ_LENGTH")
+            self.sp_seq_length = None if given == "None" else int(given)
+        if self.sp_attn_implementation is None:
+            self.sp_attn_implementation = os.environ.get("PARALLELISM_CONFIG_SP_ATTN_IMPLEMENTATION")
+        attention = self.sp_attn_implementation
+        if attention is None or attention in self.BUILT_ATTENTION:
+            return
+        if attention in self.NO_SEQUENCE_PARALLEL_ATTENTION:
+            raise ValueError(f"Invalid sp_attn_implementation: {attention}. 'eager' and 'flex_attention' are not "
+                             "supported with sequence parallelism.")
+        if "/" not in attention or "flash-attn" not in attention:  # a Hub-hosted flash attention kernel passes
+            raise ValueError(f"Invalid sp_attn_implementation: {attention}. Must be one of "
+                             f"{list(self.BUILT_ATTENTION)} or a hub-hosted flash attention kernel (e.g. "
+                             "'kernels-community/flash-attn2').")
