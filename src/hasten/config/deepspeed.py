@@ -665,8 +665,10 @@ class DeepSpeedSequenceParallelConfig:
 
     def __post_init__(self):
         if self.sp_seq_length_is_variable is None:
-            variable = os.environ.get("PARALLELISM_CONFIG_SP_SEQ_LENGTH_IS_VARIABLE", "true")
-            self.sp_seq_length_is_variable = variable.strip().lower() == "true"
+            from ..distributed.cluster import parse_bool
+
+            self.sp_seq_length_is_variable = parse_bool(os.environ.get("PARALLELISM_CONFIG_SP_SEQ_LENGTH_IS_VARIABLE",
+                                                                       "true"))
         if not self.sp_seq_length_is_variable and self.sp_seq_length is None:
             given = os.environ.get("PARALLELISM_CONFIG_SP_SEQ_LENGTH")
             if given is None:
