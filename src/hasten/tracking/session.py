@@ -115,6 +115,8 @@ class TrackerSession:
             raise ConfigError(f"init_trackers needs project_name as a string (or None), got {project_name!r}")
         if config is not None and not isinstance(config, Mapping):
             config = _config_as_dict(config)
+        from ..config.resolve import strict
+
         if self._open and self.trackers and strict():
             raise RuntimeError("init_trackers was already called: call end_training() before starting new trackers "
                                "(an error under hasten's strict setting; unset HASTEN_STRICT to add runs as Accelerate)")
@@ -252,12 +254,6 @@ def _error_policy(on_error: str | None) -> str:
         return get("tracker_errors").convert(on_error)
     except ValueError as error:
         raise ConfigError(f"TrackerSession(on_error={on_error!r}): {error}") from None
-
-
-def strict() -> bool:
-    from ..config.resolve import strict as strict_setting
-
-    return strict_setting()
 
 
 def _is_main_process() -> bool:
