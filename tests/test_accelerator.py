@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from hasten import Accelerator, DistributedType, GradientAccumulationPlugin
-from hasten.config.dataclasses import AutocastKwargs, GradScalerKwargs, TorchDynamoPlugin
+from hasten.config.handlers import AutocastKwargs, GradScalerKwargs, TorchDynamoPlugin
 from hasten.core.errors import ConfigError
 from hasten.training.memory import find_executable_batch_size, release_memory, should_reduce_batch_size
 

@@ -8,7 +8,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from hasten import Accelerator
-from hasten.config.dataclasses import (
+from hasten.config.handlers import (
     AutocastKwargs,
     DataLoaderConfiguration,
     GradientAccumulationPlugin,

@@ -16,7 +16,7 @@ from .backends import backend_name_for, create_backend
 from .backends.unwrap import is_compiled
 from .big_model.bnb_params import quantized_model_placement
 from .config import accelerator_args, megatron
-from .config.dataclasses import (
+from .config.handlers import (
     AutocastKwargs,
     DataLoaderConfiguration,
     GradientAccumulationPlugin,

@@ -16,7 +16,7 @@ import torch
 
 from .backends.base import numbered
 from .checkpoint import async_save as background
-from .checkpoint import durable, fast_io, sharding
+from .checkpoint import durable, fast_io, state_dicts
 from .core.constants import (
     DL_STATE_NAME,
     MODEL_NAME,
@@ -43,7 +43,7 @@ def _is_writer(save_on_each_node: bool) -> bool:
 def clean_state_dict_for_safetensors(state_dict: dict) -> dict:
     """Drop later names of tensors that share memory (tied weights; safetensors refuses them, keeping the first
     name and warning once) and make every tensor contiguous. Returns a new dict; the input is left alone."""
-    kept = sharding.drop_aliases(state_dict)
+    kept = state_dicts.drop_aliases(state_dict)
     dropped = [name for name, value in state_dict.items() if isinstance(value, torch.Tensor) and name not in kept]
     if dropped:
         # logged, as Accelerate logs it (callers capture the record, not a Python warning)
@@ -128,7 +128,7 @@ def load_accelerator_state(input_dir: str, models: list, optimizers: list, sched
     for i, model in enumerate(models):
         safe = path(numbered(SAFE_MODEL_NAME, i, ".safetensors"))
         if os.path.isfile(safe):
-            state = sharding.fill_aliases(model, fast_io.load_tensors(safe, device=location))
+            state = state_dicts.fill_aliases(model, fast_io.load_tensors(safe, device=location))
         else:
             state = fast_io.load_object(path(numbered(MODEL_NAME, i, ".bin")), load_kwargs, map_location=location)
         model.load_state_dict(state, **load_model_func_kwargs)

@@ -493,7 +493,7 @@ def fsdp_plugin_for_layout(config: ParallelismConfig, num_processes: int, fsdp_p
                                  device_type=device_type)
     wants_fsdp = backend == "fsdp" or (backend in ("tensor_parallel", "pipeline") and config.data_parallel_size > 1)
     if wants_fsdp and fsdp_plugin is None:
-        from .config.fsdp import FullyShardedDataParallelPlugin
+        from .backends.fsdp.plugin import FullyShardedDataParallelPlugin
 
         return FullyShardedDataParallelPlugin(fsdp_version=2)
     return fsdp_plugin

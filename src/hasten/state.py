@@ -15,7 +15,7 @@ from functools import partial
 
 import torch
 
-from .config.dataclasses import given_kwargs
+from .config.handlers import given_kwargs
 from .core.enums import TORCH_DISTRIBUTED_TYPES, DistributedType, PrecisionType
 from .core.errors import ConfigError, StateResetError
 from .distributed import cluster as environment

@@ -10,7 +10,7 @@ import torch
 
 from launching import launch
 
-from hasten.config.fsdp import FullyShardedDataParallelPlugin
+from hasten.backends.fsdp.plugin import FullyShardedDataParallelPlugin
 from hasten.core.errors import ConfigError
 
 

@@ -401,7 +401,7 @@ class Tied(torch.nn.Module):
 
 
 def test_parse_size():
-    from hasten.checkpoint.sharding import parse_size
+    from hasten.checkpoint.state_dicts import parse_size
 
     assert parse_size("5MB") == 5 * 10**6
     assert parse_size("5MiB") == 5 * 2**20

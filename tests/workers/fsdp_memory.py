@@ -8,7 +8,7 @@ import os
 import torch
 
 from fsdp_common import Net, fresh_accelerator
-from hasten.config.fsdp import FullyShardedDataParallelPlugin
+from hasten.backends.fsdp.plugin import FullyShardedDataParallelPlugin
 
 DIM, DEPTH = 1024, 24  # ~25M parameters, ~100 MiB in fp32
 

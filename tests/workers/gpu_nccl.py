@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from hasten import Accelerator
-from hasten.config.fsdp import FullyShardedDataParallelPlugin
+from hasten.backends.fsdp.plugin import FullyShardedDataParallelPlugin
 from hasten.distributed import control
 
 root = sys.argv[1]

@@ -4,7 +4,7 @@ memory, buffers on the GPU, the weights are rank 0's, and a step runs. Run by te
 import torch
 
 from hasten import Accelerator
-from hasten.config.fsdp import FullyShardedDataParallelPlugin
+from hasten.backends.fsdp.plugin import FullyShardedDataParallelPlugin
 
 
 class Net(torch.nn.Module):

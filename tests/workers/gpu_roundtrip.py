@@ -20,11 +20,11 @@ def make():
     GradientState._reset_state()
     kwargs = {}
     if backend.startswith("fsdp"):
-        from hasten.config.fsdp import FullyShardedDataParallelPlugin
+        from hasten.backends.fsdp.plugin import FullyShardedDataParallelPlugin
 
         kwargs["fsdp_plugin"] = FullyShardedDataParallelPlugin(fsdp_version=int(backend[-1]))
     elif backend.startswith("zero"):
-        from hasten.config.deepspeed import DeepSpeedPlugin
+        from hasten.backends.deepspeed.plugin import DeepSpeedPlugin
 
         kwargs["deepspeed_plugin"] = DeepSpeedPlugin(zero_stage=int(backend[-1]), gradient_clipping=1.0)
     elif backend == "tp":

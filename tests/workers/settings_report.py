@@ -7,7 +7,7 @@ import json
 import sys
 
 from hasten import Accelerator
-from hasten.config.dataclasses import TorchDynamoPlugin
+from hasten.config.handlers import TorchDynamoPlugin
 from hasten.config.resolve import explain_values
 
 code = json.loads(sys.argv[1])

@@ -27,7 +27,7 @@ import os
 
 import torch
 
-from ..checkpoint import durable, fast_io, sharding
+from ..checkpoint import durable, fast_io, state_dicts
 from ..config.resolve import strict
 from ..core.constants import MODEL_NAME, OPTIMIZER_NAME, SAFE_MODEL_NAME
 from ..core.errors import CheckpointError, ConfigError
@@ -221,7 +221,7 @@ class Backend:
         for i, state_dict in enumerate(weights):
             if safe_serialization:
                 name = numbered(SAFE_MODEL_NAME, i, ".safetensors")
-                tensors = stage(sharding.drop_aliases(state_dict), name)
+                tensors = stage(state_dicts.drop_aliases(state_dict), name)
                 files.append((name, lambda p, t=tensors: fast_io.save_tensors(t, p)))
             else:
                 name = numbered(MODEL_NAME, i, ".bin")
@@ -245,7 +245,7 @@ class Backend:
             safe_path = os.path.join(folder, numbered(SAFE_MODEL_NAME, i, ".safetensors"))
             bin_path = os.path.join(folder, numbered(MODEL_NAME, i, ".bin"))
             if os.path.isfile(safe_path):
-                state_dict = sharding.fill_aliases(model, fast_io.load_tensors(safe_path, map_location, into=model.state_dict()))
+                state_dict = state_dicts.fill_aliases(model, fast_io.load_tensors(safe_path, map_location, into=model.state_dict()))
             elif os.path.isfile(bin_path):
                 state_dict = fast_io.load_object(bin_path, map_location=map_location)
             else:

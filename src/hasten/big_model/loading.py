@@ -14,7 +14,7 @@ import sys
 
 import torch
 
-from ..checkpoint import fast_io, sharding
+from ..checkpoint import fast_io, state_dicts
 from ..core.errors import CheckpointError, NotSupportedYetError, OffloadError
 from .bnb_params import is_int8_parameter, is_quantized_parameter, place_quantized_parameter, quantize_int8
 from .device_map import _device_of
@@ -442,7 +442,7 @@ def load_checkpoint_in_model(model: torch.nn.Module, checkpoint, device_map=None
         # Tied weights are stored once; they are filled when their twin is loaded.
         tied_names = {name for group in tied for name in group if any(other in seen for other in group)}
         if device_map is None:
-            tied_names |= set(sharding.fill_aliases(model, {n: None for n in seen}))
+            tied_names |= set(state_dicts.fill_aliases(model, {n: None for n in seen}))
         missing = [n for n in missing if n not in tied_names]
     if strict and (missing or unexpected):
         raise CheckpointError(

@@ -32,7 +32,7 @@ from ..core.errors import CheckpointError, ConfigError
 from ..distributed import control
 from ..distributed.rng import capture_rng_states, restore_rng_states
 from . import async_save as background
-from . import durable, fast_io, sharding
+from . import durable, fast_io, state_dicts
 from . import folder as folders
 from . import marker as markers
 
@@ -559,7 +559,7 @@ def save_model(contents: CheckpointContents, model, save_directory, max_shard_si
     if os.path.isfile(save_directory):
         logger.error("save_model: %s should be a directory, not a file", save_directory)
         return
-    max_bytes = sharding.parse_size(max_shard_size)
+    max_bytes = state_dicts.parse_size(max_shard_size)
     state_dict = contents.backend.full_state_dict(model, unwrap=True)  # collective for sharded backends
     if contents.project.save_on_each_node and contents.state.use_distributed:
         state_dict = _whole_on_every_writer(contents, state_dict)
@@ -622,14 +622,14 @@ def write_weights(state_dict: dict, save_directory: str, max_bytes: int, safe_se
 
     os.makedirs(save_directory, exist_ok=True)
     if safe_serialization:
-        state_dict = sharding.drop_aliases(state_dict)
+        state_dict = state_dicts.drop_aliases(state_dict)
         prefix, ext, index_name = SAFE_MODEL_NAME, ".safetensors", "model.safetensors.index.json"
         write = fast_io.save_tensors
     else:
         state_dict = {k: v for k, v in state_dict.items() if isinstance(v, torch.Tensor)}
         prefix, ext, index_name = MODEL_NAME, ".bin", "pytorch_model.bin.index.json"
         write = durable.save_object
-    shards = sharding.split_into_shards(state_dict, max_bytes)
+    shards = state_dicts.split_into_shards(state_dict, max_bytes)
     count = len(shards)
     names = [f"{prefix}{ext}"] if count == 1 else [f"{prefix}-{i + 1:05d}-of-{count:05d}{ext}" for i in range(count)]
     stale = re.compile(rf"^{re.escape(prefix)}-\d{{5}}-of-\d{{5}}{re.escape(ext)}$")
@@ -640,7 +640,7 @@ def write_weights(state_dict: dict, save_directory: str, max_bytes: int, safe_se
         durable.atomic_write(os.path.join(save_directory, name), lambda p, k=keys: write({key: state_dict[key] for key in k}, p))
     if count > 1:
         index = {
-            "metadata": {"total_size": sum(sharding.tensor_bytes(t) for t in state_dict.values())},
+            "metadata": {"total_size": sum(state_dicts.tensor_bytes(t) for t in state_dict.values())},
             "weight_map": {key: name for name, keys in zip(names, shards) for key in keys},
         }
         durable.atomic_write(os.path.join(save_directory, index_name),

@@ -4,7 +4,7 @@ DeepSpeed plugins, and gradient accumulation. Kept out of the facade so that `ac
 from __future__ import annotations
 
 from ..core.errors import ConfigError, NotSupportedYetError
-from .dataclasses import (
+from .handlers import (
     AutocastKwargs,
     DistributedDataParallelKwargs,
     GradientAccumulationPlugin,
@@ -55,7 +55,7 @@ def deepspeed_plugins(deepspeed_plugin, deepspeed_plugins, fsdp_plugin):
     """The DeepSpeed plugin(s) of the run, or None when DeepSpeed is not asked for (in code or by the launcher)."""
     if deepspeed_plugin is None and deepspeed_plugins is None and not runtime_value("use_deepspeed").value:
         return None
-    from .deepspeed import DeepSpeedPlugin, plugins_from
+    from ..backends.deepspeed.plugin import DeepSpeedPlugin, plugins_from
 
     if deepspeed_plugin is None and deepspeed_plugins is None:
         deepspeed_plugin = DeepSpeedPlugin()
@@ -74,7 +74,7 @@ def fsdp_plugin(plugin):
     if plugin is None and not runtime_value("use_fsdp").value:
         return None
     try:
-        from .fsdp import FullyShardedDataParallelPlugin
+        from ..backends.fsdp.plugin import FullyShardedDataParallelPlugin
     except ImportError:
         raise NotSupportedYetError("FSDP is not supported by this version of hasten yet") from None
     if plugin is None:

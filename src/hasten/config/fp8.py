@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from ..core.errors import ConfigError, NotBuiltError
-from .dataclasses import KwargsHandler
+from .handlers import KwargsHandler
 
 MSAMP_REFUSAL = (
     "MS-AMP fp8 is not supported by hasten: MS-AMP is no longer maintained; use AORecipeKwargs (torchao, "

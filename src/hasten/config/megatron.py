@@ -283,7 +283,7 @@ def apply(plugin: MegatronLMPlugin, num_processes: int, parallelism_config, fsdp
                               "split: fix: pass one (the Megatron-LM plugin becomes a ParallelismConfig)")
     layout = plugin.native_layout(num_processes)
     if plugin.recompute_activations:
-        from .fsdp import FullyShardedDataParallelPlugin
+        from ..backends.fsdp.plugin import FullyShardedDataParallelPlugin
 
         fsdp_plugin = FullyShardedDataParallelPlugin(fsdp_version=2, activation_checkpointing=True)
     return layout, fsdp_plugin

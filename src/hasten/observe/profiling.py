@@ -22,7 +22,7 @@ logger = logging.getLogger(__name__)
 @contextlib.contextmanager
 def profile(accelerator, profile_handler=None):
     """Yield the torch profiler built from `profile_handler` (else the Accelerator's, else defaults)."""
-    from ..config.dataclasses import ProfileKwargs
+    from ..config.handlers import ProfileKwargs
 
     handler = profile_handler or accelerator.profile_handler or ProfileKwargs()
     with handler.build() as profiler:

@@ -18,12 +18,12 @@ _SOURCES = {
         "DistributedType", "SageMakerDistributedType", "FP8BackendType", "ComputeEnvironment", "PrecisionType",
         "DynamoBackend", "LoggerType", "RNGType", "DDPCommunicationHookType", "CustomDtype", "BaseEnum",
     ],
-    "hasten.config.dataclasses": [
+    "hasten.config.handlers": [
         "KwargsHandler", "AutocastKwargs", "DistributedDataParallelKwargs", "GradScalerKwargs",
         "InitProcessGroupKwargs", "ProfileKwargs", "GradientAccumulationPlugin", "ProjectConfiguration",
         "DataLoaderConfiguration", "TorchDynamoPlugin",
     ],
-    "hasten.config.fsdp": ["FullyShardedDataParallelPlugin"],
+    "hasten.backends.fsdp.plugin": ["FullyShardedDataParallelPlugin"],
     # Megatron-LM's surface, served by hasten's TP/PP/FSDP (issue 25); the library-only names refuse on use
     "hasten.config.megatron": ["MegatronLMPlugin", "add_model_config_to_megatron_parser"],
     "hasten.utils.megatron_lm": [
@@ -43,7 +43,7 @@ _SOURCES = {
         "ParallelismConfig", "TorchContextParallelConfig", "TorchTensorParallelConfig", "TorchTensorParallelPlugin",
     ],
     "hasten.distributed.tp_plan": ["get_model_tp_size", "model_has_dtensor"],
-    "hasten.config.deepspeed": [
+    "hasten.backends.deepspeed.plugin": [
         "DeepSpeedPlugin", "DummyOptim", "DummyScheduler", "HfDeepSpeedConfig", "get_active_deepspeed_plugin",
         "DeepSpeedSequenceParallelConfig",
     ],

@@ -1,15 +1,15 @@
-"""Accelerate's `utils.dataclasses` path; the classes live in `hasten.config.dataclasses` and `hasten.core.enums`."""
+"""Accelerate's `utils.dataclasses` path; the classes live in `hasten.config.handlers` and `hasten.core.enums`."""
 
-from ..config.dataclasses import *  # noqa: F401,F403
-from ..config.dataclasses import KwargsHandler  # noqa: F401
-from ..config.deepspeed import DeepSpeedPlugin, DeepSpeedSequenceParallelConfig  # noqa: F401
+from ..config.handlers import *  # noqa: F401,F403
+from ..config.handlers import KwargsHandler  # noqa: F401
+from ..backends.deepspeed.plugin import DeepSpeedPlugin, DeepSpeedSequenceParallelConfig  # noqa: F401
 from ..config.fp8 import (  # noqa: F401
     AORecipeKwargs,
     FP8RecipeKwargs,
     MSAMPRecipeKwargs,
     TERecipeKwargs,
 )
-from ..config.fsdp import FullyShardedDataParallelPlugin, get_module_class_from_name  # noqa: F401,E402
+from ..backends.fsdp.plugin import FullyShardedDataParallelPlugin, get_module_class_from_name  # noqa: F401,E402
 from ..config.megatron import (  # noqa: F401,E402
     MODEL_CONFIGS_TO_MEGATRON_PARSERS,
     MegatronLMPlugin,

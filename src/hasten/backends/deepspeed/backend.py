@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.weak import WeakIdKeyDictionary
 
-from ...config.deepspeed import AUTO, DummyOptim, DummyScheduler, _walk, get_active_deepspeed_plugin
+from .plugin import AUTO, DummyOptim, DummyScheduler, _walk, get_active_deepspeed_plugin
 from ...core.errors import CheckpointError, ConfigError, NotSupportedYetError
 from ...distributed.bootstrap import collective_timeout
 from ...state import GradientState

@@ -23,8 +23,8 @@ from typing import Any, Optional
 
 import torch
 
-from ..core.errors import ConfigError, NotSupportedYetError
-from ..distributed.cluster import parse_bool, parse_int
+from ...core.errors import ConfigError, NotSupportedYetError
+from ...distributed.cluster import parse_bool, parse_int
 
 AUTO = "auto"
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
@@ -211,7 +211,7 @@ def _check_field(name: str, value, source: str):
 
 def _from_environment(setting: str):
     """The table's value of `setting` when a variable gives it (the launcher's export), else None."""
-    from .resolve import runtime_value
+    from ...config.resolve import runtime_value
 
     try:
         resolved = runtime_value(setting)
@@ -665,7 +665,7 @@ class DeepSpeedSequenceParallelConfig:
 
     def __post_init__(self):
         if self.sp_seq_length_is_variable is None:
-            from ..distributed.cluster import parse_bool
+            from ...distributed.cluster import parse_bool
 
             self.sp_seq_length_is_variable = parse_bool(os.environ.get("PARALLELISM_CONFIG_SP_SEQ_LENGTH_IS_VARIABLE",
                                                                        "true"))

@@ -52,7 +52,7 @@ class FSDPBackend(Backend):
 
     def __init__(self, state, precision=None, ddp_kwargs=None, plugin=None):
         if plugin is None:
-            from ...config.fsdp import FullyShardedDataParallelPlugin
+            from .plugin import FullyShardedDataParallelPlugin
 
             plugin = FullyShardedDataParallelPlugin()
         super().__init__(state, precision=precision, ddp_kwargs=ddp_kwargs, plugin=plugin)

@@ -11,7 +11,7 @@ import os
 
 import torch
 
-from ...config.fsdp import get_module_class_from_name  # noqa: F401 - published here too
+from .plugin import get_module_class_from_name  # noqa: F401 - published here too
 from ...core.errors import ConfigError, NotSupportedYetError
 from ..base import inner_optimizer
 from . import checkpoint

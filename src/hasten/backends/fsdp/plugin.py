@@ -18,11 +18,11 @@ from typing import Any, Callable, Iterable, Optional, Union
 import torch
 from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy, StateDictType
 
-from ..core.enums import FSDP_AUTO_WRAP_POLICY
-from ..core.errors import ConfigError
-from ..distributed.cluster import parse_bool, parse_int
-from ..training.precision import DTYPES as _DTYPES
-from .settings import SETTINGS
+from ...core.enums import FSDP_AUTO_WRAP_POLICY
+from ...core.errors import ConfigError
+from ...distributed.cluster import parse_bool, parse_int
+from ...training.precision import DTYPES as _DTYPES
+from ...config.settings import SETTINGS
 
 _AUTO_WRAP_NAMES = tuple(name.lower() for name in FSDP_AUTO_WRAP_POLICY)
 
@@ -163,7 +163,7 @@ class FullyShardedDataParallelPlugin:
     def _warn_v1_only(self, name: str, variable: Optional[str]) -> None:
         """An FSDP1-only value from a variable, a config file or a launch flag is dropped under FSDP2: say so,
         naming where it came from. Not for the values `hasten launch` exports by default (as Accelerate does)."""
-        from .resolve import recorded_sources
+        from ...config.resolve import recorded_sources
 
         if variable is None:
             return
