@@ -50,7 +50,7 @@ _STRING_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
 def _include_buffers_default(include_buffers):
     if include_buffers is not None:
         return include_buffers
-    from .distributed.cluster import env_flag
+    from .core.env import env_flag
 
     return env_flag("INIT_INCLUDE_BUFFERS", False)
 

@@ -53,7 +53,7 @@ def _record_failure(record_dir: str, error: BaseException) -> None:
     import json
     import time
 
-    from .distributed.cluster import parse_int
+    from .core.env import parse_int
     from .resilience.error_file import PEER_LOSS_MARKERS
 
     message = (f"{type(error).__name__}: {error}".strip().splitlines() or [""])[0][:300]

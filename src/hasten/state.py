@@ -16,6 +16,7 @@ from functools import partial
 import torch
 
 from .config.handlers import given_kwargs
+from .core.env import env_value, parse_flag_from_env
 from .core.enums import TORCH_DISTRIBUTED_TYPES, DistributedType, PrecisionType
 from .core.errors import ConfigError, StateResetError
 from .distributed import cluster as environment
@@ -90,7 +91,7 @@ class PartialState(_SharedState):
     def __init__(self, cpu: bool = False, **kwargs):
         self.__dict__ = self._shared_state
         already = self.initialized
-        self.fork_launched = environment.parse_flag_from_env("FORK_LAUNCHED", False)
+        self.fork_launched = parse_flag_from_env("FORK_LAUNCHED", False)
         if already:
             return
         try:
@@ -149,7 +150,7 @@ class PartialState(_SharedState):
             environment.pin_to_numa_node(self.device.type, _pci_bus_id(self.device), self.local_process_index)
 
     def _pick_device(self, device_type: str) -> torch.device:
-        forced = environment.env_value("TORCH_DEVICE")
+        forced = env_value("TORCH_DEVICE")
         if forced:
             return torch.device(forced)
         if device_type in ("cpu", "mps"):
@@ -422,7 +423,7 @@ class AcceleratorState(_SharedState):
 
     @property
     def fork_launched(self):
-        return environment.parse_flag_from_env("FORK_LAUNCHED", False)
+        return parse_flag_from_env("FORK_LAUNCHED", False)
 
 
 def device_index(device_type: str, local_index: int, count: int | None = None) -> int:

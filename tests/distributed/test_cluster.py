@@ -9,10 +9,10 @@ import sys
 import pytest
 
 from hasten.core.enums import DistributedType
-from hasten.distributed.cluster import (
-    ClusterInfo, _first_slurm_host, choose_backend, detect_cluster, detect_device_type, distributed_type_for,
-    env_flag, env_value, get_int_from_env, parse_flag_from_env, str_to_bool,
+from hasten.core.env import (
+    _first_slurm_host, env_flag, env_value, get_int_from_env, parse_flag_from_env, str_to_bool,
 )
+from hasten.distributed.cluster import ClusterInfo, choose_backend, detect_cluster, detect_device_type, distributed_type_for
 from hasten.core.errors import ConfigError
 
 # -- truthiness -------------------------------------------------------------------------------------------------

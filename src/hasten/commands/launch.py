@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..core.errors import ConfigError, LaunchError
-from ..distributed.cluster import parse_bool, parse_int
+from ..core.env import parse_bool, parse_int
 from ..launch.machine import get_free_port
 
 

@@ -120,7 +120,7 @@ def slurm_values(env: Mapping[str, str]) -> dict:
     """
     if "SLURM_PROCID" not in env or "SLURM_STEP_ID" not in env or "LOCAL_RANK" in env:
         return {}
-    from ..distributed.cluster import _first_slurm_host, _slurm_tasks_on_first_node, parse_int
+    from ..core.env import _first_slurm_host, _slurm_tasks_on_first_node, parse_int
 
     def number(name, default):
         try:

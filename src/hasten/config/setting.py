@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from ..core.errors import NotBuiltError
-from ..distributed.cluster import parse_bool, parse_int
+from ..core.env import parse_bool, parse_int
 
 
 class ParserDefault(str):

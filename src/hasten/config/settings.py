@@ -22,7 +22,7 @@ from dataclasses import replace
 from typing import Mapping
 
 from ..core import enums
-from ..distributed.cluster import parse_bool
+from ..core.env import parse_bool
 from .setting import ParserDefault, Setting  # the row type; callers name it from here too
 
 # ----------------------------------------------------------------------------------------------- row builders

@@ -16,7 +16,7 @@ import sys
 
 import torch
 
-from ..distributed.cluster import env_value, parse_flag_from_env, str_to_bool
+from .env import env_value, parse_flag_from_env, str_to_bool
 
 STR_OPERATION_TO_FUNC = {">": operator.gt, ">=": operator.ge, "==": operator.eq, "!=": operator.ne,
                          "<=": operator.le, "<": operator.lt}

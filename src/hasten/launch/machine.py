@@ -17,7 +17,7 @@ import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from ..distributed.cluster import get_int_from_env, parse_flag_from_env
+from ..core.env import get_int_from_env, parse_flag_from_env
 
 # named for the public module these helpers are read from (Accelerate's `utils.environment`): under the alias,
 # `logging.getLogger("accelerate.utils.environment")` is this logger

@@ -12,7 +12,7 @@ from shutil import which
 
 from ..core.enums import DistributedType
 from ..core.errors import ConfigError
-from ..distributed.cluster import parse_int
+from ..core.env import parse_int
 from . import mpirun
 
 # distributed types whose processes find their rank from LOCAL_RANK/RANK

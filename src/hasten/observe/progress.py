@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib.util
 import os
 
-from ..distributed.cluster import str_to_bool
+from ..core.env import str_to_bool
 
 _SWITCHES = ("HASTEN_DISABLE_PROGRESS_BARS", "ACCELERATE_DISABLE_PROGRESS_BARS", "TQDM_DISABLE")
 

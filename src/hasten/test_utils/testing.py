@@ -23,7 +23,7 @@ import torch
 
 from ..core import availability as a
 from ..core.availability import *  # noqa: F401,F403 - Accelerate's testing module offers the probes too
-from ..distributed.cluster import parse_flag_from_env  # noqa: F401 - published here too
+from ..core.env import parse_flag_from_env  # noqa: F401 - published here too
 from ..state import AcceleratorState, GradientState, PartialState
 
 

@@ -11,7 +11,7 @@ from .base import GeneralTracker, flatten, import_library, is_number, on_main_pr
 
 
 def _env_flag(name: str, default: bool) -> bool:
-    from ..distributed.cluster import parse_bool
+    from ..core.env import parse_bool
 
     value = os.environ.get(name)
     try:

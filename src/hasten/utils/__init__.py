@@ -52,7 +52,7 @@ _SOURCES = {
         "DeepSpeedEngineWrapper", "DeepSpeedOptimizerWrapper", "DeepSpeedSchedulerWrapper",
     ],
     "hasten.backends.fsdp.checkpoint": ["merge_fsdp_weights"],
-    "hasten.distributed.cluster": [
+    "hasten.core.env": [
         "str_to_bool", "parse_flag_from_env", "parse_choice_from_env", "get_int_from_env",
     ],
     "hasten.core.errors": ["DistributedOperationException"],

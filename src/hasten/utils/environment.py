@@ -1,6 +1,6 @@
-"""Accelerate's `utils.environment` path; the code lives in `hasten.distributed.cluster` and `hasten.launch.machine`."""
+"""Accelerate's `utils.environment` path; the code lives in `hasten.core.env` and `hasten.launch.machine`."""
 
-from ..distributed.cluster import (  # noqa: F401
+from ..core.env import (  # noqa: F401
     get_int_from_env,
     parse_choice_from_env,
     parse_flag_from_env,

@@ -120,7 +120,7 @@ class DeepSpeedBackend(Backend):
         op = _CPU_JIT_OPTIMIZERS.get(kind)
         if op is None or (kind in ("adam", "adamw") and params.get("torch_adam")):
             return
-        from ...distributed.cluster import parse_bool
+        from ...core.env import parse_bool
 
         try:
             allowed = parse_bool(os.environ.get(_ALLOW_JIT_VARIABLE) or "0")

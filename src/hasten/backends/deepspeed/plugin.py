@@ -24,7 +24,7 @@ from typing import Any, Optional
 import torch
 
 from ...core.errors import ConfigError, NotSupportedYetError
-from ...distributed.cluster import parse_bool, parse_int
+from ...core.env import parse_bool, parse_int
 
 AUTO = "auto"
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
@@ -665,7 +665,7 @@ class DeepSpeedSequenceParallelConfig:
 
     def __post_init__(self):
         if self.sp_seq_length_is_variable is None:
-            from ...distributed.cluster import parse_bool
+            from ...core.env import parse_bool
 
             self.sp_seq_length_is_variable = parse_bool(os.environ.get("PARALLELISM_CONFIG_SP_SEQ_LENGTH_IS_VARIABLE",
                                                                        "true"))

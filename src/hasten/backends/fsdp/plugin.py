@@ -20,7 +20,7 @@ from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy, StateDict
 
 from ...core.enums import FSDP_AUTO_WRAP_POLICY
 from ...core.errors import ConfigError
-from ...distributed.cluster import parse_bool, parse_int
+from ...core.env import parse_bool, parse_int
 from ...training.precision import DTYPES as _DTYPES
 from ...config.settings import SETTINGS
 

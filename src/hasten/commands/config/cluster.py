@@ -80,7 +80,7 @@ def get_cluster_input() -> dict:
 
 
 def _rank(text, machines):
-    from ...distributed.cluster import parse_int
+    from ...core.env import parse_int
 
     value = parse_int(text, 0)
     if value >= machines:
@@ -89,7 +89,7 @@ def _rank(text, machines):
 
 
 def _total(text, machines):
-    from ...distributed.cluster import parse_int
+    from ...core.env import parse_int
 
     value = parse_int(text, 1)
     if value % machines:

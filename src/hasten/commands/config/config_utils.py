@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ...core.errors import ConfigError
-from ...distributed.cluster import parse_bool, parse_int
+from ...core.env import parse_bool, parse_int
 
 
 class _Parser(argparse.ArgumentParser):
