@@ -20,6 +20,7 @@ from .core.env import env_value, parse_flag_from_env
 from .core.enums import TORCH_DISTRIBUTED_TYPES, DistributedType, PrecisionType
 from .core.errors import ConfigError, StateResetError
 from .distributed import cluster as environment
+from .distributed import numa
 from .distributed.bootstrap import collective_timeout, init_process_group
 
 __all__ = ["PartialState", "AcceleratorState", "GradientState", "DistributedType", "is_initialized"]
@@ -147,7 +148,7 @@ class PartialState(_SharedState):
 
             hang_doctor.install(self.collective_timeout.total_seconds(), _setting("hang_doctor_wait", None, env))
         if _setting("enable_cpu_affinity", None, env):
-            environment.pin_to_numa_node(self.device.type, _pci_bus_id(self.device), self.local_process_index)
+            numa.pin_to_numa_node(self.device.type, numa.pci_bus_id(self.device), self.local_process_index)
 
     def _pick_device(self, device_type: str) -> torch.device:
         forced = env_value("TORCH_DEVICE")
@@ -439,16 +440,6 @@ def device_index(device_type: str, local_index: int, count: int | None = None) -
         f"{device_type} devices; start at most {count} processes per machine (`--num_processes`), or give each "
         f"process its own device (CUDA_VISIBLE_DEVICES), or name one with HASTEN_TORCH_DEVICE"
     )
-
-
-def _pci_bus_id(device: torch.device) -> str | None:
-    """`0000:3b:00.0` for a CUDA device (its NUMA node is found through it), else None."""
-    if device.type != "cuda":
-        return None
-    props = torch.cuda.get_device_properties(device)
-    if not hasattr(props, "pci_bus_id"):
-        return None
-    return f"{getattr(props, 'pci_domain_id', 0):04x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
 
 
 def _setting(name: str, code=None, env=None):

@@ -324,7 +324,7 @@ def _fake_sysfs(root, nodes, gpu_node=None):
 
 
 def test_numa_cpus_follow_the_gpu_or_spread_cpu_processes(tmp_path):
-    from hasten.distributed.cluster import numa_cpus, parse_cpu_list
+    from hasten.distributed.numa import numa_cpus, parse_cpu_list
 
     assert parse_cpu_list("0-2,8,10-11") == [0, 1, 2, 8, 10, 11]
     root = _fake_sysfs(tmp_path / "a", ["0-1", "2-3"], gpu_node=1)
@@ -337,7 +337,7 @@ def test_numa_cpus_follow_the_gpu_or_spread_cpu_processes(tmp_path):
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity on this platform")
 def test_pin_to_numa_node_restricts_this_process(tmp_path):
-    from hasten.distributed.cluster import pin_to_numa_node
+    from hasten.distributed.numa import pin_to_numa_node
 
     before = os.sched_getaffinity(0)
     first = min(before)
