@@ -11,9 +11,8 @@ import pytest
 
 import hasten.utils as utils
 from hasten.commands.launch import launch_command_parser
-from hasten.launch.machine import _parse_cpu_list
 from hasten.core.errors import ConfigError
-from hasten.utils.environment import CPUInformation
+from hasten.utils.environment import CPUInformation, override_numa_affinity
 from hasten.utils.launch import env_var_path_add
 
 
@@ -119,8 +118,37 @@ def test_device_facts_on_a_machine_without_gpus():
     assert os.sched_getaffinity(0) == before
 
 
-def test_cpu_list_parsing():
-    assert _parse_cpu_list("0-3,8,10-11\n") == [0, 1, 2, 3, 8, 10, 11]
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity on this platform")
+def test_set_numa_affinity_pins_a_gpu_process_to_its_gpus_node(tmp_path, monkeypatch):
+    """Accelerate's `override_numa_affinity` and `--enable_cpu_affinity` share one implementation: the GPU's
+    PCI address -> its sysfs NUMA node -> that node's CPUs (here a fake sysfs whose GPU sits on node 1)."""
+    import torch
+
+    from hasten.distributed import numa
+
+    before = os.sched_getaffinity(0)
+    first = min(before)
+    for index, cpus in enumerate(["100000", str(first)]):
+        folder = tmp_path / "devices" / "system" / "node" / f"node{index}"
+        folder.mkdir(parents=True)
+        (folder / "cpulist").write_text(cpus + "\n")
+    gpu = tmp_path / "bus" / "pci" / "devices" / "0000:3b:00.0"
+    gpu.mkdir(parents=True)
+    (gpu / "numa_node").write_text("1\n")
+    monkeypatch.setattr(numa, "SYSFS", str(tmp_path))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    asked = []
+    monkeypatch.setattr(numa, "pci_bus_id", lambda device: asked.append(device) or "0000:3B:00.0")
+    try:
+        override_numa_affinity(0, verbose=True)
+        assert asked == [torch.device("cuda", 0)]  # the process's own GPU, by its local index
+        assert os.sched_getaffinity(0) == {first}  # the GPU's node 1, not node 0 that local index 0 would spread to
+        (gpu / "numa_node").write_text("-1\n")  # the kernel does not know the GPU's node: left alone
+        os.sched_setaffinity(0, before)
+        override_numa_affinity(1)
+        assert os.sched_getaffinity(0) == before
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 def test_are_libraries_initialized():

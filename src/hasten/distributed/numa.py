@@ -10,6 +10,9 @@ import os
 
 from ..core.env import parse_int
 
+# where the kernel describes the machine; tests point it at a fake tree
+SYSFS = "/sys"
+
 
 def parse_cpu_list(text: str) -> list[int]:
     """The CPUs of a sysfs list such as `0-7,16-23`."""
@@ -20,12 +23,13 @@ def parse_cpu_list(text: str) -> list[int]:
     return cpus
 
 
-def numa_cpus(device_type: str, pci_bus_id: str | None, local_index: int, root: str = "/sys") -> list[int] | None:
+def numa_cpus(device_type: str, pci_bus_id: str | None, local_index: int, root: str | None = None) -> list[int] | None:
     """The CPUs of the NUMA node this process belongs to, or None when the machine has no NUMA information.
 
     A GPU process belongs to its GPU's node (`<root>/bus/pci/devices/<pci id>/numa_node`); a CPU process to node
     `local_index % nodes`, so the processes of one machine spread over its nodes.
     """
+    root = SYSFS if root is None else root
     nodes_dir = os.path.join(root, "devices", "system", "node")
     try:
         nodes = sorted(int(name[4:]) for name in os.listdir(nodes_dir) if name.startswith("node") and name[4:].isdigit())
@@ -50,7 +54,7 @@ def numa_cpus(device_type: str, pci_bus_id: str | None, local_index: int, root: 
         return None
 
 
-def pin_to_numa_node(device_type: str, pci_bus_id: str | None, local_index: int, root: str = "/sys") -> list[int] | None:
+def pin_to_numa_node(device_type: str, pci_bus_id: str | None, local_index: int, root: str | None = None) -> list[int] | None:
     """Restrict this process to its NUMA node's CPUs (those it may use at all); returns them, or None if unchanged."""
     cpus = numa_cpus(device_type, pci_bus_id, local_index, root)
     if not cpus or not hasattr(os, "sched_setaffinity"):

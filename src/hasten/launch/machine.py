@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 import os
 import platform
 import shutil
@@ -223,63 +222,24 @@ def check_cuda_fp8_capability() -> bool:
     return capability >= (8, 9)
 
 
-def _parse_cpu_list(text: str) -> list:
-    """'0-3,8,10-11' -> [0, 1, 2, 3, 8, 10, 11] (the format of /sys/devices/system/node/node*/cpulist)."""
-    cpus = []
-    for part in text.split(","):
-        part = part.strip()
-        if "-" in part:
-            start, end = part.split("-")
-            cpus.extend(range(int(start), int(end) + 1))
-        elif part:
-            cpus.append(int(part))
-    return cpus
-
-
-def _gpu_cpu_affinity(local_process_index: int) -> list:
-    """The CPU cores closest to this process's GPU (its NUMA node), from NVML or, on ROCm, amdsmi."""
-    import torch
-
-    from ..core.availability import is_amdsmi_available, is_pynvml_available
-
-    if torch.version.hip is not None:
-        if not is_amdsmi_available():
-            raise ImportError("setting NUMA affinity on ROCm GPUs needs amdsmi, which ships with ROCm's Python bindings")
-        import amdsmi
-
-        amdsmi.amdsmi_init()
-        try:
-            handle = amdsmi.amdsmi_get_processor_handles()[local_process_index]
-            node = amdsmi.amdsmi_topo_get_numa_node_number(handle)
-        finally:
-            amdsmi.amdsmi_shut_down()
-        if node is None or node < 0:
-            return sorted(os.sched_getaffinity(0))
-        with open(f"/sys/devices/system/node/node{node}/cpulist") as handle:
-            return _parse_cpu_list(handle.read())
-    if not is_pynvml_available():
-        raise ImportError("setting NUMA affinity on CUDA GPUs needs NVML bindings: pip install nvidia-ml-py")
-    import pynvml
-
-    pynvml.nvmlInit()
-    words = math.ceil((os.cpu_count() or 1) / 64)
-    mask = pynvml.nvmlDeviceGetCpuAffinity(pynvml.nvmlDeviceGetHandleByIndex(local_process_index), words)
-    # NVML gives 64-bit words, least significant word first; bit i of the whole mask is core i
-    return [64 * w + bit for w, word in enumerate(mask) for bit in range(64) if (word >> bit) & 1]
-
-
 def override_numa_affinity(local_process_index: int, verbose: bool | None = None) -> None:
-    """Pin this process to the CPU cores of its GPU's NUMA node (recomputed on every call). No GPU: nothing."""
+    """Pin this process to the CPU cores of its GPU's NUMA node (recomputed on every call). No GPU: nothing.
+
+    The node comes from sysfs through the GPU's PCI address (`hasten.distributed.numa`, the same code as
+    `--enable_cpu_affinity`), so no NVML or amdsmi is needed; cores this process may not use are left out.
+    """
     import torch
+
+    from ..distributed import numa
 
     if verbose is None:
         verbose = parse_flag_from_env("ACCELERATE_DEBUG_MODE", False)
-    if not torch.cuda.is_available() or not hasattr(os, "sched_setaffinity"):
+    if not torch.cuda.is_available():
         return
-    cores = _gpu_cpu_affinity(local_process_index)
-    os.sched_setaffinity(0, cores)
-    if verbose:
-        logger.info("process %d pinned to %d CPU cores: %s", local_process_index, len(cores), sorted(os.sched_getaffinity(0)))
+    device = torch.device("cuda", local_process_index)
+    cores = numa.pin_to_numa_node(device.type, numa.pci_bus_id(device), local_process_index)
+    if verbose and cores:
+        logger.info("process %d pinned to %d CPU cores: %s", local_process_index, len(cores), cores)
 
 
 @functools.lru_cache
