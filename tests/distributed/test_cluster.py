@@ -10,7 +10,7 @@ import pytest
 
 from hasten.core.enums import DistributedType
 from hasten.core.env import (
-    _first_slurm_host, env_flag, env_value, get_int_from_env, parse_flag_from_env, str_to_bool,
+    first_slurm_host, env_flag, env_value, get_int_from_env, parse_flag_from_env, str_to_bool,
 )
 from hasten.distributed.cluster import ClusterInfo, choose_backend, detect_cluster, detect_device_type, distributed_type_for
 from hasten.core.errors import ConfigError
@@ -113,7 +113,7 @@ def test_slurm_batch_shell_without_srun_is_single():
      ("rack1-n[7,9]", "rack1-n7")],
 )
 def test_first_slurm_host(nodelist, first):
-    assert _first_slurm_host(nodelist) == first
+    assert first_slurm_host(nodelist) == first
 
 
 def test_open_mpi():

@@ -120,7 +120,7 @@ def slurm_values(env: Mapping[str, str]) -> dict:
     """
     if "SLURM_PROCID" not in env or "SLURM_STEP_ID" not in env or "LOCAL_RANK" in env:
         return {}
-    from ..core.env import _first_slurm_host, _slurm_tasks_on_first_node, parse_int
+    from ..core.env import first_slurm_host, parse_int, slurm_tasks_on_first_node
 
     def number(name, default):
         try:
@@ -130,14 +130,14 @@ def slurm_values(env: Mapping[str, str]) -> dict:
 
     nodes = number("SLURM_STEP_NUM_NODES", number("SLURM_NNODES", 1))
     tasks = number("SLURM_STEP_NUM_TASKS", number("SLURM_NTASKS", 1))
-    per_node = _slurm_tasks_on_first_node(env.get("SLURM_STEP_TASKS_PER_NODE", env.get("SLURM_TASKS_PER_NODE", "")))
+    per_node = slurm_tasks_on_first_node(env.get("SLURM_STEP_TASKS_PER_NODE", env.get("SLURM_TASKS_PER_NODE", "")))
     nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or "127.0.0.1"
     if tasks > nodes or per_node > 1:
         return {"slurm_per_task": (True, f"SLURM_NTASKS={tasks} over SLURM_NNODES={nodes}")}
     result = {
         "num_machines": (nodes, "SLURM_NNODES"),
         "machine_rank": (number("SLURM_NODEID", 0), "SLURM_NODEID"),
-        "main_process_ip": (env.get("MASTER_ADDR") or _first_slurm_host(nodelist), "SLURM_STEP_NODELIST"),
+        "main_process_ip": (env.get("MASTER_ADDR") or first_slurm_host(nodelist), "SLURM_STEP_NODELIST"),
     }
     gpus = env.get("SLURM_GPUS_ON_NODE")
     if gpus and gpus.isdigit() and int(gpus) > 0:

@@ -114,8 +114,10 @@ def get_int_from_env(env_keys, default: int) -> int:
     return default
 
 
+# SLURM writes host and task lists in its own compressed text; cluster detection and `hasten launch` both read it.
 
-def _first_slurm_host(nodelist: str) -> str:
+
+def first_slurm_host(nodelist: str) -> str:
     """First host of a SLURM node list such as `gpu[03-05,09],cpu1` -> `gpu03`."""
     match = re.match(r"([^,\[]+)(\[([^\]]+)\])?", nodelist.strip())
     if not match:
@@ -126,7 +128,7 @@ def _first_slurm_host(nodelist: str) -> str:
     return prefix + ranges.split(",")[0].split("-")[0]
 
 
-def _slurm_tasks_on_first_node(spec: str) -> int:
+def slurm_tasks_on_first_node(spec: str) -> int:
     """`SLURM_STEP_TASKS_PER_NODE` looks like `4(x2),3`; the count on this job's nodes is the first number."""
     match = re.match(r"(\d+)", spec or "")
     return int(match.group(1)) if match else 1

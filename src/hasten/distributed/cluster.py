@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-from ..core.env import _first_slurm_host, _slurm_tasks_on_first_node, env_flag, env_value, parse_int
+from ..core.env import env_flag, env_value, first_slurm_host, parse_int, slurm_tasks_on_first_node
 from ..core.errors import ConfigError
 
 
@@ -73,7 +73,7 @@ def detect_cluster(env: Mapping[str, str] | None = None) -> ClusterInfo:
         world = _int_var(env, ["SLURM_NTASKS", "SLURM_STEP_NUM_TASKS"], 1, minimum=1)
         local_world = _int_var(env, ["SLURM_NTASKS_PER_NODE"], None, minimum=1)
         if local_world is None:
-            local_world = _slurm_tasks_on_first_node(env.get("SLURM_STEP_TASKS_PER_NODE", env.get("SLURM_TASKS_PER_NODE", "")))
+            local_world = slurm_tasks_on_first_node(env.get("SLURM_STEP_TASKS_PER_NODE", env.get("SLURM_TASKS_PER_NODE", "")))
         nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or ""
         info = ClusterInfo(
             launcher="slurm",
@@ -82,7 +82,7 @@ def detect_cluster(env: Mapping[str, str] | None = None) -> ClusterInfo:
             local_rank=_int_var(env, ["SLURM_LOCALID"], 0),
             local_world_size=local_world,
             node_rank=_int_var(env, ["SLURM_NODEID"], 0),
-            master_addr=master_addr or (_first_slurm_host(nodelist) if nodelist else "127.0.0.1"),
+            master_addr=master_addr or (first_slurm_host(nodelist) if nodelist else "127.0.0.1"),
             master_port=master_port or 29500,
         )
     elif any(k in env for k in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE")):
