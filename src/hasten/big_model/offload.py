@@ -25,20 +25,10 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
+from ..core.dtypes import SAFETENSORS_DTYPES
 from ..core.errors import OffloadError
 
 INDEX_NAME = "index.json"
-
-# safetensors' dtype codes -> torch dtypes
-_SAFETENSORS_DTYPES = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-    "BOOL": torch.bool,
-}
-for _code, _name in (("F8_E4M3", "float8_e4m3fn"), ("F8_E5M2", "float8_e5m2"), ("U16", "uint16"),
-                     ("U32", "uint32"), ("U64", "uint64")):
-    if hasattr(torch, _name):
-        _SAFETENSORS_DTYPES[_code] = getattr(torch, _name)
 
 
 # -- .dat files (Accelerate's offload folder format) -----------------------------------------------------------
@@ -166,7 +156,7 @@ class MappedSafetensors:
 
     def tensor(self, name: str) -> torch.Tensor:
         entry = self.entries[name]
-        dtype = _SAFETENSORS_DTYPES.get(entry["dtype"])
+        dtype = SAFETENSORS_DTYPES.get(entry["dtype"])
         if dtype is None:
             raise OffloadError(f"{self.path}: weight {name!r} has dtype {entry['dtype']}, which hasten cannot read")
         shape = entry["shape"]

@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from ..core.dtypes import SAFETENSORS_DTYPES, SAFETENSORS_NAMES
 from ..core.errors import CheckpointError
 from .safe_load import safetensors_load, torch_load_safely
 
@@ -22,7 +23,7 @@ def save_tensors(tensors: dict, path: str) -> None:
     """A safetensors file, written straight from the tensors' memory. (safetensors' `save_file` first copies
     every tensor into a bytes object: a second copy of the checkpoint in memory, and its time.)"""
     prepared = {name: t.detach().to("cpu").contiguous() for name, t in tensors.items()}
-    names = {t.dtype: _SAFETENSORS_NAMES.get(t.dtype) for t in prepared.values()}
+    names = {t.dtype: SAFETENSORS_NAMES.get(t.dtype) for t in prepared.values()}
     if None in names.values():
         from safetensors.torch import save_file
 
@@ -113,14 +114,6 @@ READ_THREADS = 4
 _GAP_BYTES = 2**20  # holes up to this size between tensors (zip headers) are read into scratch, not skipped
 _IOV_MAX = 1000  # buffers per preadv call (Linux allows 1024)
 
-_SAFETENSORS_DTYPES = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-    "BOOL": torch.bool, "U16": torch.uint16, "U32": torch.uint32, "U64": torch.uint64,
-    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2, "C64": torch.complex64,
-}
-
-_SAFETENSORS_NAMES = {dtype: name for name, dtype in _SAFETENSORS_DTYPES.items()}
 _SAFETENSORS_RANK = ["BOOL", "U8", "I8", "F8_E5M2", "F8_E4M3", "I16", "U16", "F16", "BF16", "I32", "U32", "F32",
                      "C64", "F64", "I64", "U64"]
 
@@ -278,7 +271,7 @@ def _plan_safetensors_from(path: str, handle, into):
         if name == "__metadata__":
             continue
         try:
-            dtype = _SAFETENSORS_DTYPES.get(info["dtype"])
+            dtype = SAFETENSORS_DTYPES.get(info["dtype"])
             shape = [int(d) for d in info["shape"]]
             begin, end = (int(x) for x in info["data_offsets"])
         except (KeyError, TypeError, ValueError):

@@ -10,10 +10,12 @@ from typing import Any, Optional
 
 import torch
 
+from ..core.dtypes import PRECISION_DTYPES
 from ..core.enums import CustomDtype
 from ..core.errors import ConfigError
 
-_DTYPE_NAMES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+# the float precisions bitsandbytes computes in, by the run's precision names
+_DTYPE_NAMES = {name: PRECISION_DTYPES[name] for name in ("fp32", "fp16", "bf16")}
 _QUANT_TYPES = ("fp4", "nf4")
 _DEFAULT_THRESHOLD = 6.0
 

@@ -9,22 +9,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..core.dtypes import PRECISION_DTYPES
 from ..core.errors import ConfigError
 from ..core.nested import convert_outputs_to_fp32
 
-#: The one table from a precision name to the dtype it computes in (None: full precision, nothing to cast).
-#: fp8 keeps everything but its matmuls (and FSDP's parameters) in bf16. Used by the policy below, by
-#: `config/fsdp.py` for FSDP's mixed-precision policy, and by anything else that turns a name into a dtype.
-DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.bfloat16, "fp32": torch.float32, "no": None}
 _AUTOCAST_MODES = ("fp16", "bf16", "fp8")  # fp8 runs autocast to bf16 around its fp8 matmuls, as Accelerate
-
-
-def dtype_for(name: str):
-    """The torch dtype of a precision name ("bf16" -> torch.bfloat16; "no" -> None)."""
-    key = str(name).lower()
-    if key not in DTYPES:
-        raise ConfigError(f"unknown precision {name!r}; choose one of {', '.join(DTYPES)}")
-    return DTYPES[key]
 
 
 @dataclass(frozen=True)
@@ -75,7 +64,7 @@ class PrecisionPolicy:
 
     @property
     def autocast_dtype(self):
-        return DTYPES[self.mode] if self.mode in _AUTOCAST_MODES else None
+        return PRECISION_DTYPES[self.mode] if self.mode in _AUTOCAST_MODES else None
 
     # Accelerate's names for the same facts.
     dtype = autocast_dtype
@@ -192,7 +181,7 @@ def get_mixed_precision_context_manager(native_amp: bool = False, autocast_kwarg
 
     state = AcceleratorState()
     kwargs = autocast_kwargs.to_kwargs() if autocast_kwargs is not None else {}
-    dtype = DTYPES.get(state.mixed_precision)
+    dtype = PRECISION_DTYPES.get(state.mixed_precision)
     if dtype is not None:
         kwargs["dtype"] = dtype
     return torch.autocast(device_type=state.device.type, **kwargs)

@@ -21,7 +21,7 @@ from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy, StateDict
 from ...core.enums import FSDP_AUTO_WRAP_POLICY
 from ...core.errors import ConfigError
 from ...core.env import parse_bool, parse_int
-from ...training.precision import DTYPES as _DTYPES
+from ...core.dtypes import PRECISION_DTYPES
 from ...config.settings import SETTINGS
 
 _AUTO_WRAP_NAMES = tuple(name.lower() for name in FSDP_AUTO_WRAP_POLICY)
@@ -379,12 +379,12 @@ class FullyShardedDataParallelPlugin:
             )
         if isinstance(value, str):
             key = value.strip().lower()
-            if key not in _DTYPES:
+            if key not in PRECISION_DTYPES:
                 raise ConfigError(
                     f"fsdp mixed_precision_policy={value!r} is not valid; choose one of fp32, bf16, fp16, fp8 or "
                     "pass a dict of dtypes"
                 )
-            value = self._policy_fields(_DTYPES[key])
+            value = self._policy_fields(PRECISION_DTYPES[key])
         if not isinstance(value, dict):
             raise ConfigError(f"fsdp mixed_precision_policy must be a name, a dict or a {target.__name__}")
         allowed = {"param_dtype", "reduce_dtype"} | ({"buffer_dtype"} if self.fsdp_version == 1 else {"output_dtype"})
@@ -449,10 +449,10 @@ class FullyShardedDataParallelPlugin:
             dtype = mixed_precision
         else:
             key = str(mixed_precision).lower()
-            if key not in _DTYPES:
+            if key not in PRECISION_DTYPES:
                 raise ConfigError(f"mixed precision {mixed_precision!r} is not valid for FSDP; choose one of "
-                                  f"{', '.join(_DTYPES)}")
-            dtype = _DTYPES[key]
+                                  f"{', '.join(PRECISION_DTYPES)}")
+            dtype = PRECISION_DTYPES[key]
         if dtype is None or dtype == torch.float32:
             if override:
                 self.mixed_precision_policy = None
