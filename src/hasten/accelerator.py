@@ -134,7 +134,7 @@ class Accelerator:
         self.gradient_state = GradientState(gradient_accumulation_plugin=gradient_accumulation_plugin)
         self._token_window = None  # token-normalised accumulation (hasten's, opt-in): training/token_accumulation.py
         if gradient_accumulation_plugin.normalize_by_tokens:
-            from .parallelism_config import data_parallel_size
+            from .data.ranks import data_parallel_size
             from .training.token_accumulation import TokenWindow
 
             self._token_window = TokenWindow(data_parallel_size(self.state), self._backend)

@@ -34,7 +34,7 @@ from .data.shard import DataLoaderShard
 from .data.stateful import stateful_dataloader_class
 from .data.skipping import SkipDataLoader, skip_first_batches, with_sampler
 from .distributed.operations import broadcast_object_list
-from .parallelism_config import mesh_data_sharding, run_shares_batches
+from .data.ranks import mesh_data_sharding, run_shares_batches
 from .state import PartialState
 
 __all__ = [

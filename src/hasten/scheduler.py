@@ -48,7 +48,7 @@ class AcceleratedScheduler:
             self._step_once(*args, **kwargs)
             return
         if self._num_processes is None:
-            from .parallelism_config import data_parallel_size
+            from .data.ranks import data_parallel_size
 
             # Processes of one tensor/context-parallel group read the same batch: count the different ones.
             self._num_processes = data_parallel_size(AcceleratorState())

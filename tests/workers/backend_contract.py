@@ -84,7 +84,7 @@ def train(accelerator, model, optimizer, scheduler, steps) -> list:
 
 def data_share(accelerator) -> tuple:
     """(rank, world) of this process's data: processes of one tensor-parallel group read the same batch."""
-    from hasten.parallelism_config import data_ranks, splits_data_ranks
+    from hasten.data.ranks import data_ranks, splits_data_ranks
 
     mesh = accelerator.torch_device_mesh
     if splits_data_ranks(mesh):

@@ -13,7 +13,7 @@ from torch.distributed.tensor import DTensor
 
 from tp_common import GLOBAL_BATCH, fresh_accelerator, loss_of, make_model, max_diff, reference, sgd, tokens, whole
 from hasten import ParallelismConfig
-from hasten.parallelism_config import data_ranks
+from hasten.data.ranks import data_ranks
 
 TOL = 1e-5
 STEPS = range(3)

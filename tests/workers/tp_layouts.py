@@ -25,7 +25,8 @@ from tp_common import (
 from hasten import ParallelismConfig
 from hasten.core.enums import DistributedType
 from hasten.core.errors import ConfigError
-from hasten.parallelism_config import TorchTensorParallelConfig, data_ranks
+from hasten.data.ranks import data_ranks
+from hasten.parallelism_config import TorchTensorParallelConfig
 from hasten.utils import get_model_tp_size, model_has_dtensor
 
 TOL = 1e-5  # fp32; measured differences are ~6e-8 (only the order of additions differs from one process)

@@ -11,7 +11,7 @@ from ..core.nested import (
     is_torch_tensor,
     recursively_apply,
 )
-from ..parallelism_config import gather_data_parallel
+from .ranks import gather_data_parallel
 from ..state import GradientState
 
 logger = logging.getLogger(__name__)
