@@ -62,7 +62,7 @@ def deepspeed_plugins(deepspeed_plugin, deepspeed_plugins, fsdp_plugin):
     if fsdp_plugin is not None:
         raise ConfigError("DeepSpeed and FSDP cannot be combined: pass one of deepspeed_plugin and fsdp_plugin")
     plugins = plugins_from(deepspeed_plugin, deepspeed_plugins)
-    from ..utils.imports import is_deepspeed_available
+    from ..core.availability import is_deepspeed_available
 
     if not is_deepspeed_available():
         raise ImportError('DeepSpeed is not installed: pip install "hasten[deepspeed]"')
