@@ -1,7 +1,6 @@
 """Single-process behaviour of the Accelerator facade (in this pytest process)."""
 
 import math
-import warnings
 
 import pytest
 import torch

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from big_model_zoo import Block, TinyLM, WithBuffers
+from big_model_zoo import TinyLM, WithBuffers
 from hasten import (
     Accelerator,
     cpu_offload,

@@ -15,7 +15,6 @@ import inspect
 import textwrap
 import warnings
 from unittest import mock
-from pathlib import Path
 
 import pytest
 from launching import FIXTURES

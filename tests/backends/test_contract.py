@@ -9,7 +9,6 @@ launch flags that select it, and the number of processes. A registered backend w
 from __future__ import annotations
 
 import importlib.util
-from pathlib import Path
 
 import pytest
 

@@ -283,7 +283,6 @@ def test_benchmark_prints_blocking_times(tmp_path):
     """The benchmark runs (tiny, one process) and prints every side; no timing is checked."""
     import subprocess
     import sys
-    from pathlib import Path
 
     repo = REPO
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HASTEN_", "ACCELERATE_"))}

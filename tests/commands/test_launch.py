@@ -5,7 +5,6 @@ import re
 import socket
 import subprocess
 import sys
-from pathlib import Path
 from launching import SCRIPTS
 
 SCRIPT = SCRIPTS / "config_two_machines.py"

@@ -324,7 +324,6 @@ def test_explain_reports_what_the_launched_scripts_accelerator_uses(processes, r
 
 def test_docs_settings_page_is_generated_from_the_table():
     import importlib.util
-    import pathlib
 
     script = REPO / "scripts" / "settings_doc.py"
     spec = importlib.util.spec_from_file_location("settings_doc", script)

@@ -218,7 +218,6 @@ def test_overhead_benchmark_runs():
     import os
     import subprocess
     import sys
-    from pathlib import Path
 
     repo = REPO
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HASTEN_", "ACCELERATE_"))}

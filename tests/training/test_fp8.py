@@ -343,7 +343,6 @@ def test_without_fsdp2_the_weights_stay_plain_parameters():
 def test_benchmark_says_why_it_cannot_run_here():
     import subprocess
     import sys
-    from pathlib import Path
 
     script = REPO / "benchmarks" / "fp8_vs_bf16.py"
     result = subprocess.run([sys.executable, str(script), "--quick"], capture_output=True, text=True, timeout=120)

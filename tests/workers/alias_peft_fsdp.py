@@ -12,7 +12,6 @@ from peft import LoraConfig, get_peft_model
 from peft.utils.other import fsdp_auto_wrap_policy
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from transformers import GPT2Config, GPT2LMHeadModel
-from transformers.models.gpt2.modeling_gpt2 import GPT2Block
 
 import hasten
 

@@ -1,7 +1,6 @@
 """DeepSpeed's own AdamW (a C++ op compiled on first use) on CPU processes, allowed by HASTEN_DEEPSPEED_ALLOW_JIT=1:
 it trains like torch's AdamW. Slow the first time on a machine (4-5 minutes of compiling); run by the `slow` group."""
 
-import torch
 from deepspeed_common import LR, loader, loss_of, make_model, max_difference, reference
 
 from hasten import Accelerator, DeepSpeedPlugin

@@ -14,7 +14,7 @@ from fsdp_common import DIM, fresh_accelerator, make_model, train_steps
 from hasten.backends.fsdp.backend import _requires_gradient_sync
 from hasten.backends.fsdp.plugin import FullyShardedDataParallelPlugin
 from hasten.core.errors import CheckpointError, ConfigError
-from hasten.utils import GradientAccumulationPlugin, load_fsdp_model, save_fsdp_model
+from hasten.utils import load_fsdp_model, save_fsdp_model
 
 root = sys.argv[1]
 

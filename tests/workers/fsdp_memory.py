@@ -3,7 +3,6 @@ prepare every process holds only its shard, and the processes other than rank 0 
 shard. Run by tests/backends/test_fsdp.py on 2 processes; prints the measured numbers."""
 
 import contextlib
-import os
 
 import torch
 

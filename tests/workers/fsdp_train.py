@@ -4,7 +4,7 @@ clipping, optimizers built before/after prepare, state dicts. Run by tests/backe
 import torch
 from torch.distributed.tensor import DTensor
 
-from fsdp_common import batch, fresh_accelerator, full_params, make_model, max_diff, train_steps
+from fsdp_common import batch, fresh_accelerator, full_params, make_model, max_diff
 from hasten.backends.fsdp.plugin import FullyShardedDataParallelPlugin
 from hasten.core.enums import DistributedType
 from hasten.core.errors import ConfigError, NotSupportedYetError

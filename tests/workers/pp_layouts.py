@@ -6,7 +6,6 @@ layouts: gpipe, 1f1b (pp=2 on 2 processes), interleaved, zbv (2 stages per proce
 import os
 import sys
 
-import torch
 import torch.distributed as dist
 
 from pp_common import fresh_accelerator, make_model, max_diff, reference, sgd, tokens
