@@ -14,4 +14,6 @@ bash scripts/setup.sh test,deepspeed,alias-test,rich,fp8,bnb,stateful,hf-dataset
 .venv/bin/pip install -q --disable-pip-version-check --no-deps "trl==1.16.*" "peft==0.21.*" \
   || echo "trl/peft did not install; their alias tests will skip" >&2
 bash scripts/install_trackers.sh || echo "some tracker libraries did not install; their tests will skip" >&2
+# lint first (pyproject.toml [tool.ruff]): a finding fails CI before the suite starts
+.venv/bin/ruff check src tests
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
