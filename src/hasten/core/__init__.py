@@ -1,1 +1,2 @@
-"""Foundations every other part uses: errors, enums, constants, nested-structure helpers, availability probes."""
+"""Foundations every other part uses: errors, enums, constants, environment parsing, dtype tables, nested-structure
+helpers, availability probes."""

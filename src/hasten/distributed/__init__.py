@@ -1,1 +1,1 @@
-"""Who is in the run and how they talk: cluster detection, process-group bootstrap, collectives, RNG sync, tensor/context parallel plans."""
+"""Who is in the run and how they talk: cluster detection, NUMA pinning, process-group bootstrap, collectives, RNG sync, tensor/context parallel plans."""
