@@ -20,7 +20,6 @@ from .core.env import env_value, parse_flag_from_env
 from .core.enums import TORCH_DISTRIBUTED_TYPES, DistributedType, PrecisionType
 from .core.errors import ConfigError, StateResetError
 from .distributed import cluster as environment
-from .distributed import numa
 from .distributed.bootstrap import collective_timeout, init_process_group
 
 __all__ = ["PartialState", "AcceleratorState", "GradientState", "DistributedType", "is_initialized"]
@@ -148,6 +147,8 @@ class PartialState(_SharedState):
 
             hang_doctor.install(self.collective_timeout.total_seconds(), _setting("hang_doctor_wait", None, env))
         if _setting("enable_cpu_affinity", None, env):
+            from .distributed import numa
+
             numa.pin_to_numa_node(self.device.type, numa.pci_bus_id(self.device), self.local_process_index)
 
     def _pick_device(self, device_type: str) -> torch.device:

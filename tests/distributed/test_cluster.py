@@ -348,3 +348,19 @@ def test_pin_to_numa_node_restricts_this_process(tmp_path):
         assert pin_to_numa_node("cpu", None, 1, root) is None  # no CPU of that node is allowed: unchanged
     finally:
         os.sched_setaffinity(0, before)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity on this platform")
+def test_enable_cpu_affinity_pins_the_process_when_the_state_is_made(tmp_path, monkeypatch):
+    from hasten import PartialState
+    from hasten.distributed import numa
+
+    before = os.sched_getaffinity(0)
+    first = min(before)
+    monkeypatch.setattr(numa, "SYSFS", _fake_sysfs(tmp_path, [str(first), "100000"]))
+    monkeypatch.setenv("ACCELERATE_CPU_AFFINITY", "1")  # what `accelerate launch --enable_cpu_affinity` exports
+    try:
+        PartialState()
+        assert os.sched_getaffinity(0) == {first}  # local process 0 of a CPU run: node 0
+    finally:
+        os.sched_setaffinity(0, before)
