@@ -12,7 +12,12 @@ needed fails the test, so the list only shrinks.
 
 from __future__ import annotations
 
-from test_import_cycles import import_graph
+import functools
+
+import test_import_cycles
+
+# parsed once for the whole file: the graph is read from ~250 source files
+import_graph = functools.lru_cache(maxsize=1)(test_import_cycles.import_graph)
 
 # Lowest first: (floor, the modules and packages on it). A module's floor is its longest matching prefix, so a
 # module can stand on a lower floor than its package (a backend's settings dataclass is read by config/).
@@ -20,15 +25,18 @@ FLOORS = (
     ("core", ("hasten.core",)),
     # the settings table, the config file, precedence, kwargs handlers, and each backend's settings dataclass
     ("config", ("hasten.config", "hasten.backends.fsdp.plugin", "hasten.backends.deepspeed.plugin")),
-    # durable files, safe loading, fast I/O; preemption, the hang doctor, error files: they need no process group
-    ("storage and resilience", ("hasten.checkpoint", "hasten.resilience")),
-    ("distributed", ("hasten.distributed",)),
+    # durable files, safe loading, fast I/O, async saving: bytes on disk, no process group needed
+    ("storage", ("hasten.checkpoint",)),
+    # who am I, joining the group, collectives, plans; preemption, the hang doctor and error files watch them
+    ("distributed and resilience", ("hasten.distributed", "hasten.resilience")),
     # public modules that are the runtime core: who am I (state), which mesh (parallelism_config)
     ("runtime core", ("hasten.state", "hasten.parallelism_config")),
-    ("subsystems", ("hasten.training", "hasten.data", "hasten.observe", "hasten.big_model",
-                    "hasten.checkpoint.layout")),  # the layout writes a whole save_state folder: it reads the state
+    # which batches are mine (the scheduler reads the data-parallel size from here)
+    ("data", ("hasten.data",)),
     # public modules whose classes the backends return (AcceleratedOptimizer, AcceleratedScheduler)
     ("wrapped objects", ("hasten.optimizer", "hasten.scheduler")),
+    ("subsystems", ("hasten.training", "hasten.observe", "hasten.big_model",
+                    "hasten.checkpoint.layout")),  # the layout writes a whole save_state folder: it reads the state
     ("backends", ("hasten.backends",)),
     ("launch", ("hasten.launch",)),
     # Accelerate's public modules, the facade, the index (utils/) and the CLI
@@ -50,7 +58,7 @@ UPWARD_IMPORTS = {
     ("hasten.big_model.bnb", "hasten.big_modeling"):
         "load_and_quantize_model ends in Accelerate's dispatch_model/init_empty_weights, whose home is big_modeling.py",
     ("hasten.config.megatron", "hasten.parallelism_config"):
-        "MegatronLMPlugin turns its sizes into a ParallelismConfig; the run plan (issue 29 item 1) takes this over",
+        "MegatronLMPlugin's sizes become a ParallelismConfig (hasten runs Megatron layouts on its own TP/PP/FSDP)",
     ("hasten.checkpoint.layout", "hasten.backends.base"):
         "`numbered` (Accelerate's file names) lives in backends/base.py until the one checkpoint-files home "
         "(issue 29 item 4)",
