@@ -52,6 +52,15 @@ def _is_scheduler(obj) -> bool:
     )
 
 
+def _ulysses_model(model) -> None:
+    """Refuse a model whose layers carry a state along the sequence, then route its attention through Ulysses."""
+    from .big_modeling import _refuse_recurrent_layers_under_sequence_parallelism
+    from .distributed.sequence_parallel import register_with_transformers
+
+    _refuse_recurrent_layers_under_sequence_parallelism(model)
+    register_with_transformers(model)
+
+
 class Accelerator:
     """Runs one plain PyTorch training loop on a CPU, one GPU, many GPUs or many machines."""
 
@@ -320,6 +329,8 @@ class Accelerator:
             bnb_runs_on_cpu=lambda: is_bitsandbytes_multi_backend_available() and not is_xpu_available())
         if any(p.is_meta for p in model.parameters()) and device_placement:
             raise ConfigError("prepare() got a model with parameters on the meta device; load its weights first")
+        if self.parallelism_config is not None and self.parallelism_config.native_sp_enabled:
+            _ulysses_model(model)  # hasten's Ulysses: attention over the whole sequence (distributed/sequence_parallel)
         self.precision.convert_models([model], fsdp2=self.is_fsdp2)
         self.precision.wrap_forward(model)
         model = self._backend.prepare_model(model, device_placement=device_placement, evaluation_mode=evaluation_mode)
@@ -381,6 +392,10 @@ class Accelerator:
             data_seed=config.data_seed, non_blocking=config.non_blocking,
             use_stateful_dataloader=config.use_stateful_dataloader, torch_device_mesh=self.state.device_mesh,
         )
+        if self.parallelism_config is not None and self.parallelism_config.native_sp_enabled:
+            from .data.sequence_shard import shard_loader
+
+            shard_loader(prepared, self.state)  # each sp rank keeps its slice of the sequence
         prepared._is_accelerate_prepared = True
         self._dataloaders.append(prepared)
         self._resume_when_ready()
