@@ -54,8 +54,9 @@ def _is_scheduler(obj) -> bool:
 
 def _ulysses_model(model) -> None:
     """Refuse a model whose layers carry a state along the sequence, then route its attention through Ulysses."""
-    from .big_modeling import _refuse_recurrent_layers_under_sequence_parallelism
-    from .distributed.sequence_parallel import register_with_transformers
+    from .distributed.sequence_parallel import (
+        _refuse_recurrent_layers_under_sequence_parallelism, register_with_transformers,
+    )
 
     _refuse_recurrent_layers_under_sequence_parallelism(model)
     register_with_transformers(model)
@@ -287,6 +288,11 @@ class Accelerator:
         for i, obj in enumerate(args):
             if _is_scheduler(obj):
                 result[i] = self._prepare_one(obj, device_placement[i])
+        if models and getattr(self._backend, "ulysses_mpu", None) is not None:  # DeepSpeed's Ulysses (Accelerate's)
+            from .backends.deepspeed.ulysses import adapt_loader
+
+            mpu = self._backend.ulysses_mpu
+            result = [adapt_loader(o, self.device, mpu) if _is_dataloader(args[i]) else o for i, o in enumerate(result)]
         self._resume_when_ready()
         return result[0] if len(result) == 1 else tuple(result)
 
@@ -400,6 +406,19 @@ class Accelerator:
         self._dataloaders.append(prepared)
         self._resume_when_ready()
         return prepared
+
+    def deepspeed_ulysses_dl_adapter(self, dl, model):
+        """`UlyssesSPDataLoaderAdapter` around a loader prepared apart from the model (call it after preparing the
+        model, as the Trainer does); the loader itself when sp_size is 1."""
+        config = self.parallelism_config
+        if config is None or config.sp_size == 1:
+            return dl
+        if config.native_sp_enabled:
+            raise ConfigError("deepspeed_ulysses_dl_adapter is DeepSpeed's (sp_backend='deepspeed'); with "
+                              "sp_backend='hasten' prepared loaders are cut already; fix: use the prepared loader")
+        from .backends.deepspeed.ulysses import adapt_loader
+
+        return adapt_loader(dl, model.device)
 
     def skip_first_batches(self, dataloader, num_batches: int = 0):
         from .data_loader import skip_first_batches

@@ -333,8 +333,10 @@ def backend_for_layout(config: ParallelismConfig, num_processes: int, fsdp_plugi
         from .distributed.sequence_parallel import check_layout
 
         check_layout(config, deepspeed)  # one line per layout sequence parallelism cannot run
-        if not deepspeed and not config.native_sp_enabled:
-            return "ddp"  # sp_backend="deepspeed" without a DeepSpeed plugin: refused when the model is prepared
+        if not deepspeed and not config.native_sp_enabled:  # Accelerate would train plain DDP, sp dropped
+            raise ConfigError(f"ParallelismConfig sp_size={config.sp_size} with sp_backend='deepspeed' needs DeepSpeed "
+                              "(ALST/Ulysses); fix: enable DeepSpeed (--use_deepspeed or deepspeed_plugin=...), or "
+                              "sp_backend='hasten' for hasten's Ulysses with DDP/FSDP2")
     if config.cp_enabled and device_type not in (None, "cuda"):
         raise NotBuiltError(f"ParallelismConfig cp_size={config.cp_size} on {device_type}: {CP_ON_CPU}; fix: run on "
                             "CUDA GPUs or leave cp_size at 1")

@@ -37,8 +37,9 @@ def check_layout(config, deepspeed: bool) -> None:
     if not config.native_sp_enabled:
         return
     if deepspeed:
-        raise ConfigError(f"ParallelismConfig sp_size={config.sp_size} with sp_backend='hasten' and a DeepSpeed "
-                          "plugin: DeepSpeed runs its own Ulysses; fix: sp_backend='deepspeed' (or drop DeepSpeed)")
+        raise ConfigError(f"In order to use the configured sp_size={config.sp_size} with DeepSpeed, you need to "
+                          "configure sp_backend='deepspeed', yet you configured it to be sp_backend='hasten'. "
+                          "(hasten's Ulysses runs with DDP/FSDP2; DeepSpeed brings its own)")
     for dim in ("tp", "pp"):
         if config._sizes[dim] > 1:
             raise NotBuiltError(f"ParallelismConfig sp_size={config.sp_size} with {dim}_size={config._sizes[dim]}: "
@@ -56,6 +57,25 @@ def sp_group(state=None):
     if config is None or not config.native_sp_enabled:
         return None
     return config.submesh("sp").get_group()
+
+
+def _refuse_recurrent_layers_under_sequence_parallelism(model: torch.nn.Module) -> None:
+    """Raise ValueError when `model.config.layer_types` (of its text config, for multimodal models) lists a
+    linear-attention layer. Sequence parallelism gathers the whole sequence only inside attention; a
+    linear-attention layer carries a state along the sequence in its own code, so each rank would restart it from
+    zero and the gradients would be wrong without any error. (Accelerate's tests import it from
+    hasten.big_modeling, which re-exports it.)"""
+    config = getattr(model, "config", None)
+    if hasattr(config, "get_text_config"):
+        config = config.get_text_config()
+    recurrent = sorted({kind for kind in getattr(config, "layer_types", None) or [] if "linear_attention" in kind})
+    if recurrent:
+        raise ValueError(
+            f"Sequence parallelism does not support attention layers of type {recurrent} (model "
+            f"{type(model).__name__}): they carry a recurrent state along the sequence that sharding would restart "
+            "on every rank, giving wrong gradients silently. Use a full-attention model or turn sequence "
+            "parallelism off (sp_size=1)."
+        )
 
 
 # -- the all-to-all ---------------------------------------------------------------------------------------------
@@ -207,5 +227,5 @@ def causal_lm_loss(logits: torch.Tensor, shift_labels: torch.Tensor, ignore_inde
     return _SumOverGroup.apply(summed, ranks) / total_items.clamp(min=1)
 
 
-__all__ = ["causal_lm_loss", "heads_to_seq", "register_with_transformers", "seq_to_heads", "sequence_parallel_loss",
+__all__ = ["_refuse_recurrent_layers_under_sequence_parallelism", "causal_lm_loss", "heads_to_seq", "register_with_transformers", "seq_to_heads", "sequence_parallel_loss",
            "sp_group", "ulysses_attention"]
