@@ -498,7 +498,9 @@ class Accelerator:
         if self.scaler is not None and not self.sync_gradients:
             return None
         self.unscale_gradients()
-        torch.nn.utils.clip_grad_value_(parameters, clip_value)
+        # torch's fused (foreach) clamp refuses a mix of DTensor and plain gradients (tensor parallel layouts)
+        foreach = getattr(self._backend, "clip_value_foreach", None)
+        torch.nn.utils.clip_grad_value_(parameters, clip_value, foreach=foreach)
 
     # -- collectives and process control --------------------------------------------------------------------
     def gather(self, tensor):

@@ -154,3 +154,21 @@ def test_accelerates_sp_size_with_deepspeed_equals_one_process(tmp_path, stage):
     assert result["loss"] <= TOL and result["weights"] <= TOL, result
     assert result["train_batch_size"] == 1 and result["loader_length"] == 8, result  # micro 1 x 2 processes / sp 2
     assert result["adapter"] == {"length": 8, "seq": 6, "keys": ["input_ids", "position_ids", "shift_labels"]}
+
+
+# -- the rest of Accelerate's parallel surface (issue 33 item 3) ------------------------------------------------------
+def test_clip_grad_value_under_tensor_parallelism_alone():
+    """Accelerate clips by value under TP without FSDP; so does hasten now (tests/workers/tp_clip_value.py: tp 2 with
+    a clamp at 0.01 equals one process, which without the clamp ends elsewhere)."""
+    result = launch("tp_clip_value.py", timeout=600)
+    assert "tp clip_grad_value ok" in result.stdout
+
+
+def test_clip_grad_value_with_fsdp2_composed_stays_refused():
+    from hasten.backends.tensor_parallel import TensorParallelBackend
+
+    backend = TensorParallelBackend.__new__(TensorParallelBackend)
+    backend._device_mesh = lambda: object()  # FSDP2 over data dimensions: Accelerate refuses (distributed type FSDP)
+    assert backend.supports_clip_grad_value is False
+    backend._device_mesh = lambda: None
+    assert backend.supports_clip_grad_value is True
