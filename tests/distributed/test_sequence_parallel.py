@@ -8,11 +8,11 @@ import json
 
 import pytest
 import torch
+from launching import launch
 
 from hasten import Accelerator, ParallelismConfig
 from hasten.core.errors import ConfigError, NotBuiltError
 from hasten.data.sequence_shard import shard_sequence_batch
-from launching import launch
 
 TOL = 1e-5
 

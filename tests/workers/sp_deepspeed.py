@@ -11,8 +11,17 @@ import sys
 
 import torch
 import torch.distributed as dist
+from sp_common import (
+    SEQ,
+    VOCAB,
+    collate,
+    fresh_accelerator,
+    make_model,
+    max_diff,
+    samples,
+    whole,
+)
 
-from sp_common import SEQ, VOCAB, collate, fresh_accelerator, make_model, max_diff, samples, whole
 from hasten import DeepSpeedPlugin, ParallelismConfig
 from hasten.utils.dataclasses import DeepSpeedSequenceParallelConfig
 

@@ -12,10 +12,21 @@ import sys
 
 import torch
 import torch.distributed as dist
-
 from sp_common import (
-    LR, ROWS, STEPS, collate, fresh_accelerator, loader, make_model, max_diff, reference, samples, train_steps, whole,
+    LR,
+    ROWS,
+    STEPS,
+    collate,
+    fresh_accelerator,
+    loader,
+    make_model,
+    max_diff,
+    reference,
+    samples,
+    train_steps,
+    whole,
 )
+
 from hasten import GradientAccumulationPlugin, ParallelismConfig
 
 TOL = 1e-5

@@ -14,10 +14,19 @@ import sys
 
 import torch
 import torch.distributed as dist
-
 from sp_common import (
-    LR, STEPS, fresh_accelerator, loader, make_model, max_diff, reference, samples, train_steps, whole,
+    LR,
+    STEPS,
+    fresh_accelerator,
+    loader,
+    make_model,
+    max_diff,
+    reference,
+    samples,
+    train_steps,
+    whole,
 )
+
 from hasten.core.errors import ConfigError
 
 TOL = 1e-5

@@ -5,8 +5,16 @@ same (the clamp matters: gradients of this model exceed 0.01)."""
 import sys
 
 import torch
+from tp_common import (
+    fresh_accelerator,
+    loss_of,
+    make_model,
+    max_diff,
+    sgd,
+    tokens,
+    whole,
+)
 
-from tp_common import fresh_accelerator, loss_of, make_model, max_diff, sgd, tokens, whole
 from hasten import ParallelismConfig
 
 CLIP = 0.01

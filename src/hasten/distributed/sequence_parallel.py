@@ -167,7 +167,7 @@ def register_with_transformers(model, group=None) -> None:
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     if current == "eager":  # not in the registry: each model file has its own eager_attention_forward
-        inner = next((getattr(sys.modules[type(m).__module__], "eager_attention_forward") for m in model.modules()
+        inner = next((sys.modules[type(m).__module__].eager_attention_forward for m in model.modules()
                       if hasattr(sys.modules.get(type(m).__module__), "eager_attention_forward")), None)
     else:
         inner = ALL_ATTENTION_FUNCTIONS.get(current)

@@ -43,8 +43,11 @@ def register(state, model, micro_batch_size):
     if not hasattr(model, "config"):
         raise ValueError("UlyssesSPAttentionHF currently works with HF Transformers and expects the model object to "
                          "have a config attribute but this model doesn't have one.")
-    from ...distributed.sequence_parallel import _refuse_recurrent_layers_under_sequence_parallelism
     from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF
+
+    from ...distributed.sequence_parallel import (
+        _refuse_recurrent_layers_under_sequence_parallelism,
+    )
 
     _refuse_recurrent_layers_under_sequence_parallelism(model)
     handler = config.sp_handler
@@ -60,7 +63,9 @@ def register(state, model, micro_batch_size):
 def adapt_loader(loader, device, mpu=None):
     """`UlyssesSPDataLoaderAdapter` around a prepared loader, on the groups `mpu` made (None: DeepSpeed's current
     ones, for a loader prepared apart from the model)."""
-    from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPDataLoaderAdapter
+    from deepspeed.runtime.sequence_parallel.ulysses_sp import (
+        UlyssesSPDataLoaderAdapter,
+    )
 
     if mpu is None:
         from deepspeed.utils import groups
