@@ -44,10 +44,10 @@ def loader(data, rows=ROWS):
     return torch.utils.data.DataLoader(data, batch_size=rows, shuffle=False, collate_fn=collate)
 
 
-def reference(data, dp: int, steps=STEPS, rows=ROWS, seed=0):
+def reference(data, dp: int, steps=STEPS, rows=ROWS, seed=0, attn="sdpa"):
     """One process on whole sequences: each step takes dp batches of `rows` (as the data-parallel ranks read them)
     and averages their mean token losses (DDP's mean of the ranks' means). Returns (losses, weights)."""
-    model = make_model(seed)
+    model = make_model(seed, attn=attn)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     losses = []
     for step in range(steps):

@@ -126,8 +126,9 @@ def ulysses_attention(attention, group=None):
     attention-function layout) so that it attends over the whole sequence from sequence-sharded inputs.
 
     `group`: the sp process group (None: the running Accelerator's). The head counts of query and key/value must
-    divide by the group's size. The incoming mask (built for the local slice) is replaced by a causal mask over the
-    whole sequence; a module with `is_causal = False` is refused."""
+    divide by the group's size. The incoming mask (built for the local slice) is dropped: a function that takes
+    `is_causal` (transformers' SDPA) gets `is_causal=True` and no mask, any other a causal mask over the whole
+    sequence; a module with `is_causal = False` is refused."""
 
     def wrapped(module, query, key, value, attention_mask=None, **kwargs):
         ranks = group if group is not None else sp_group()
@@ -144,9 +145,18 @@ def ulysses_attention(attention, group=None):
                                   f"sp_size={size}; fix: an sp_size that divides the model's key/value heads")
         q, k, v = (seq_to_heads(t, ranks) for t in (query, key, value))
         kwargs.pop("is_causal", None)
-        output, weights = attention(module, q, k, v, _causal_mask(q.shape[2], q), **kwargs)
+        if takes_is_causal:  # SDPA-like: its causal kernel (O(seq) memory on CPU too), no mask to materialise
+            output, weights = attention(module, q, k, v, None, is_causal=True, **kwargs)
+        else:
+            output, weights = attention(module, q, k, v, _causal_mask(q.shape[2], q), **kwargs)
         return heads_to_seq(output, ranks), weights
 
+    import inspect
+
+    try:
+        takes_is_causal = "is_causal" in inspect.signature(attention).parameters
+    except (TypeError, ValueError):  # a builtin without a signature: the mask works everywhere
+        takes_is_causal = False
     wrapped.__wrapped__ = attention
     return wrapped
 
