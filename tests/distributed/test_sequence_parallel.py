@@ -172,3 +172,9 @@ def test_clip_grad_value_with_fsdp2_composed_stays_refused():
     assert backend.supports_clip_grad_value is False
     backend._device_mesh = lambda: None
     assert backend.supports_clip_grad_value is True
+
+
+def test_load_checkpoint_in_model_broadcast_from_rank0_fills_an_fsdp2_model(tmp_path):
+    """Only rank 0 reads the file; each rank of dp_shard 2 gets its shards (tests/workers/load_broadcast.py)."""
+    result = launch("load_broadcast.py", tmp_path, timeout=600)
+    assert result.stdout.count("broadcast load ok") == 2, result.stdout
