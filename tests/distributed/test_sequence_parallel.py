@@ -99,6 +99,18 @@ def test_sp_on_the_launchers_flags_reaches_the_processes():
     assert env["PARALLELISM_CONFIG_SP_SIZE"] == "2" and env["PARALLELISM_CONFIG_SP_BACKEND"] == "hasten"
     with pytest.raises(SystemExit):  # argparse's choices: one line on stderr
         launch_command_parser().parse_args(["--parallelism_config_sp_backend", "ring", "t.py"])
+    from hasten.commands.launch import plan_launch
+
+    def plan(*flags):
+        return plan_launch(launch_command_parser().parse_args(["--cpu", *flags, "t.py"]))
+
+    # hasten's sp counts in the number of processes; DeepSpeed's spans them its own way (Accelerate skips the check)
+    hasten_sp = ("--parallelism_config_sp_size", "2", "--parallelism_config_sp_backend", "hasten")
+    assert plan(*hasten_sp).num_processes == 2
+    assert plan(*hasten_sp, "--parallelism_config_dp_shard_size", "2").num_processes == 4
+    with pytest.raises(ConfigError, match="multiply to 2 but num_processes is 4"):
+        plan("--num_processes", "4", *hasten_sp)
+    assert plan("--num_processes", "4", "--parallelism_config_sp_size", "2").num_processes == 4
 
 
 def test_sp_from_the_environment_alone_builds_the_config(monkeypatch):
