@@ -44,6 +44,7 @@ EXTERNAL = {
                    "full": []},
     "pp_vs_fsdp": {"quick": ["--dim", "64", "--depth", "2", "--seq", "8", "--rows", "2", "--steps", "2"], "small": [],
                    "full": []},
+    "sp_vs_ddp": {"quick": ["--quick"], "small": ["--seqs", "1024,2048"], "full": []},
 }
 START, END = "<!-- benchmark results start -->", "<!-- benchmark results end -->"
 

@@ -122,3 +122,9 @@ def test_big_model_reports_the_three_rows():
     assert names[-1] == "forward half on disk / all in RAM"
     assert rows[-1][header.index("hasten")].endswith("×") and rows[-1][header.index("raw torch")] == "—"
     assert "outputs of hasten and raw torch agree" in out
+
+
+def test_sp_vs_ddp_prints_both_sides():
+    out = run_benchmark("benchmarks/sp_vs_ddp.py", "--quick")
+    header, *rows = table_rows(out, "Ulysses sp=2 vs DDP")
+    assert {row[1] for row in rows} == {"ddp", "sp"} and all("failed" not in row[2] for row in rows), out

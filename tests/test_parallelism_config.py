@@ -87,7 +87,7 @@ def test_sizes_are_read_from_the_environment_and_code_wins(monkeypatch):
     ("PARALLELISM_CONFIG_DP_SHARD_SIZE", "two", "PARALLELISM_CONFIG_DP_SHARD_SIZE='two'"),
     ("PARALLELISM_CONFIG_TP_SIZE", "0", "a whole number of 1 or more"),
     ("PARALLELISM_CONFIG_CP_BACKEND", "ring", "torch"),
-    ("PARALLELISM_CONFIG_SP_SIZE", "2", "not built"),
+    ("PARALLELISM_CONFIG_SP_BACKEND", "ring", "PARALLELISM_CONFIG_SP_BACKEND='ring'"),
 ])
 def test_a_bad_or_unbuilt_variable_is_one_line(monkeypatch, variable, text, expected):
     monkeypatch.setenv(variable, text)
@@ -99,9 +99,9 @@ def test_a_bad_or_unbuilt_variable_is_one_line(monkeypatch, variable, text, expe
 @pytest.mark.parametrize("kwargs, expected", [
     (dict(dp_shard_size=0), "dp_shard_size=0"),
     (dict(tp_size=1.5), "tp_size=1.5"),
-    (dict(cp_size=2, sp_size=2), "cannot both be above 1"),
+    (dict(cp_size=2, sp_size=2), "are mutually exclusive"),
     (dict(cp_backend="ring"), "must be 'torch'"),
-    (dict(sp_backend="ulysses"), "must be 'deepspeed'"),
+    (dict(sp_backend="ulysses"), "sp_backend must be one of ['deepspeed'], but got ulysses"),
 ])
 def test_invalid_sizes_are_one_line(kwargs, expected):
     with pytest.raises(ConfigError) as error:
@@ -146,7 +146,7 @@ def test_layouts_hasten_runs(kwargs, processes, backend):
 
 @pytest.mark.parametrize("kwargs, processes, error, expected", [
     (dict(dp_shard_size=2), 3, ConfigError, "sizes multiply to 2 (dp_shard_size=2) but this run has 3 process"),
-    (dict(sp_size=2), 2, NotBuiltError, "sequence (DeepSpeed) parallelism is not built"),
+    (dict(sp_size=2), 2, ConfigError, "sp_size=2 with sp_backend='deepspeed' needs DeepSpeed"),
 ])
 def test_layouts_hasten_refuses_in_one_line(kwargs, processes, error, expected):
     with pytest.raises(error) as raised:

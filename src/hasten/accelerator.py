@@ -52,6 +52,16 @@ def _is_scheduler(obj) -> bool:
     )
 
 
+def _ulysses_model(model) -> None:
+    """Refuse a model whose layers carry a state along the sequence, then route its attention through Ulysses."""
+    from .distributed.sequence_parallel import (
+        _refuse_recurrent_layers_under_sequence_parallelism, register_with_transformers,
+    )
+
+    _refuse_recurrent_layers_under_sequence_parallelism(model)
+    register_with_transformers(model)
+
+
 class Accelerator:
     """Runs one plain PyTorch training loop on a CPU, one GPU, many GPUs or many machines."""
 
@@ -278,6 +288,11 @@ class Accelerator:
         for i, obj in enumerate(args):
             if _is_scheduler(obj):
                 result[i] = self._prepare_one(obj, device_placement[i])
+        if models and getattr(self._backend, "ulysses_mpu", None) is not None:  # DeepSpeed's Ulysses (Accelerate's)
+            from .backends.deepspeed.ulysses import adapt_loader
+
+            mpu = self._backend.ulysses_mpu
+            result = [adapt_loader(o, self.device, mpu) if _is_dataloader(args[i]) else o for i, o in enumerate(result)]
         self._resume_when_ready()
         return result[0] if len(result) == 1 else tuple(result)
 
@@ -320,6 +335,8 @@ class Accelerator:
             bnb_runs_on_cpu=lambda: is_bitsandbytes_multi_backend_available() and not is_xpu_available())
         if any(p.is_meta for p in model.parameters()) and device_placement:
             raise ConfigError("prepare() got a model with parameters on the meta device; load its weights first")
+        if self.parallelism_config is not None and self.parallelism_config.native_sp_enabled:
+            _ulysses_model(model)  # hasten's Ulysses: attention over the whole sequence (distributed/sequence_parallel)
         self.precision.convert_models([model], fsdp2=self.is_fsdp2)
         self.precision.wrap_forward(model)
         model = self._backend.prepare_model(model, device_placement=device_placement, evaluation_mode=evaluation_mode)
@@ -381,10 +398,27 @@ class Accelerator:
             data_seed=config.data_seed, non_blocking=config.non_blocking,
             use_stateful_dataloader=config.use_stateful_dataloader, torch_device_mesh=self.state.device_mesh,
         )
+        if self.parallelism_config is not None and self.parallelism_config.native_sp_enabled:
+            from .data.sequence_shard import shard_loader
+
+            shard_loader(prepared, self.state)  # each sp rank keeps its slice of the sequence
         prepared._is_accelerate_prepared = True
         self._dataloaders.append(prepared)
         self._resume_when_ready()
         return prepared
+
+    def deepspeed_ulysses_dl_adapter(self, dl, model):
+        """`UlyssesSPDataLoaderAdapter` around a loader prepared apart from the model (call it after preparing the
+        model, as the Trainer does); the loader itself when sp_size is 1."""
+        config = self.parallelism_config
+        if config is None or config.sp_size == 1:
+            return dl
+        if config.native_sp_enabled:
+            raise ConfigError("deepspeed_ulysses_dl_adapter is DeepSpeed's (sp_backend='deepspeed'); with "
+                              "sp_backend='hasten' prepared loaders are cut already; fix: use the prepared loader")
+        from .backends.deepspeed.ulysses import adapt_loader
+
+        return adapt_loader(dl, model.device)
 
     def skip_first_batches(self, dataloader, num_batches: int = 0):
         from .data_loader import skip_first_batches
@@ -464,7 +498,9 @@ class Accelerator:
         if self.scaler is not None and not self.sync_gradients:
             return None
         self.unscale_gradients()
-        torch.nn.utils.clip_grad_value_(parameters, clip_value)
+        # torch's fused (foreach) clamp refuses a mix of DTensor and plain gradients (tensor parallel layouts)
+        foreach = getattr(self._backend, "clip_value_foreach", None)
+        torch.nn.utils.clip_grad_value_(parameters, clip_value, foreach=foreach)
 
     # -- collectives and process control --------------------------------------------------------------------
     def gather(self, tensor):

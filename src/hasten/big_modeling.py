@@ -27,6 +27,7 @@ from .big_model.device_map import check_device_map, find_tied_parameters, get_ba
 from .big_model.loading import load_checkpoint_in_model, retie_parameters
 from .big_model.offload import INDEX_NAME, OffloadedWeightsLoader, extract_submodules_state_dict, offload_state_dict
 from .core.errors import DeviceMapError, OffloadError
+from .distributed.sequence_parallel import _refuse_recurrent_layers_under_sequence_parallelism  # noqa: F401 (Accelerate's path)
 from .hooks import (
     AlignDevicesHook,
     CpuOffload,
@@ -297,22 +298,3 @@ def _attach_layerwise_casting(module, storage_dtype, compute_dtype, patterns, cl
     for name, child in module.named_children():
         _attach_layerwise_casting(child, storage_dtype, compute_dtype, patterns, classes, non_blocking,
                                   f"{prefix}.{name}" if prefix else name)
-
-
-def _refuse_recurrent_layers_under_sequence_parallelism(model: nn.Module) -> None:
-    """Raise ValueError when `model.config.layer_types` (of its text config, for multimodal models) lists a
-    linear-attention layer. Sequence parallelism gathers the whole sequence only inside attention; a
-    linear-attention layer carries a state along the sequence in its own code, so each rank would restart it from
-    zero and the gradients would be wrong without any error. (hasten refuses `sp_size` > 1 outright today; this
-    check is the one that stays when it is built, and Accelerate's tests import it from here.)"""
-    config = getattr(model, "config", None)
-    if hasattr(config, "get_text_config"):
-        config = config.get_text_config()
-    recurrent = sorted({kind for kind in getattr(config, "layer_types", None) or [] if "linear_attention" in kind})
-    if recurrent:
-        raise ValueError(
-            f"Sequence parallelism does not support attention layers of type {recurrent} (model "
-            f"{type(model).__name__}): they carry a recurrent state along the sequence that sharding would restart "
-            "on every rank, giving wrong gradients silently. Use a full-attention model or turn sequence "
-            "parallelism off (sp_size=1)."
-        )

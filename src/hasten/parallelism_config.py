@@ -6,7 +6,10 @@ mesh); `tp_size`: tensor parallelism for any nn.Module (`hasten.distributed.tp_p
 dimensions (`backends/tensor_parallel.py`); `pp_size` (a hasten extension): pipeline-parallel training of a sequence of
 blocks with torch.distributed.pipelining's schedules, composed with TP and FSDP2/replicas (`backends/pipeline.py`).
 Context parallelism needs CUDA (refused on CPU in one line, with the
-reason); DeepSpeed sequence parallelism is refused. Unset sizes are read from `PARALLELISM_CONFIG_*` through the
+reason). `sp_size` (Ulysses sequence parallelism): with `sp_backend="deepspeed"` (Accelerate's one value) DeepSpeed's
+ALST keeps its own groups and no mesh is built; with `sp_backend="hasten"` the `sp` dimension joins the mesh and
+composes with DDP (replicas) and FSDP2 (sharded over the flattened ("dp_shard", "sp") view), attention going through
+`hasten.distributed.sequence_parallel`. Unset sizes are read from `PARALLELISM_CONFIG_*` through the
 settings table, as Accelerate reads them.
 """
 
@@ -16,7 +19,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from .core.enums import CP_COMM_STRATEGIES, CP_ON_CPU, PP_SCHEDULES
+from .core.enums import CP_COMM_STRATEGIES, CP_ON_CPU, PP_SCHEDULES, SP_BACKENDS
 from .core.errors import ConfigError, NotBuiltError
 
 # The order of the mesh dimensions, outermost first (Accelerate's: replicas outside, tensor parallel innermost).
@@ -157,12 +160,18 @@ class ParallelismConfig:
         self.cp_backend = _setting("parallelism_config_cp_backend", self.cp_backend)
         if self.cp_backend != "torch":
             raise ConfigError(f"ParallelismConfig cp_backend={self.cp_backend!r} must be 'torch'")
-        self.sp_backend = self.sp_backend or "deepspeed"
-        if self.sp_backend != "deepspeed":
-            raise ConfigError(f"ParallelismConfig sp_backend={self.sp_backend!r} must be 'deepspeed'")
+        self.sp_backend = _setting("parallelism_config_sp_backend", self.sp_backend, "deepspeed")
+        if self.sp_backend not in SP_BACKENDS:  # Accelerate's words first, then hasten's value
+            raise ConfigError(f"sp_backend must be one of ['deepspeed'], but got {self.sp_backend} (hasten also takes "
+                              "'hasten': Ulysses on the device mesh with DDP/FSDP2)")
         if self.cp_size > 1 and self.sp_size > 1:
-            raise ConfigError(f"ParallelismConfig cp_size={self.cp_size} and sp_size={self.sp_size} cannot both be "
-                              "above 1 (context and sequence parallelism exclude each other); set one of them to 1")
+            raise ConfigError("Context Parallelism (CP) and Sequence Parallelism (SP) are mutually exclusive. "
+                              f"Got cp_size={self.cp_size} and sp_size={self.sp_size}. Please set either cp_size=1 or "
+                              "sp_size=1.")
+        if self.sp_size > 1 and self.sp_handler is None and self.sp_backend == "deepspeed":
+            from .backends.deepspeed.plugin import DeepSpeedSequenceParallelConfig
+
+            self.sp_handler = DeepSpeedSequenceParallelConfig()
         if self.tp_size > 1 and self.tp_handler is None:
             self.tp_handler = TorchTensorParallelConfig()
         if self.pp_size > 1 and self.pp_handler is None:
@@ -201,6 +210,8 @@ class ParallelismConfig:
     cp_enabled = property(lambda self: self.cp_size > 1)
     sp_enabled = property(lambda self: self.sp_size > 1)
     pp_enabled = property(lambda self: self.pp_size > 1)
+    # hasten's Ulysses on the mesh (sp_backend="hasten"); DeepSpeed's keeps its own groups and builds no mesh.
+    native_sp_enabled = property(lambda self: self.sp_size > 1 and self.sp_backend == "hasten")
 
     # -- mesh dimension names ----------------------------------------------------------------------------------
     def _enabled(self, *dims: str) -> list:
@@ -218,13 +229,17 @@ class ParallelismConfig:
 
     @property
     def dp_shard_cp_dim_names(self) -> list:
-        """Dimensions flattened into the one FSDP shards the model over."""
-        return self._enabled("dp_shard", "cp")
+        """Dimensions flattened into the one FSDP shards the model over (with hasten's sp, its ranks too: they
+        hold the same weights and their gradients add up, as cp's do)."""
+        return self._enabled("dp_shard", "cp", *self._native_sp())
 
     @property
     def dp_cp_dim_names(self) -> list:
         """Dimensions the loss is averaged over."""
-        return self._enabled("dp_replicate", "dp_shard", "cp")
+        return self._enabled("dp_replicate", "dp_shard", "cp", *self._native_sp())
+
+    def _native_sp(self) -> tuple:
+        return ("sp",) if self.sp_backend == "hasten" else ()
 
     @property
     def fsdp_dim_names(self) -> list:
@@ -238,7 +253,7 @@ class ParallelismConfig:
     def build_device_mesh(self, device_type: str):
         """A DeviceMesh over the enabled dimensions (in `MESH_ORDER`), with the flattened views `dp`, `dp_shard_cp`
         and `dp_cp`; None when every size is 1 or with DeepSpeed sequence parallelism (DeepSpeed keeps its own)."""
-        if self.sp_enabled:
+        if self.sp_enabled and not self.native_sp_enabled:
             return None
         dims, shape = self._get_mesh()
         if not dims:
@@ -314,18 +329,25 @@ def backend_for_layout(config: ParallelismConfig, num_processes: int, fsdp_plugi
     (`_validate_accelerator`)."""
     if not isinstance(config, ParallelismConfig):
         raise TypeError(f"parallelism_config must be a ParallelismConfig, got {type(config).__name__}")
-    if config._sizes["sp"] > 1:
-        raise NotBuiltError(f"ParallelismConfig sp_size={config._sizes['sp']}: {_KIND['sp']} parallelism is {_ISSUE}; "
-                            "fix: use cp_size (context parallelism) or leave sp_size at 1")
+    if config.sp_enabled:
+        from .distributed.sequence_parallel import check_layout
+
+        check_layout(config, deepspeed)  # one line per layout sequence parallelism cannot run
+        if not deepspeed and not config.native_sp_enabled:  # Accelerate would train plain DDP, sp dropped
+            raise ConfigError(f"ParallelismConfig sp_size={config.sp_size} with sp_backend='deepspeed' needs DeepSpeed "
+                              "(ALST/Ulysses); fix: enable DeepSpeed (--use_deepspeed or deepspeed_plugin=...), or "
+                              "sp_backend='hasten' for hasten's Ulysses with DDP/FSDP2")
     if config.cp_enabled and device_type not in (None, "cuda"):
         raise NotBuiltError(f"ParallelismConfig cp_size={config.cp_size} on {device_type}: {CP_ON_CPU}; fix: run on "
                             "CUDA GPUs or leave cp_size at 1")
-    config._validate_accelerator(num_processes)
+    if not (config.sp_enabled and deepspeed):  # DeepSpeed's Ulysses spans processes its own way (as Accelerate)
+        config._validate_accelerator(num_processes)
     splits = config.tp_enabled or config.cp_enabled or config.pp_enabled
     if deepspeed:
-        if config.dp_shard_enabled or splits:
+        if config.dp_shard_enabled or splits or config.native_sp_enabled:
             raise ConfigError("ParallelismConfig: a DeepSpeed plugin is given, which shards by its ZeRO stage and does "
-                              "not compose with dp_shard_size, tp_size, cp_size or pp_size; fix: leave them at 1")
+                              "not compose with dp_shard_size, tp_size, cp_size, pp_size or sp_backend='hasten'; fix: leave "
+                          "them at 1 (sp with DeepSpeed: sp_backend='deepspeed')")
         return "deepspeed"
     if fsdp_plugin is not None and fsdp_plugin.fsdp_version != 2 and (config.dp_shard_enabled or splits):
         # FSDP1 HYBRID_SHARD silently diverges on CPU processes; FSDP2 composes with DTensor meshes.
@@ -345,7 +367,7 @@ def backend_for_layout(config: ParallelismConfig, num_processes: int, fsdp_plugi
                           f"given; fix: set dp_shard_size={num_processes} or drop the FSDP plugin")
     if fsdp_plugin is not None:
         return "fsdp"
-    return "ddp" if config.dp_replicate_enabled else "single"
+    return "ddp" if config.dp_replicate_enabled or config.native_sp_enabled else "single"
 
 
 def backend_name(config: ParallelismConfig | None) -> str | None:
@@ -365,7 +387,7 @@ def fsdp_mesh(config: ParallelismConfig):
         return None
     names = mesh.mesh_dim_names
     if "dp_replicate" in names:
-        inner = "dp_shard" if not config.cp_enabled else "dp_shard_cp"
+        inner = "dp_shard_cp" if config.cp_enabled or config.native_sp_enabled else "dp_shard"
         if inner == "dp_shard" and "dp_shard" not in names:
             return None  # dp_replicate alone: DDP
         return mesh[("dp_replicate", inner)]
@@ -375,7 +397,8 @@ def fsdp_mesh(config: ParallelismConfig):
 
 
 _SIZE_SETTINGS = ("parallelism_config_dp_replicate_size", "parallelism_config_dp_shard_size",
-                  "parallelism_config_tp_size", "parallelism_config_cp_size", "parallelism_config_pp_size")
+                  "parallelism_config_tp_size", "parallelism_config_cp_size", "parallelism_config_pp_size",
+                  "parallelism_config_sp_size")
 
 
 def config_for_run(config: ParallelismConfig | None, tp_plugin=None) -> ParallelismConfig | None:

@@ -344,7 +344,8 @@ def test_a_launched_script_gets_deepspeed_from_the_config_file_and_flags(tmp_pat
 def test_unbuilt_deepspeed_names_import_and_refuse_in_one_line(monkeypatch):
     """Ulysses sequence parallelism and DeepSpeed's own multi-node launcher exist at Accelerate's paths (so
     imports work) and refuse when used, saying what to do instead. The Ulysses settings object is data, checked
-    as Accelerate checks it; a run that asks for sp_size above 1 is what is refused."""
+    as Accelerate checks it; sp_size above 1 without DeepSpeed is refused (tests/distributed/test_sequence_parallel.py
+    runs it with DeepSpeed)."""
     from hasten.parallelism_config import ParallelismConfig, backend_for_layout
     from hasten.utils import DeepSpeedSequenceParallelConfig, prepare_deepspeed_cmd_env
     from hasten.utils.dataclasses import (
@@ -370,7 +371,7 @@ def test_unbuilt_deepspeed_names_import_and_refuse_in_one_line(monkeypatch):
     assert (from_env.sp_seq_length_is_variable, from_env.sp_seq_length, from_env.sp_attn_implementation) == (
         False, 256, "sdpa")
     config = ParallelismConfig(sp_backend="deepspeed", sp_size=2, sp_handler=handler)
-    with pytest.raises(NotBuiltError, match="sequence \\(DeepSpeed\\) parallelism is not built") as refused:
+    with pytest.raises(ConfigError, match="sp_backend='deepspeed' needs DeepSpeed") as refused:  # no plugin
         backend_for_layout(config, 2)
     assert "\n" not in str(refused.value)
     with pytest.raises(NotSupportedYetError, match="hasten launch --use_deepspeed") as refused:

@@ -155,7 +155,8 @@ def test_strict_refuses_a_checkpoint_that_does_not_match(reference, tmp_path):
 
 
 def test_full_state_dict_and_broadcast_from_rank0_are_refused_in_one_line(checkpoint):
-    """Both only describe how a sharded (FSDP) model is loaded from rank 0's copy, which hasten does not do."""
+    """Both describe how a sharded (FSDP) model is loaded from rank 0's copy: with a device map they cannot apply
+    (tests/distributed/test_sequence_parallel.py loads an FSDP2 model from rank 0 without one)."""
     for kwargs, words in (({"broadcast_from_rank0": True}, "broadcast_from_rank0"),
                           ({"full_state_dict": False}, "full_state_dict=False")):
         with pytest.raises(NotSupportedYetError, match=words) as caught:

@@ -92,7 +92,6 @@ def test_setup_fp8_env_writes_the_variables_the_processes_read():
 
 def test_prepare_extend_env_parallelism_config():
     from hasten.commands.launch import launch_command_parser
-    from hasten.core.errors import NotBuiltError
     from hasten.utils.launch import prepare_extend_env_parallelism_config
 
     parser = launch_command_parser()
@@ -100,9 +99,8 @@ def test_prepare_extend_env_parallelism_config():
     env = prepare_extend_env_parallelism_config(args, {})
     assert env["HASTEN_USE_PARALLELISM_CONFIG"] == "true"
     assert env["PARALLELISM_CONFIG_DP_SHARD_SIZE"] == "2" and env["PARALLELISM_CONFIG_TP_SIZE"] == "2"
-    args = parser.parse_args(["--parallelism_config_sp_size", "2", "t.py"])
-    with pytest.raises(NotBuiltError, match="parallelism_config_sp_size"):
-        prepare_extend_env_parallelism_config(args, {})
+    args = parser.parse_args(["--parallelism_config_sp_size", "2", "t.py"])  # built (issue 33): exported
+    assert prepare_extend_env_parallelism_config(args, {})["PARALLELISM_CONFIG_SP_SIZE"] == "2"
 
 
 def test_an_untyped_switch_reads_false_and_the_file_still_applies(tmp_path, monkeypatch):

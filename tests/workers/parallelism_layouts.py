@@ -88,7 +88,7 @@ for config in (ParallelismConfig(dp_replicate_size=2), ParallelismConfig()):
 
 # -- not built: refused in one line, never run as something else ------------------------------------------------
 one_line_error(NotBuiltError, ("cp_size=2 on cpu", "context parallelism needs CUDA"), cp_size=2)
-one_line_error(NotBuiltError, ("sp_size=2", "sequence (DeepSpeed) parallelism"), sp_size=2)
+one_line_error(ConfigError, ("sp_size=2", "sp_backend='deepspeed' needs DeepSpeed"), sp_size=2)
 one_line_error(ConfigError, ("multiply to 3",), dp_shard_size=3)
 
 print(f"rank {torch.distributed.get_rank()}: parallelism layout checks passed")

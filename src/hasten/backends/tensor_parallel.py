@@ -40,6 +40,14 @@ class TensorParallelBackend(LayoutBackend):
     def regional_compilation_in_place(self) -> bool:
         return self._device_mesh() is not None  # FSDP2 over the data dimensions, as Accelerate
 
+    clip_value_foreach = False  # torch's foreach clamp refuses split (DTensor) and whole gradients together
+
+    @property
+    def supports_clip_grad_value(self) -> bool:
+        # Without FSDP2 (tensor parallel alone) Accelerate clips by value; an element-wise clamp of each DTensor
+        # gradient's local pieces is the clamp of the whole gradient. With FSDP2 composed it refuses, as for FSDP.
+        return self._device_mesh() is None
+
     def _device_mesh(self):
         """The mesh FSDP2 shards over (None without data-parallel dimensions)."""
         from ..parallelism_config import fsdp_mesh

@@ -407,12 +407,17 @@ def load_checkpoint_in_model(model: torch.nn.Module, checkpoint, device_map=None
     from .device_map import check_tied_parameters_on_same_device, find_tied_parameters
 
     if broadcast_from_rank0:
-        raise NotSupportedYetError("load_checkpoint_in_model: broadcast_from_rank0 is not supported by hasten yet; "
-                                   "load the checkpoint on every rank")
+        if device_map is not None or dtype is not None or keep_in_fp32_modules or offload_folder is not None:
+            raise NotSupportedYetError("load_checkpoint_in_model: broadcast_from_rank0=True fills a model as it is "
+                                       "(one device, its own dtypes), not with device_map/dtype/keep_in_fp32_modules/"
+                                       "offload_folder; fix: drop those, or load the checkpoint on every rank")
+        _load_broadcast_from_rank0(model, checkpoint, strict, full_state_dict)
+        return
     if not full_state_dict:
         # Only read together with broadcast_from_rank0 (a sharded model filled from rank 0's full copy).
         raise NotSupportedYetError("load_checkpoint_in_model: full_state_dict=False (loading sharded pieces from "
-                                   "rank 0) is not supported by hasten yet; load the checkpoint on every rank")
+                                   "rank 0) is only built with broadcast_from_rank0=True; load the checkpoint on "
+                                   "every rank")
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype.replace("torch.", ""))
     keep_fp32 = tuple(keep_in_fp32_modules or ())
@@ -458,6 +463,23 @@ def load_checkpoint_in_model(model: torch.nn.Module, checkpoint, device_map=None
             f"{type(model).__name__}: {unexpected[:10]}{'...' if len(unexpected) > 10 else ''} ({len(unexpected)} in "
             "all). Check that the checkpoint belongs to this model, or pass strict=True to refuse it."
         )
+
+
+def _load_broadcast_from_rank0(model, checkpoint, strict: bool, full_state_dict: bool) -> None:
+    """Rank 0 reads the checkpoint; torch.distributed.checkpoint's `set_model_state_dict` broadcasts each tensor
+    and every rank keeps its part (its shard of an FSDP2/TP parameter, or the whole tensor)."""
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    if not dist.is_initialized():
+        raise NotSupportedYetError("load_checkpoint_in_model: broadcast_from_rank0=True needs the process group of a "
+                                   "distributed run (Accelerator(), launched); fix: broadcast_from_rank0=False")
+    state = {}
+    if dist.get_rank() == 0:
+        for path in _weight_files(checkpoint):
+            state.update(_read(path))
+    set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=full_state_dict, strict=strict,
+                                                                broadcast_from_rank0=True))
 
 
 # -- models with offloaded weights -----------------------------------------------------------------------------

@@ -249,6 +249,8 @@ def _layout_size(values: dict) -> int:
     product = 1
     for dim in ("dp_replicate", "dp_shard", "tp", "cp"):
         product *= values[f"parallelism_config_{dim}_size"].value or 1
+    if values["parallelism_config_sp_backend"].value == "hasten":  # DeepSpeed's sp spans processes its own way
+        product *= values["parallelism_config_sp_size"].value or 1
     return product
 
 

@@ -460,17 +460,19 @@ SETTINGS: tuple[Setting, ...] = (
             ("cp_backend", "str", "torch", "Context-parallel backend.", {"choices": enums.CP_BACKENDS}),
             ("cp_comm_strategy", "str", "allgather", "Context-parallel communication strategy.",
              {"choices": enums.CP_COMM_STRATEGIES}),
+            ("sp_size", "int", 1, "Sequence-parallel (Ulysses) size.", {"minimum": 1}),
+            ("sp_backend", "str", "deepspeed", "Sequence-parallel backend: deepspeed (ALST/Ulysses, as Accelerate) or "
+             "hasten (Ulysses on the mesh, with DDP/FSDP2; docs/parallelism.md).", {"choices": enums.SP_BACKENDS}),
         )
     ),
     *(
-        _nd(f"parallelism_config_{name}", kind, env=(f"PARALLELISM_CONFIG_{name.upper()}",),
-            file_key=("parallelism_config", f"parallelism_config_{name}"), help=text)
+        _nd(f"parallelism_config_{name}", kind, env=(f"PARALLELISM_CONFIG_{name.upper()}",), built=True, requires=None,
+            file_key=("parallelism_config", f"parallelism_config_{name}"), help=text, owner="DeepSpeedSequenceParallelConfig")
         for name, kind, text in (
-            ("sp_size", "int", "Sequence-parallel size."),
-            ("sp_backend", "str", "Sequence-parallel backend."),
-            ("sp_seq_length", "int", "Sequence length."),
-            ("sp_seq_length_is_variable", "bool", "Variable sequence length."),
-            ("sp_attn_implementation", "str", "Attention implementation."),
+            ("sp_seq_length", "int", "Sequence length of every batch under DeepSpeed's Ulysses (with "
+             "sp_seq_length_is_variable false)."),
+            ("sp_seq_length_is_variable", "bool", "Whether batches' sequence lengths vary (DeepSpeed's Ulysses)."),
+            ("sp_attn_implementation", "str", "Attention implementation DeepSpeed's Ulysses wraps."),
         )
     ),
     _not_built("context parallelism without FSDP (ALLOW_CP_STANDALONE)",

@@ -144,6 +144,8 @@ TORCH_DISTRIBUTED_TYPES = frozenset(
 # here, and the settings table (`hasten.config.settings`) takes its choices from this module only.
 TORCH_DYNAMO_MODES = ("default", "reduce-overhead", "max-autotune")
 CP_BACKENDS = ("torch",)  # ParallelismConfig.cp_backend
+# ParallelismConfig.sp_backend: Accelerate's one value, then hasten's Ulysses on the mesh (hasten.distributed.sequence_parallel)
+SP_BACKENDS = ("deepspeed", "hasten")
 CP_COMM_STRATEGIES = ("allgather", "alltoall")  # TorchContextParallelConfig.cp_comm_strategy
 # TorchPipelineParallelConfig.schedule: torch.distributed.pipelining's schedules, by the names torch gives them.
 # The first two run one stage per process; the others two (or more) stages per process.

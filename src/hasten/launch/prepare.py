@@ -111,8 +111,7 @@ def setup_fp8_env(args, current_env: dict) -> dict:
 
 def prepare_extend_env_parallelism_config(args, current_env: dict) -> dict:
     """Turn on the parallelism config for the run and add its sizes and options from a parsed launch command
-    line (`--parallelism_config_*`) to `current_env` (`PARALLELISM_CONFIG_*`). Sequence-parallel settings,
-    which hasten has not built, are refused in one line when set. Returns `current_env`."""
+    line (`--parallelism_config_*`) to `current_env` (`PARALLELISM_CONFIG_*`). Returns `current_env`."""
     from ..config import settings as table
 
     current_env[table.get("use_parallelism_config").export] = "true"

@@ -32,6 +32,11 @@ class TokenWindow:
             raise ConfigError(f"gradient accumulation normalize_by_tokens=True is not available with the {backend.name} "
                               "backend (its engine or schedule runs backward and scales the loss itself); fix: "
                               "DDP, FSDP or one process, or leave normalize_by_tokens off")
+        layout = getattr(getattr(backend, "state", None), "parallelism_config", None)
+        if layout is not None and layout.native_sp_enabled:
+            # hasten's Ulysses: the sp ranks hold disjoint tokens (counted once each) and DDP/FSDP2 average over them
+            # too, so the average to undo is over sp_size times as many ranks.
+            data_parallel_size *= layout.sp_size
         self.data_parallel_size = data_parallel_size
         self.items = 0.0
 

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.weak import WeakIdKeyDictionary
 
+from . import ulysses
 from .plugin import AUTO, DummyOptim, DummyScheduler, _walk, get_active_deepspeed_plugin
 from ...core.errors import CheckpointError, ConfigError, NotSupportedYetError
 from ...distributed.bootstrap import collective_timeout
@@ -204,6 +205,7 @@ class DeepSpeedBackend(Backend):
         plugin.fill_auto(given, sources)
         plugin.fill_auto(values, sources, must_match=False)
         micro = plugin.get_value("train_micro_batch_size_per_gpu")
+        num_processes = ulysses.data_parallel_processes(self.state)  # sp ranks share their batches (Accelerate)
         total = micro * plugin.get_value("gradient_accumulation_steps") * num_processes
         plugin.fill_auto({"train_batch_size": total}, "micro-batch x accumulation steps x processes")
         if plugin.get_value("train_batch_size", total) != total:
@@ -315,6 +317,10 @@ class DeepSpeedBackend(Backend):
                     kwargs["lr_scheduler"] = ds_scheduler = scheduler
         if isinstance(scheduler, DummyScheduler):
             ds_scheduler = scheduler
+        self.ulysses_mpu = None
+        if ulysses.layout(self.state) is not None:  # Accelerate's sp_size: DeepSpeed's groups, handed to the engine
+            kwargs["mpu"] = self.ulysses_mpu = ulysses.register(self.state, model,
+                                                                plugin.get_value("train_micro_batch_size_per_gpu"))
         engine, ds_optimizer, _, lr_scheduler = deepspeed.initialize(**kwargs)
         wrapper = DeepSpeedEngineWrapper(engine)
         if ds_optimizer is not None:

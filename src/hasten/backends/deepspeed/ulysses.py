@@ -1,0 +1,81 @@
+"""Accelerate's `sp_size` under DeepSpeed (`sp_backend="deepspeed"`): DeepSpeed's ALST/Ulysses, as Accelerate 1.15
+sets it up. `UlyssesSPAttentionHF.register_with_transformers` makes the sequence-parallel groups and registers the
+attention with transformers; the `mpu` it returns goes to `deepspeed.initialize`; the training loaders of the same
+prepare() call are wrapped in `UlyssesSPDataLoaderAdapter` (each rank of a group gets its slice of the group's
+batches, one after the other); the batch arithmetic counts data-parallel ranks with sp folded out.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from ...core.errors import ConfigError
+
+MIN_VERSION = "0.18.2"
+
+
+def layout(state):
+    """The run's ParallelismConfig when it asks for DeepSpeed's Ulysses (sp_size > 1), else None."""
+    config = getattr(state, "parallelism_config", None)
+    return config if config is not None and config.sp_enabled else None
+
+
+def data_parallel_processes(state) -> int:
+    """The processes that read different batches: all of them, over sp_size under Ulysses."""
+    config = layout(state)
+    return state.num_processes // config.sp_size if config is not None else state.num_processes
+
+
+def register(state, model, micro_batch_size):
+    """Accelerate's checks (its words), then DeepSpeed's registration; returns the `mpu` for deepspeed.initialize."""
+    config = layout(state)
+    if config.sp_backend != "deepspeed":
+        raise ConfigError(f"In order to use the configured sp_size={config.sp_size} with DeepSpeed, you need to "
+                          f"configure sp_backend='deepspeed', yet you configured it to be "
+                          f"sp_backend={config.sp_backend!r}.")
+    from importlib.metadata import version
+
+    from packaging.version import Version
+
+    if Version(version("deepspeed")) < Version(MIN_VERSION):
+        raise ImportError(f"Deepspeed ALST/Ulysses requires deepspeed>={MIN_VERSION}. Please update DeepSpeed via "
+                          "`pip install deepspeed -U`.")
+    if not hasattr(model, "config"):
+        raise ValueError("UlyssesSPAttentionHF currently works with HF Transformers and expects the model object to "
+                         "have a config attribute but this model doesn't have one.")
+    from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF
+
+    from ...distributed.sequence_parallel import (
+        _refuse_recurrent_layers_under_sequence_parallelism,
+    )
+
+    _refuse_recurrent_layers_under_sequence_parallelism(model)
+    handler = config.sp_handler
+    extra = {}
+    if "disable_in_eval" in inspect.signature(UlyssesSPAttentionHF.register_with_transformers).parameters:
+        extra["disable_in_eval"] = True
+    return UlyssesSPAttentionHF.register_with_transformers(
+        model_name_or_path=model, sequence_parallel_size=config.sp_size, seq_length=handler.sp_seq_length,
+        seq_length_is_variable=handler.sp_seq_length_is_variable,
+        core_attn_implementation=handler.sp_attn_implementation, micro_batch_size=micro_batch_size, **extra)
+
+
+def adapt_loader(loader, device, mpu=None):
+    """`UlyssesSPDataLoaderAdapter` around a prepared loader, on the groups `mpu` made (None: DeepSpeed's current
+    ones, for a loader prepared apart from the model)."""
+    from deepspeed.runtime.sequence_parallel.ulysses_sp import (
+        UlyssesSPDataLoaderAdapter,
+    )
+
+    if mpu is None:
+        from deepspeed.utils import groups
+
+        group, size, rank = (groups._get_sequence_parallel_group(), groups._get_sequence_parallel_world_size(),
+                             groups._get_sequence_parallel_rank())
+    else:
+        group, size, rank = (mpu.get_sequence_parallel_group(), mpu.get_sequence_parallel_world_size(),
+                             mpu.get_sequence_parallel_rank())
+    return UlyssesSPDataLoaderAdapter(loader, sp_rank=rank, sp_group=group, sp_world_size=size, device=device)
+
+
+__all__ = ["adapt_loader", "data_parallel_processes", "layout", "register"]
