@@ -55,6 +55,9 @@ UPWARD_IMPORTS = {
     ("hasten.distributed.rng", "hasten.state"):
         "set_seed(device_specific=True) and synchronize_rng_states read the process index from PartialState, as "
         "Accelerate's do",
+    ("hasten.distributed.sequence_parallel", "hasten.state"):
+        "sp_group() with no state argument reads the shared AcceleratorState's parallelism config, as the public "
+        "collectives read PartialState",
     ("hasten.big_model.bnb", "hasten.big_modeling"):
         "load_and_quantize_model ends in Accelerate's dispatch_model/init_empty_weights, whose home is big_modeling.py",
     ("hasten.config.megatron", "hasten.parallelism_config"):

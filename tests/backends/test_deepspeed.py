@@ -21,7 +21,7 @@ from hasten.backends.deepspeed.plugin import (
     DummyScheduler,
     HfDeepSpeedConfig,
 )
-from hasten.core.errors import ConfigError, NotBuiltError, NotSupportedYetError
+from hasten.core.errors import ConfigError, NotSupportedYetError
 
 needs_deepspeed = pytest.mark.skipif(
     __import__("importlib").util.find_spec("deepspeed") is None, reason='needs deepspeed: pip install "hasten[deepspeed]"'
