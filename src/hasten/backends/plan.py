@@ -7,8 +7,10 @@ precision policy and `GradientState` read it and decide nothing again. `hasten c
 plan the same function makes from the launch settings alone.
 
 Adding a backend: a rule in `_backend` (and, if it needs one, a plugin step below), a line in `REGISTRY`
-(backends/__init__.py) and its folder. The order of the steps is the order in which Accelerate checks its
-arguments, so the first error a script sees is the one it saw before the plan existed.
+(backends/__init__.py) and its folder. Adding a layout dimension: `parallelism_config.backend_for_layout` refuses it
+or names the backend it needs; a backend that runs whatever the distributed type says joins `_LAYOUT_BACKENDS`. The
+order of the steps is the order in which Accelerate checks its arguments, so the first error a script sees is the
+one it saw before the plan existed.
 """
 
 from __future__ import annotations
