@@ -181,6 +181,13 @@ def test_a_second_accelerator_keeps_the_run_the_first_one_decided():
     assert second.run_plan.backend == "single"
 
 
+def test_a_hand_built_accelerator_state_keeps_accelerates_constructor():
+    from hasten.state import AcceleratorState, PartialState
+
+    state = AcceleratorState(fsdp_plugin=_fsdp(), cpu=True, _from_accelerator=True)  # no plan: as Accelerate's
+    assert state.distributed_type == PartialState().distributed_type == DistributedType.FSDP
+
+
 def test_accelerator_init_is_short():
     from hasten.accelerator import Accelerator
 
