@@ -12,7 +12,8 @@ from collections import OrderedDict
 
 import torch
 
-from .backends import backend_name_for, create_backend
+from .backends import create_backend
+from .backends.plan import detected_cluster, make_run_plan
 from .backends.unwrap import is_compiled
 from .big_model.bnb_params import quantized_model_placement
 from .config import accelerator_args, megatron
@@ -31,9 +32,9 @@ from .core.availability import is_bitsandbytes_multi_backend_available, is_xpu_a
 from .core.enums import DistributedType, DynamoBackend
 from .core.errors import ConfigError, NotSupportedYetError
 from .distributed import operations
-from .parallelism_config import config_for_run, fsdp_plugin_for_layout, mesh_rank
+from .parallelism_config import mesh_rank
 from .resilience import auto_resume, preemption
-from .state import AcceleratorState, GradientState, PartialState
+from .state import AcceleratorState, GradientState
 from .training.compilation import compile_model
 from .training.lomo import is_lomo_optimizer, lomo_backward
 from .training.precision import PrecisionPolicy
@@ -65,30 +66,15 @@ def _ulysses_model(model) -> None:
 class Accelerator:
     """Runs one plain PyTorch training loop on a CPU, one GPU, many GPUs or many machines."""
 
-    def __init__(
-        self,
-        device_placement: bool = True,
-        split_batches=_NOT_PASSED,
-        mixed_precision=None,
-        gradient_accumulation_steps: int = 1,
-        cpu: bool = False,
-        dataloader_config: DataLoaderConfiguration | None = None,
-        deepspeed_plugin=None,
-        fsdp_plugin=None,
-        torch_tp_plugin=None,
-        megatron_lm_plugin=None,
-        rng_types=None,
-        log_with=None,
-        project_dir=None,
-        project_config: ProjectConfiguration | None = None,
-        gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
-        step_scheduler_with_optimizer: bool = True,
-        kwargs_handlers: list | None = None,
-        dynamo_backend=None,
-        dynamo_plugin: TorchDynamoPlugin | None = None,
-        deepspeed_plugins=None,
-        parallelism_config=None,
-    ):
+    def __init__(self, device_placement: bool = True, split_batches=_NOT_PASSED, mixed_precision=None,
+                 gradient_accumulation_steps: int = 1, cpu: bool = False,
+                 dataloader_config: DataLoaderConfiguration | None = None, deepspeed_plugin=None, fsdp_plugin=None,
+                 torch_tp_plugin=None, megatron_lm_plugin=None, rng_types=None, log_with=None, project_dir=None,
+                 project_config: ProjectConfiguration | None = None,
+                 gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
+                 step_scheduler_with_optimizer: bool = True, kwargs_handlers: list | None = None,
+                 dynamo_backend=None, dynamo_plugin: TorchDynamoPlugin | None = None, deepspeed_plugins=None,
+                 parallelism_config=None):
         refuse_unbuilt_environment(os.environ)  # e.g. ACCELERATE_USE_MEGATRON_LM=true: refused, not ignored
         if split_batches is not _NOT_PASSED:
             warnings.warn(
@@ -96,62 +82,58 @@ class Accelerator:
                 "dataloader_config=DataLoaderConfiguration(split_batches=...) instead",
                 FutureWarning, stacklevel=2,
             )
-
         self.project_configuration = project_config if project_config is not None else ProjectConfiguration(project_dir=project_dir)
         if project_dir is not None and self.project_configuration.project_dir is None:
             self.project_configuration.set_directories(project_dir)
         self.dataloader_config = dataloader_config if dataloader_config is not None else DataLoaderConfiguration()
-
         handlers, self._recipe_handler = accelerator_args.sort_handlers(kwargs_handlers or [])
         self.__dict__.update(handlers)  # ddp_handler, scaler_handler, init_handler, ...
-        if dynamo_backend is not None and dynamo_plugin is not None:
-            raise ConfigError("pass either dynamo_backend or dynamo_plugin to Accelerator, not both")
-        dynamo_plugin = dynamo_plugin or TorchDynamoPlugin(backend=dynamo_backend)
-        fsdp_plugin = accelerator_args.fsdp_plugin(fsdp_plugin)
-        deepspeed_plugins = accelerator_args.deepspeed_plugins(deepspeed_plugin, deepspeed_plugins, fsdp_plugin)
-
         # A timeout the script passed is honoured even when it equals the dataclass default (600 s): to_kwargs()
         # drops it, as in Accelerate, and the run would then get the collective timeout's own default.
         init_kwargs = given_kwargs(self.init_handler, ("timeout",)) if self.init_handler is not None else {}
-        self._megatron = megatron.plugin_for_run(megatron_lm_plugin)  # served by TP/PP/FSDP (config/megatron.py)
-        if self._megatron is not None:
-            parallelism_config, fsdp_plugin = megatron.apply(
-                self._megatron, PartialState(cpu, **init_kwargs).num_processes, parallelism_config, fsdp_plugin,
-                deepspeed_plugins, torch_tp_plugin)
-        parallelism_config = config_for_run(parallelism_config, torch_tp_plugin)
-        if parallelism_config is not None:  # the layout picks the backend: dp_shard -> FSDP2, dp_replicate -> DDP
-            num_processes = PartialState(cpu, **init_kwargs).num_processes
-            fsdp_plugin = fsdp_plugin_for_layout(parallelism_config, num_processes, fsdp_plugin, deepspeed_plugins)
-        self.state = AcceleratorState(
-            mixed_precision=mixed_precision, cpu=cpu, dynamo_plugin=dynamo_plugin, fsdp_plugin=fsdp_plugin,
-            deepspeed_plugin=deepspeed_plugins, parallelism_config=parallelism_config, _from_accelerator=True,
-            megatron_lm_plugin=self._megatron,
-            **init_kwargs,
-        )
-        if parallelism_config is not None:
-            self.state.device_mesh = parallelism_config.get_device_mesh(self.state.device.type)
-        precision = PrecisionPolicy.from_setting(self.state.mixed_precision, self.device, self.autocast_handler,
+        # The run's setup, decided once (backends/plan.py); everything below builds what it names.
+        self.run_plan = make_run_plan(
+            cluster=detected_cluster(cpu, **init_kwargs), mixed_precision=mixed_precision,
+            gradient_accumulation_steps=gradient_accumulation_steps,
+            gradient_accumulation_plugin=gradient_accumulation_plugin, deepspeed_plugin=deepspeed_plugin,
+            deepspeed_plugins=deepspeed_plugins, fsdp_plugin=fsdp_plugin, torch_tp_plugin=torch_tp_plugin,
+            megatron_lm_plugin=megatron_lm_plugin, dynamo_backend=dynamo_backend, dynamo_plugin=dynamo_plugin,
+            parallelism_config=parallelism_config)
+        self.state = AcceleratorState(mixed_precision=mixed_precision, cpu=cpu, _from_accelerator=True,
+                                      _run_plan=self.run_plan, **init_kwargs)
+        self._build(self.run_plan)
+        self.device_placement = device_placement
+        self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
+        self.rng_types = ["generator"] if rng_types is None else list(rng_types)
+        self.log_with = log_with
+        self._tracking = None
+        if log_with is not None:
+            from .tracking import TrackerSession, filter_trackers
+
+            self.log_with = filter_trackers(log_with, self.logging_dir)
+            self._tracking = TrackerSession(self.log_with, self.logging_dir)
+        # Fault tolerance (docs/fault_tolerance.md): a resume waiting for its objects; the preemption handler.
+        self._auto_resume = auto_resume.PendingResume.for_project(self.project_configuration)
+        self._preemption = preemption.handler_for(self)
+
+    def _build(self, plan) -> None:
+        """Build what the run plan names: the mesh, the precision policy, the backend, the gradient state."""
+        if plan.parallelism_config is not None:
+            self.state.device_mesh = plan.parallelism_config.get_device_mesh(self.state.device.type)
+        precision = PrecisionPolicy.from_setting(plan.precision.trains_in, self.device, self.autocast_handler,
                                                  self.scaler_handler, self._recipe_handler)
-        backend_name = backend_name_for(self.distributed_type, self.num_processes, parallelism_config)
-        self._backend = create_backend(backend_name, self.state, precision=precision, ddp_kwargs=self.ddp_handler,
-                                       plugin=fsdp_plugin)
+        self._backend = create_backend(plan.backend, self.state, precision=precision, ddp_kwargs=self.ddp_handler,
+                                       plugin=plan.fsdp_plugin)
         # The backend's view of precision: one whose engine applies it (DeepSpeed) keeps hasten's autocast off.
         self.precision = self._backend.precision
         self.scaler = self._backend.make_grad_scaler()
-
-        gradient_accumulation_plugin = accelerator_args.accumulation_plugin(
-            gradient_accumulation_steps, gradient_accumulation_plugin, self._backend)
-        self.gradient_state = GradientState(gradient_accumulation_plugin=gradient_accumulation_plugin)
+        self.gradient_state = GradientState(gradient_accumulation_plugin=plan.accumulation.plugin)
         self._token_window = None  # token-normalised accumulation (hasten's, opt-in): training/token_accumulation.py
-        if gradient_accumulation_plugin.normalize_by_tokens:
+        if plan.accumulation.plugin.normalize_by_tokens:
             from .data.ranks import data_parallel_size
             from .training.token_accumulation import TokenWindow
 
             self._token_window = TokenWindow(data_parallel_size(self.state), self._backend)
-
-        self.device_placement = device_placement
-        self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
-        self.rng_types = ["generator"] if rng_types is None else list(rng_types)
         self.native_amp = self.precision.native_amp
         # Decided once, read on every micro-step: without a scaler or a backend that owns backward, `backward` is
         # `loss.backward()` itself; in one process, `accumulate` has no gradient sync to hold back.
@@ -165,16 +147,6 @@ class Accelerator:
         self._custom_objects = []
         self._save_model_state_pre_hook = OrderedDict()
         self._load_model_state_pre_hook = OrderedDict()
-        self.log_with = log_with
-        self._tracking = None
-        if log_with is not None:
-            from .tracking import TrackerSession, filter_trackers
-
-            self.log_with = filter_trackers(log_with, self.logging_dir)
-            self._tracking = TrackerSession(self.log_with, self.logging_dir)
-        # Fault tolerance (docs/fault_tolerance.md): a resume waiting for its objects; the preemption handler.
-        self._auto_resume = auto_resume.PendingResume.for_project(self.project_configuration)
-        self._preemption = preemption.handler_for(self)
 
     # -- who am I -------------------------------------------------------------------------------------------
     device = property(lambda self: self.state.device)
@@ -359,8 +331,8 @@ class Accelerator:
         self.has_lomo_optimizer |= is_lomo_optimizer(optimizer)
         self.precision.repoint_optimizer(optimizer)
         wrapped = self._backend.prepare_optimizer(optimizer, device_placement=device_placement, scaler=self.scaler)
-        if self._megatron is not None:
-            megatron.clip_at_step(self._megatron, wrapped, self._backend)
+        if self.run_plan.megatron_lm_plugin is not None:
+            megatron.clip_at_step(self.run_plan.megatron_lm_plugin, wrapped, self._backend)
         wrapped._is_accelerate_prepared = True
         self._optimizers.append(wrapped)
         self._resume_when_ready()

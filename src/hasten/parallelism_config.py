@@ -370,15 +370,6 @@ def backend_for_layout(config: ParallelismConfig, num_processes: int, fsdp_plugi
     return "ddp" if config.dp_replicate_enabled or config.native_sp_enabled else "single"
 
 
-def backend_name(config: ParallelismConfig | None) -> str | None:
-    """The backend a layout needs whatever the distributed type says ("pipeline", "tensor_parallel"), else None."""
-    if config is not None and config.pp_enabled:
-        return "pipeline"
-    if config is not None and (config.tp_enabled or config.cp_enabled):
-        return "tensor_parallel"
-    return None
-
-
 def fsdp_mesh(config: ParallelismConfig):
     """The (sub)mesh FSDP2 shards over: ("dp_replicate", "dp_shard_cp") for HSDP (a shard size of 1 replicates),
     `dp_shard_cp` for FSDP; None when no data-parallel or context dimension is in use."""
@@ -413,7 +404,7 @@ def config_for_run(config: ParallelismConfig | None, tp_plugin=None) -> Parallel
             raise ConfigError("pass either torch_tp_plugin or parallelism_config to Accelerator, not both (fix: "
                               "ParallelismConfig(tp_size=...) alone)")
         warnings.warn("TorchTensorParallelPlugin is deprecated (as in Accelerate); use "
-                      "ParallelismConfig(tp_size=...)", FutureWarning, stacklevel=3)
+                      "ParallelismConfig(tp_size=...)", FutureWarning, stacklevel=4)  # the caller of Accelerator()
         return ParallelismConfig(tp_size=tp_plugin.tp_size)
     if config is not None:
         return config
@@ -423,22 +414,6 @@ def config_for_run(config: ParallelismConfig | None, tp_plugin=None) -> Parallel
     if asked or any(runtime_value(name).source != "default" for name in _SIZE_SETTINGS):
         return ParallelismConfig()
     return None
-
-
-def fsdp_plugin_for_layout(config: ParallelismConfig, num_processes: int, fsdp_plugin, deepspeed_plugins=None):
-    """The FSDP plugin the run needs for `config`: a new FSDP2 plugin when sharding and none was given, the given
-    one (or None) otherwise. Refuses in one line what hasten cannot run (`backend_for_layout`)."""
-    from .state import PartialState
-
-    device_type = PartialState().device.type
-    backend = backend_for_layout(config, num_processes, fsdp_plugin, deepspeed=deepspeed_plugins is not None,
-                                 device_type=device_type)
-    wants_fsdp = backend == "fsdp" or (backend in ("tensor_parallel", "pipeline") and config.data_parallel_size > 1)
-    if wants_fsdp and fsdp_plugin is None:
-        from .backends.fsdp.plugin import FullyShardedDataParallelPlugin
-
-        return FullyShardedDataParallelPlugin(fsdp_version=2)
-    return fsdp_plugin
 
 
 def mesh_rank(state, dim: str) -> int:

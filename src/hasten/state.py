@@ -306,6 +306,7 @@ class AcceleratorState(_SharedState):
         megatron_lm_plugin=None,
         parallelism_config=None,
         _from_accelerator: bool = False,
+        _run_plan=None,
         **kwargs,
     ):
         self.__dict__ = self._shared_state
@@ -331,6 +332,12 @@ class AcceleratorState(_SharedState):
             )
         partial_state = PartialState(cpu, **kwargs)
         self.__dict__.update(partial_state.__dict__)
+        if _run_plan is not None:  # an Accelerator's: the run was decided by hasten.backends.plan.make_run_plan
+            self._take_plan(_run_plan)
+            return
+        # Built by hand (Accelerate's public constructor; an Accelerator always hands its plan): the given plugins
+        # set the distributed type, as Accelerate's constructor does. The plan cannot be made from here: it needs
+        # the plugin and layout classes, which import this module (tests/backends/test_plan.py names this branch).
         self._mixed_precision = resolve_mixed_precision(mixed_precision)
         self.dynamo_plugin = dynamo_plugin
         self.deepspeed_plugins = deepspeed_plugin
@@ -351,6 +358,19 @@ class AcceleratorState(_SharedState):
             plugins = deepspeed_plugin.values() if isinstance(deepspeed_plugin, dict) else [deepspeed_plugin]
             for plugin in plugins:
                 plugin.set_mixed_precision(self._mixed_precision, source)
+
+    def _take_plan(self, plan) -> None:
+        """Everything the state holds about how the run is distributed, as the run plan decided it."""
+        self._mixed_precision = plan.precision.setting
+        self.dynamo_plugin = plan.dynamo_plugin
+        self.deepspeed_plugins = plan.deepspeed_plugins
+        self.fsdp_plugin = plan.fsdp_plugin
+        self.megatron_lm_plugin = plan.megatron_lm_plugin
+        self.torch_tp_plugin = None  # the deprecated plugin became plan.parallelism_config
+        self.parallelism_config = plan.parallelism_config
+        self.device_mesh = None
+        # PartialState answers as this state does (PartialState().distributed_type is FSDP under FSDP).
+        self.distributed_type = PartialState._shared_state["distributed_type"] = plan.distributed_type
 
     @property
     def initialized(self) -> bool:

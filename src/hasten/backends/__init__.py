@@ -1,6 +1,7 @@
-"""Backends: one module per way of distributing a model, chosen through `REGISTRY`.
+"""Backends: one module or folder per way of distributing a model, created through `REGISTRY`.
 
-To add one, write `backends/<name>.py` with a `Backend` subclass and add a line here; the facade
+The run plan (`backends/plan.py`) names the backend; `create_backend` only builds it. To add one, write
+`backends/<name>.py` (or a folder) with a `Backend` subclass, add a line here and a rule in the plan; the facade
 never changes.
 """
 
@@ -8,7 +9,6 @@ from __future__ import annotations
 
 import importlib
 
-from ..core.enums import DistributedType
 from ..core.errors import NotSupportedYetError
 from .base import Backend
 
@@ -22,19 +22,6 @@ REGISTRY = {
     "pipeline": ("hasten.backends.pipeline", "PipelineBackend"),
 }
 
-# Which backend serves each distributed type (absent: not supported yet).
-_FOR_TYPE = {DistributedType.NO: "single", DistributedType.FSDP: "fsdp", DistributedType.DEEPSPEED: "deepspeed"}
-
-
-def backend_name_for(distributed_type: DistributedType, num_processes: int, parallelism_config=None) -> str:
-    from ..parallelism_config import backend_name
-
-    if backend_name(parallelism_config) is not None:  # pipeline/tensor/context parallel layouts, with or without FSDP
-        return backend_name(parallelism_config)
-    if distributed_type in _FOR_TYPE:
-        return _FOR_TYPE[distributed_type]
-    return "ddp" if num_processes > 1 else "single"
-
 
 def create_backend(name: str, state, **kwargs) -> Backend:
     if name not in REGISTRY:
@@ -45,4 +32,4 @@ def create_backend(name: str, state, **kwargs) -> Backend:
     return getattr(importlib.import_module(module), cls)(state, **kwargs)
 
 
-__all__ = ["Backend", "REGISTRY", "backend_name_for", "create_backend"]
+__all__ = ["Backend", "REGISTRY", "create_backend"]

@@ -98,10 +98,6 @@ class Backend:
         """Hook for backends that must see everything one `prepare` call got at once (sharding, an engine built
         from model, optimizer, scheduler and batch size together); default: nothing."""
 
-    def accumulation_steps(self, steps: int, source: str) -> int:
-        """Agree the Accelerator's gradient accumulation steps with the backend's own setting, if it has one."""
-        return steps
-
     def free_memory(self) -> None:
         """Release what the backend holds for prepared objects (`accelerator.free_memory()`)."""
 

@@ -261,34 +261,6 @@ def _env_value(name: str):
     return None
 
 
-def plugin_for_run(plugin):
-    """The plugin an Accelerator runs with: the one passed, else one built from MEGATRON_LM_* variables when the
-    launcher (or the user) asked for Megatron-LM (--use_megatron_lm, ACCELERATE_USE_MEGATRON_LM=true)."""
-    if plugin is not None:
-        if not isinstance(plugin, MegatronLMPlugin):
-            raise TypeError(f"megatron_lm_plugin must be a MegatronLMPlugin, got {type(plugin).__name__}")
-        return plugin
-    from .resolve import runtime_value
-
-    return MegatronLMPlugin() if runtime_value("use_megatron_lm").value else None
-
-
-def apply(plugin: MegatronLMPlugin, num_processes: int, parallelism_config, fsdp_plugin, deepspeed_plugins,
-          torch_tp_plugin):
-    """(parallelism_config, fsdp_plugin) for a Megatron-LM run; one line for a combination that says two things."""
-    for given, name in ((parallelism_config, "parallelism_config"), (fsdp_plugin, "fsdp_plugin"),
-                        (deepspeed_plugins, "deepspeed_plugin"), (torch_tp_plugin, "torch_tp_plugin")):
-        if given is not None:
-            raise ConfigError(f"Accelerator got both a Megatron-LM plugin and {name}; both describe how the model is "
-                              "split: fix: pass one (the Megatron-LM plugin becomes a ParallelismConfig)")
-    layout = plugin.native_layout(num_processes)
-    if plugin.recompute_activations:
-        from ..backends.fsdp.plugin import FullyShardedDataParallelPlugin
-
-        fsdp_plugin = FullyShardedDataParallelPlugin(fsdp_version=2, activation_checkpointing=True)
-    return layout, fsdp_plugin
-
-
 def clip_at_step(plugin: MegatronLMPlugin, optimizer, backend) -> None:
     """Clip the global gradient norm to `gradient_clipping` just before each step of `optimizer` (the prepared
     one), as Megatron-LM's train step does: after fp16 unscaling, skipped with the step on overflow."""

@@ -134,19 +134,6 @@ class DeepSpeedBackend(Backend):
             f"built yet); {hint}, or set {_ALLOW_JIT_VARIABLE}=1 to compile it"
         )
 
-    # -- accumulation ---------------------------------------------------------------------------------------
-    def accumulation_steps(self, steps: int, source: str) -> int:
-        """Agree the Accelerator's accumulation steps with the plugin's: a missing side takes the other's value."""
-        plugin = get_active_deepspeed_plugin(self.state)
-        configured = plugin.get_value("gradient_accumulation_steps")
-        if configured in (None, AUTO):
-            plugin.fill_auto({"gradient_accumulation_steps": steps}, source)
-            return steps
-        if steps == 1 and source.endswith("default"):
-            return int(configured)
-        plugin.fill_auto({"gradient_accumulation_steps": steps}, source)
-        return steps
-
     # -- preparing ------------------------------------------------------------------------------------------
     def prepare_together(self, models, optimizers, schedulers=(), data_loaders=(), split_batches=False,
                          accumulation_steps=1, **_):

@@ -25,6 +25,9 @@ def explain_command_parser(parser=None, parents=()):
         sub = parser.add_parser("explain", parents=list(parents), description=description, allow_abbrev=False)
     add_launch_arguments(sub)
     sub.add_argument("--all", action="store_true", help="Also list settings left at their built-in default.")
+    sub.add_argument("--plan", action="store_true",
+                     help="Also print the run plan these values make: backend, distributed type, plugins, mesh, "
+                          "precision and accumulation (for a script that passes nothing in code).")
     sub.set_defaults(func=explain_command)
     return sub
 
@@ -44,7 +47,24 @@ def explain_command(args) -> int:
     print("\n" + CODE_NOTE)
     if exported:
         print("\nexported to the training processes: " + " ".join(f"{k}={v}" for k, v in sorted(exported.items())))
+    if args.plan:
+        print("\nrun plan (what Accelerator() decides from these values; arguments in code change it):")
+        print("\n".join("  " + line for line in run_plan(settings).describe()))
     return 0
+
+
+def run_plan(settings):
+    """The plan `hasten.backends.plan.make_run_plan` makes in the training processes from these launch settings:
+    the same function, reading the variables the launcher exports, with the process count the launch starts."""
+    from ...backends.plan import Cluster, make_run_plan
+    from ...distributed.cluster import detect_device_type, distributed_type_for
+    from ...launch.machine import patch_environment
+
+    processes = settings["num_processes"] or 1
+    with patch_environment(**settings.env):
+        device_type = detect_device_type(bool(settings["use_cpu"]))
+        detected = Cluster(processes, device_type, distributed_type_for(device_type, processes, processes > 1))
+        return make_run_plan(cluster=lambda: detected)
 
 
 def _print_rich(values) -> bool:

@@ -1,0 +1,363 @@
+"""The run plan: which backend, distributed type, plugins, mesh layout, precision and accumulation a run gets.
+
+`make_run_plan` decides all of it once, from what `Accelerator(...)` was given, the resolved settings (launcher
+flags, config file, environment: hasten.config.resolve) and the detected cluster, before anything is built. The
+result is one frozen `RunPlan`; `AcceleratorState`, the backend registry (`create_backend(plan.backend, ...)`), the
+precision policy and `GradientState` read it and decide nothing again. `hasten config explain --plan` prints the
+plan the same function makes from the launch settings alone.
+
+Adding a backend: a rule in `_backend` (and, if it needs one, a plugin step below), a line in `REGISTRY`
+(backends/__init__.py) and its folder. Adding a layout dimension: `parallelism_config.backend_for_layout` refuses it
+or names the backend it needs; a backend that runs whatever the distributed type says joins `_LAYOUT_BACKENDS`. The
+order of the steps is the order in which Accelerate checks its arguments, so the first error a script sees is the
+one it saw before the plan existed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..core.enums import DistributedType
+from ..core.errors import ConfigError, NotSupportedYetError
+
+# The backend a distributed type runs on when no layout asks for another (absent: DDP on many processes).
+_FOR_TYPE = {DistributedType.NO: "single", DistributedType.FSDP: "fsdp", DistributedType.DEEPSPEED: "deepspeed"}
+# Layout backends that run whatever the distributed type says; they shard the data dimensions with FSDP2.
+_LAYOUT_BACKENDS = ("pipeline", "tensor_parallel")
+
+
+@dataclass(frozen=True, slots=True)
+class Cluster:
+    """What the plan needs to know about the processes. In a run: `PartialState`'s answer (the process group is
+    joined when the plan first asks), plus the `AcceleratorState` an earlier Accelerator of this process left
+    (`settled`): the run is then already decided and that state keeps it, as in Accelerate."""
+
+    num_processes: int
+    device_type: str
+    distributed_type: DistributedType
+    settled: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class Precision:
+    setting: str  # the resolved mixed_precision setting: "no", "fp16", "bf16" or "fp8"
+    source: str  # where the setting came from
+    trains_in: str  # what the run computes in: the setting, or the active DeepSpeed config's own choice
+
+
+@dataclass(frozen=True, slots=True)
+class Accumulation:
+    steps: int | None
+    source: str
+    plugin: Any  # the GradientAccumulationPlugin GradientState is given
+
+
+@dataclass(frozen=True, slots=True)
+class RunPlan:
+    """The run's setup, decided once (see the module docstring). Frozen: a field cannot be replaced; the plugin
+    objects inside are the user's own and keep their methods (e.g. `select_deepspeed_plugin`)."""
+
+    backend: str
+    distributed_type: DistributedType
+    num_processes: int
+    device_type: str
+    fsdp_plugin: Any
+    deepspeed_plugins: dict | None
+    megatron_lm_plugin: Any
+    dynamo_plugin: Any
+    parallelism_config: Any
+    precision: Precision
+    accumulation: Accumulation
+    settled: bool = field(default=False)  # an earlier Accelerator's state decides (see Cluster.settled)
+
+    @property
+    def deepspeed_plugin(self):
+        """The selected DeepSpeed plugin (the one the next prepare() builds its engine with), or None."""
+        return _selected(self.deepspeed_plugins)
+
+    @property
+    def mesh(self) -> tuple:
+        """((dimension, size), ...) of the mesh the run builds, outermost first; () without a ParallelismConfig."""
+        config = self.parallelism_config
+        if config is None:
+            return ()
+        return tuple((dim, config._sizes[dim]) for dim in config.active_mesh_dims)
+
+    def describe(self) -> list:
+        """The plan as lines of text (`hasten config explain --plan`)."""
+        mesh = " x ".join(f"{dim}={size}" for dim, size in self.mesh) or "none (no ParallelismConfig)"
+        deepspeed = "none"
+        if self.deepspeed_plugins:
+            deepspeed = ", ".join(f"{name}: ZeRO stage {p.zero_stage}" + (" (selected)" if p.selected else "")
+                                  for name, p in self.deepspeed_plugins.items())
+        fsdp = "none" if self.fsdp_plugin is None else _fsdp_line(self.fsdp_plugin)
+        megatron = "none" if self.megatron_lm_plugin is None else (
+            f"tp_degree={self.megatron_lm_plugin.tp_degree}, pp_degree={self.megatron_lm_plugin.pp_degree}")
+        precision = self.precision
+        trains = "" if precision.trains_in == precision.setting else (
+            f", trains in {precision.trains_in} (the DeepSpeed config)")
+        return [
+            f"backend: {self.backend}",
+            f"distributed type: {self.distributed_type.value}",
+            f"processes: {self.num_processes} on {self.device_type}",
+            f"fsdp plugin: {fsdp}",
+            f"deepspeed plugins: {deepspeed}",
+            f"megatron-lm plugin: {megatron}",
+            f"dynamo: {_name(self.dynamo_plugin.backend)}",
+            f"mesh: {mesh}",
+            f"precision: {precision.setting} (from {precision.source}){trains}",
+            f"accumulation: {self.accumulation.steps} step(s) (from {self.accumulation.source})",
+        ]
+
+
+def _name(value) -> str:
+    return str(getattr(value, "name", value))
+
+
+def _fsdp_line(plugin) -> str:
+    if plugin.fsdp_version == 2:
+        words = [f"FSDP2, reshard_after_forward={plugin.reshard_after_forward}"]
+    else:
+        words = [f"FSDP1, {_name(plugin.sharding_strategy)}"]
+    offload = plugin.cpu_offload  # FSDP1: CPUOffload(offload_params=...); FSDP2: CPUOffloadPolicy when on
+    if getattr(offload, "offload_params", type(offload).__name__ == "CPUOffloadPolicy"):
+        words.append("cpu offload")
+    if plugin.activation_checkpointing:
+        words.append("activation checkpointing")
+    return ", ".join(words)
+
+
+def make_run_plan(*, cluster: Callable[[], Cluster], mixed_precision=None, gradient_accumulation_steps: int = 1,
+                  gradient_accumulation_plugin=None, deepspeed_plugin=None, deepspeed_plugins=None, fsdp_plugin=None,
+                  torch_tp_plugin=None, megatron_lm_plugin=None, dynamo_backend=None, dynamo_plugin=None,
+                  parallelism_config=None) -> RunPlan:
+    """The run plan for `Accelerator(...)`'s arguments of the same names. `cluster` is called when the plan first
+    needs the processes (in a run, that joins the process group), so argument errors come first."""
+    from ..config.handlers import TorchDynamoPlugin
+    from ..parallelism_config import config_for_run
+
+    if dynamo_backend is not None and dynamo_plugin is not None:
+        raise ConfigError("pass either dynamo_backend or dynamo_plugin to Accelerator, not both")
+    dynamo_plugin = dynamo_plugin or TorchDynamoPlugin(backend=dynamo_backend)
+    fsdp_plugin = _fsdp_plugin(fsdp_plugin)
+    deepspeed_plugins = _deepspeed_plugins(deepspeed_plugin, deepspeed_plugins, fsdp_plugin)
+    megatron_lm_plugin = _megatron_plugin(megatron_lm_plugin)  # served by TP/PP/FSDP (config/megatron.py)
+    if megatron_lm_plugin is not None:
+        parallelism_config, fsdp_plugin = _megatron_layout(megatron_lm_plugin, cluster().num_processes,
+                                                           parallelism_config, fsdp_plugin, deepspeed_plugins,
+                                                           torch_tp_plugin)
+    parallelism_config = config_for_run(parallelism_config, torch_tp_plugin)
+    layout = None
+    if parallelism_config is not None:  # the layout picks the backend: dp_shard -> FSDP2, dp_replicate -> DDP
+        layout, fsdp_plugin = _layout(parallelism_config, cluster(), fsdp_plugin, deepspeed_plugins)
+    processes = cluster()
+    settled = processes.settled
+    if settled is not None:
+        distributed_type = settled.distributed_type
+        precision = Precision(settled._mixed_precision, "the Accelerator made earlier in this process",
+                              settled.mixed_precision)
+    else:
+        distributed_type = _distributed_type(processes.distributed_type, fsdp_plugin, deepspeed_plugins)
+        precision = _precision(mixed_precision, distributed_type, deepspeed_plugins)
+    backend = _backend(layout, distributed_type, processes.num_processes)
+    active_deepspeed = settled.deepspeed_plugin if settled is not None else _selected(deepspeed_plugins)
+    accumulation = _accumulation(gradient_accumulation_steps, gradient_accumulation_plugin, backend, active_deepspeed)
+    return RunPlan(backend=backend, distributed_type=distributed_type, num_processes=processes.num_processes,
+                   device_type=processes.device_type, fsdp_plugin=fsdp_plugin, deepspeed_plugins=deepspeed_plugins,
+                   megatron_lm_plugin=megatron_lm_plugin, dynamo_plugin=dynamo_plugin,
+                   parallelism_config=parallelism_config, precision=precision, accumulation=accumulation,
+                   settled=settled is not None)
+
+
+def detected_cluster(cpu: bool = False, **kwargs) -> Callable[[], Cluster]:
+    """`make_run_plan`'s `cluster` in a training process: `PartialState(cpu, **kwargs)` (made on the first call,
+    which joins the process group) and the AcceleratorState an earlier Accelerator left, if any."""
+
+    def detect() -> Cluster:
+        from ..state import AcceleratorState, PartialState, is_initialized
+
+        state = PartialState(cpu, **kwargs)
+        settled = AcceleratorState() if is_initialized() else None
+        return Cluster(state.num_processes, state.device.type, state.distributed_type, settled)
+
+    return detect
+
+
+# -- the rules, in the order make_run_plan applies them ----------------------------------------------------------------
+
+def _fsdp_plugin(plugin):
+    """The FSDP plugin of the run when FSDP is asked for (in code or by the launcher): the given one or a default."""
+    from ..config.resolve import runtime_value
+
+    if plugin is None and not runtime_value("use_fsdp").value:
+        return None
+    try:
+        from .fsdp.plugin import FullyShardedDataParallelPlugin
+    except ImportError:
+        raise NotSupportedYetError("FSDP is not supported by this version of hasten yet") from None
+    if plugin is None:
+        return FullyShardedDataParallelPlugin()
+    if not isinstance(plugin, FullyShardedDataParallelPlugin):
+        raise TypeError(f"fsdp_plugin must be a FullyShardedDataParallelPlugin, got {type(plugin).__name__}")
+    return plugin
+
+
+def _deepspeed_plugins(deepspeed_plugin, deepspeed_plugins, fsdp_plugin):
+    """{name: plugin} (the first selected), or None when DeepSpeed is not asked for (in code or by the launcher)."""
+    from ..config.resolve import runtime_value
+
+    if deepspeed_plugin is None and deepspeed_plugins is None and not runtime_value("use_deepspeed").value:
+        return None
+    from .deepspeed.plugin import DeepSpeedPlugin, plugins_from
+
+    if deepspeed_plugin is None and deepspeed_plugins is None:
+        deepspeed_plugin = DeepSpeedPlugin()
+    if fsdp_plugin is not None:
+        raise ConfigError("DeepSpeed and FSDP cannot be combined: pass one of deepspeed_plugin and fsdp_plugin")
+    plugins = plugins_from(deepspeed_plugin, deepspeed_plugins)
+    from ..core.availability import is_deepspeed_available
+
+    if not is_deepspeed_available():
+        raise ImportError('DeepSpeed is not installed: pip install "hasten[deepspeed]"')
+    return plugins
+
+
+def _megatron_plugin(plugin):
+    """The Megatron-LM plugin: the one passed, else one built from MEGATRON_LM_* variables when the launcher (or
+    the user) asked for Megatron-LM (--use_megatron_lm, ACCELERATE_USE_MEGATRON_LM=true)."""
+    from ..config.megatron import MegatronLMPlugin
+    from ..config.resolve import runtime_value
+
+    if plugin is not None:
+        if not isinstance(plugin, MegatronLMPlugin):
+            raise TypeError(f"megatron_lm_plugin must be a MegatronLMPlugin, got {type(plugin).__name__}")
+        return plugin
+    return MegatronLMPlugin() if runtime_value("use_megatron_lm").value else None
+
+
+def _megatron_layout(plugin, num_processes: int, parallelism_config, fsdp_plugin, deepspeed_plugins, torch_tp_plugin):
+    """(parallelism_config, fsdp_plugin) of a Megatron-LM run; one line for a combination that says two things."""
+    for given, name in ((parallelism_config, "parallelism_config"), (fsdp_plugin, "fsdp_plugin"),
+                        (deepspeed_plugins, "deepspeed_plugin"), (torch_tp_plugin, "torch_tp_plugin")):
+        if given is not None:
+            raise ConfigError(f"Accelerator got both a Megatron-LM plugin and {name}; both describe how the model is "
+                              "split: fix: pass one (the Megatron-LM plugin becomes a ParallelismConfig)")
+    layout = plugin.native_layout(num_processes)
+    if plugin.recompute_activations:
+        from .fsdp.plugin import FullyShardedDataParallelPlugin
+
+        fsdp_plugin = FullyShardedDataParallelPlugin(fsdp_version=2, activation_checkpointing=True)
+    return layout, fsdp_plugin
+
+
+def _layout(config, processes: Cluster, fsdp_plugin, deepspeed_plugins):
+    """(the backend the layout needs, the FSDP plugin): a new FSDP2 plugin when the layout shards and none was
+    given. `backend_for_layout` (beside ParallelismConfig) refuses what hasten cannot run."""
+    from ..parallelism_config import backend_for_layout
+
+    layout = backend_for_layout(config, processes.num_processes, fsdp_plugin,
+                                deepspeed=deepspeed_plugins is not None, device_type=processes.device_type)
+    shards = layout == "fsdp" or (layout in _LAYOUT_BACKENDS and config.data_parallel_size > 1)
+    if shards and fsdp_plugin is None:
+        from .fsdp.plugin import FullyShardedDataParallelPlugin
+
+        fsdp_plugin = FullyShardedDataParallelPlugin(fsdp_version=2)
+    return layout, fsdp_plugin
+
+
+def _distributed_type(detected: DistributedType, fsdp_plugin, deepspeed_plugins) -> DistributedType:
+    """A plugin makes the run FSDP or DeepSpeed. Unlike Accelerate, both also run on CPU processes (gloo) and in one
+    process (the backend makes a one-process group), so that a sharded checkpoint resumes on any number of
+    processes; ranks stay torch.distributed's, so every process knows its index and reads its share of the data."""
+    if deepspeed_plugins is not None:
+        return DistributedType.DEEPSPEED
+    if fsdp_plugin is not None:
+        return DistributedType.FSDP
+    return detected
+
+
+def _precision(argument, distributed_type: DistributedType, deepspeed_plugins) -> Precision:
+    """The mixed_precision setting (argument > launcher/environment > "no") and where it came from. DeepSpeed takes
+    it into each plugin's config (whose own fp16/bf16 block may decide, as in Accelerate); FSDP's backend takes it
+    from the precision policy built from `trains_in`."""
+    from ..config.resolve import runtime_value
+    from ..state import resolve_mixed_precision
+
+    setting = resolve_mixed_precision(argument)
+    if argument is not None:
+        source = "Accelerator(mixed_precision=...)"
+    else:
+        resolved = runtime_value("mixed_precision")
+        source = resolved.origin if resolved.source != "default" else "default"
+    trains_in = setting
+    if deepspeed_plugins is not None:
+        told = "Accelerator(mixed_precision=...)" if argument is not None else "the mixed_precision setting"
+        for plugin in deepspeed_plugins.values():
+            plugin.set_mixed_precision(setting, told)
+        if distributed_type == DistributedType.DEEPSPEED:
+            trains_in = _selected(deepspeed_plugins).mixed_precision
+    return Precision(setting, source, trains_in)
+
+
+def _backend(layout: str | None, distributed_type: DistributedType, num_processes: int) -> str:
+    """The REGISTRY name of the backend that runs the plan."""
+    if layout in _LAYOUT_BACKENDS:  # pipeline/tensor/context parallel layouts, with or without FSDP
+        return layout
+    if distributed_type in _FOR_TYPE:
+        return _FOR_TYPE[distributed_type]
+    return "ddp" if num_processes > 1 else "single"
+
+
+def _selected(deepspeed_plugins):
+    """The selected plugin of {name: DeepSpeedPlugin} (plugins_from selects the first), or None."""
+    return next((p for p in (deepspeed_plugins or {}).values() if p.selected), None)
+
+
+def _accumulation(steps_argument, plugin, backend: str, deepspeed_plugin) -> Accumulation:
+    """The GradientAccumulationPlugin of the run. The launcher's value replaces the argument, as in Accelerate (the
+    settings table's precedence says so); under DeepSpeed the config's count and the Accelerator's agree."""
+    from ..config.handlers import GradientAccumulationPlugin
+    from ..config.resolve import runtime_value
+
+    steps = runtime_value("gradient_accumulation_steps", steps_argument)
+    if steps.source == "environment":
+        source = f"environment variable {steps.origin}"
+    elif steps.value == 1:
+        source = "default"
+    else:  # the launcher's flag or config file (named by HASTEN_CONFIG_SOURCES), else the argument
+        source = steps.origin if steps.source in ("flag", "file") else "Accelerator(gradient_accumulation_steps=...)"
+    if plugin is not None:
+        if steps.value != 1:
+            raise ConfigError(
+                "pass either gradient_accumulation_steps or gradient_accumulation_plugin, not both "
+                "(set GradientAccumulationPlugin(num_steps=...) instead)"
+            )
+    else:
+        if not isinstance(steps.value, int) or steps.value < 1:
+            raise ConfigError(f"gradient_accumulation_steps must be a positive integer, got {steps.value!r}")
+        plugin = GradientAccumulationPlugin(num_steps=steps.value)
+    if plugin.num_steps is not None:
+        if plugin.num_steps != 1 and source == "default":
+            source = "GradientAccumulationPlugin(num_steps=...)"
+        if backend == "deepspeed":
+            plugin.num_steps, source = _deepspeed_accumulation(deepspeed_plugin, plugin.num_steps, source)
+    return Accumulation(plugin.num_steps, source, plugin)
+
+
+def _deepspeed_accumulation(plugin, steps: int, source: str) -> tuple:
+    """DeepSpeed's config and the Accelerator agree on the steps: a missing side takes the other's value."""
+    from .deepspeed.plugin import AUTO
+
+    if plugin is None:
+        raise ConfigError(
+            "no DeepSpeedPlugin is active: pass Accelerator(deepspeed_plugin=...) or launch with --use_deepspeed"
+        )
+    configured = plugin.get_value("gradient_accumulation_steps")
+    if configured not in (None, AUTO) and steps == 1 and source.endswith("default"):
+        return int(configured), "the DeepSpeed config"
+    plugin.fill_auto({"gradient_accumulation_steps": steps}, source)
+    return steps, source
+
+
+__all__ = ["Accumulation", "Cluster", "Precision", "RunPlan", "detected_cluster", "make_run_plan"]
