@@ -292,11 +292,32 @@ def detect_device_type(
 _BACKEND_FOR_DEVICE = {"cuda": "nccl", "xpu": "xccl", "npu": "hccl", "cpu": "gloo", "mps": "gloo"}
 
 
-def choose_backend(device_type: str, requested: str | None = None) -> str:
-    """The collective backend for a device kind: NCCL for CUDA, gloo for CPU, or what the user asked for."""
+def choose_backend(device_type: str, requested: str | None = None, env: Mapping[str, str] | None = None) -> str:
+    """The collective backend for a device kind: NCCL for CUDA, gloo for CPU, or what the user asked for.
+
+    FSDP with CPU offload (`USE_FSDP` and `FSDP_OFFLOAD_PARAMS` on, as `hasten launch` exports them) keeps the
+    gradients in CPU memory, and torch's own collectives then meet CPU tensors (gradient clipping's norm, fp16's
+    overflow flag): the default group must serve both devices, so it is `"cuda:nccl,cpu:gloo"`, as Accelerate
+    1.15 creates it. NCCL alone fails there on two GPUs or more.
+    """
     if requested:
         return requested
-    return _BACKEND_FOR_DEVICE.get(device_type, "gloo")
+    backend = _BACKEND_FOR_DEVICE.get(device_type, "gloo")
+    if backend == "nccl" and env_flag("USE_FSDP", env=env) and fsdp_offloads_params(env):
+        return "cuda:nccl,cpu:gloo"
+    return backend
+
+
+def fsdp_offloads_params(env: Mapping[str, str] | None = None) -> bool:
+    """`FSDP_OFFLOAD_PARAMS` (Accelerate's variable, which `hasten launch --fsdp_offload_params` exports)."""
+    env = os.environ if env is None else env
+    text = env.get("FSDP_OFFLOAD_PARAMS", "")
+    try:
+        return bool(text) and parse_bool(text)
+    except ValueError:
+        raise ConfigError(
+            f"environment variable FSDP_OFFLOAD_PARAMS={text!r} is not a boolean; set it to true or false"
+        ) from None
 
 
 def distributed_type_for(device_type: str, world_size: int, launched: bool):
