@@ -21,6 +21,9 @@ def init_process_group(cluster: environment.ClusterInfo, backend: str, kwargs: d
     """
     import torch.distributed as dist
 
+    from ..resilience.orphans import watch_launcher
+
+    watch_launcher()  # a worker of `hasten launch` ends with it (a killed launcher leaves no orphan on the GPUs)
     timeout = collective_timeout(kwargs.pop("timeout", None), backend)
     gloo_interface_from_nccl()
     if kwargs.get("init_method") is not None:
