@@ -11,10 +11,11 @@ import time
 
 import pytest
 import torch
-from conftest import record_figure
+from gpu_suite import cuda_only, record_figure
 
 from hasten import Accelerator
 
+pytestmark = cuda_only  # timings belong on the GPU (CI has no timing thresholds)
 WARMUP, STEPS = 10, 60
 
 
