@@ -356,11 +356,14 @@ def test_pin_to_numa_node_restricts_this_process(tmp_path):
     ({"HASTEN_USE_FSDP": "1", "FSDP_OFFLOAD_PARAMS": "True"}, "cuda:nccl,cpu:gloo"),
     ({"ACCELERATE_USE_FSDP": "true", "FSDP_OFFLOAD_PARAMS": "false"}, "nccl"),
     ({"FSDP_OFFLOAD_PARAMS": "true"}, "nccl"),
+    ({"ACCELERATE_USE_FSDP": "true", "FSDP_STATE_DICT_TYPE": "FULL_STATE_DICT"}, "cuda:nccl,cpu:gloo"),
+    ({"ACCELERATE_USE_FSDP": "true", "FSDP_STATE_DICT_TYPE": "SHARDED_STATE_DICT"}, "nccl"),
     ({}, "nccl"),
 ])
 def test_fsdp_cpu_offload_makes_the_default_group_serve_both_devices(env, expected):
     assert choose_backend("cuda", env=env) == expected
     assert choose_backend("cpu", env=env) == "gloo"  # gloo serves CPU tensors already
+    assert choose_backend("xpu", env=env) == expected.replace("cuda:nccl", "xpu:xccl").replace("nccl", "xccl")
     assert choose_backend("cuda", requested="nccl", env=env) == "nccl"  # what the script asked for wins
 
 

@@ -295,29 +295,32 @@ _BACKEND_FOR_DEVICE = {"cuda": "nccl", "xpu": "xccl", "npu": "hccl", "cpu": "glo
 def choose_backend(device_type: str, requested: str | None = None, env: Mapping[str, str] | None = None) -> str:
     """The collective backend for a device kind: NCCL for CUDA, gloo for CPU, or what the user asked for.
 
-    FSDP with CPU offload (`USE_FSDP` and `FSDP_OFFLOAD_PARAMS` on, as `hasten launch` exports them) keeps the
-    gradients in CPU memory, and torch's own collectives then meet CPU tensors (gradient clipping's norm, fp16's
-    overflow flag): the default group must serve both devices, so it is `"cuda:nccl,cpu:gloo"`, as Accelerate
-    1.15 creates it. NCCL alone fails there on two GPUs or more.
+    FSDP with CPU offload or a full state dict (`USE_FSDP` on, and `FSDP_OFFLOAD_PARAMS` on or
+    `FSDP_STATE_DICT_TYPE=FULL_STATE_DICT`, as `hasten launch` exports them) meets CPU tensors in torch's own
+    collectives (the offloaded gradients' norm, fp16's overflow flag, a full state dict gathered to CPU memory):
+    the default group must serve both devices, `"cuda:nccl,cpu:gloo"` (`"xpu:xccl,cpu:gloo"`), as Accelerate 1.15
+    creates it. NCCL alone fails there on two GPUs or more.
     """
     if requested:
         return requested
     backend = _BACKEND_FOR_DEVICE.get(device_type, "gloo")
-    if backend == "nccl" and env_flag("USE_FSDP", env=env) and fsdp_offloads_params(env):
-        return "cuda:nccl,cpu:gloo"
+    if backend in ("nccl", "xccl") and env_flag("USE_FSDP", env=env) and _fsdp_meets_cpu_tensors(env):
+        return f"{device_type}:{backend},cpu:gloo"
     return backend
 
 
-def fsdp_offloads_params(env: Mapping[str, str] | None = None) -> bool:
-    """`FSDP_OFFLOAD_PARAMS` (Accelerate's variable, which `hasten launch --fsdp_offload_params` exports)."""
+def _fsdp_meets_cpu_tensors(env: Mapping[str, str] | None = None) -> bool:
+    """`FSDP_OFFLOAD_PARAMS` on or `FSDP_STATE_DICT_TYPE=FULL_STATE_DICT` (Accelerate's variables, which
+    `hasten launch --fsdp_offload_params / --fsdp_state_dict_type` export)."""
     env = os.environ if env is None else env
     text = env.get("FSDP_OFFLOAD_PARAMS", "")
     try:
-        return bool(text) and parse_bool(text)
+        offload = bool(text) and parse_bool(text)
     except ValueError:
         raise ConfigError(
             f"environment variable FSDP_OFFLOAD_PARAMS={text!r} is not a boolean; set it to true or false"
         ) from None
+    return offload or env.get("FSDP_STATE_DICT_TYPE", "").upper() == "FULL_STATE_DICT"
 
 
 def distributed_type_for(device_type: str, world_size: int, launched: bool):
