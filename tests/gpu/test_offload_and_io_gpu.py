@@ -28,9 +28,11 @@ def test_async_save_from_cuda_commits_and_loads(tmp_path):
     opt.step()
     saved = {k: v.detach().clone() for k, v in model.state_dict().items()}
     acc.save_state(str(tmp_path / "ckpt"), async_save=True)
-    with torch.no_grad():
-        for p in model.parameters():  # changed after the call returns: the checkpoint must hold the old values
-            p.add_(1.0)
+    # A step right after the call returns (it waits for the background copy to take the weights; a change made
+    # outside optimizer.step() is refused, as the CPU twin found): the checkpoint must hold the old values.
+    acc.backward(model(torch.randn(4, 32, device=acc.device)).pow(2).mean())
+    opt.step()
+    assert any(not torch.equal(saved[k], v) for k, v in model.state_dict().items())
     acc.wait_for_checkpoint()
     acc.load_state(str(tmp_path / "ckpt"))
     assert all(torch.equal(saved[k], v) for k, v in model.state_dict().items())
