@@ -3,6 +3,11 @@ import os
 import pytest
 
 
+# Variables of the test run itself, not settings: the GPU suite's figures file (scripts/gpu_check.sh) must reach
+# tests/gpu/conftest.py's record_figure, or the figures table is always empty.
+KEPT = frozenset({"HASTEN_GPU_FIGURES"})
+
+
 @pytest.fixture(autouse=True)
 def fresh_state(monkeypatch):
     """Every test starts with no hasten state and no hasten/Accelerate variables from the outside, and leaves
@@ -10,7 +15,7 @@ def fresh_state(monkeypatch):
     would otherwise reach every later launch)."""
     saved_environment = dict(os.environ)
     for key in list(os.environ):
-        if key.startswith(("HASTEN_", "ACCELERATE_")):
+        if key.startswith(("HASTEN_", "ACCELERATE_")) and key not in KEPT:
             monkeypatch.delenv(key)
     from hasten.state import AcceleratorState, GradientState
 

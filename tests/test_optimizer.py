@@ -45,3 +45,13 @@ def test_fp16_overflow_is_reported_skipped_and_holds_the_scheduler(make_optimize
     assert lr == 0.1  # the scheduler held on the skipped step
     assert unchanged and scale == 512.0
     assert not was_skipped_after and lr_after == 0.05 and moved
+
+
+def test_fsdp1_fp16_fused_optimizer_skips_on_every_rank_when_one_overflows():
+    """Issue 30, item 9: torch's ShardedGradScaler shares the overflow flag across ranks in unscale_(), which the
+    fused path skips; the rank without an inf stepped while the other skipped."""
+    from launching import launch
+
+    result = launch("fsdp_fp16_fused_overflow.py", num_processes=2, timeout=240)
+    assert result.stdout.count("overflow skipped on every rank") == 2, result.stdout + result.stderr
+    assert result.stdout.count("clipped fused step taken") == 2, result.stdout + result.stderr

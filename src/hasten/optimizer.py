@@ -117,6 +117,8 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         # no skip, and steps the scheduler, on a fused optimizer's overflow.) One host sync, fused optimizers only.
         by_scale = getattr(self.optimizer, "_step_supports_amp_scaling", False) and self.scaler.is_enabled()
         scale_before = self.scaler.get_scale() if by_scale else None
+        if by_scale:
+            _share_overflow_before_fused_step(self.scaler, self.optimizer)
         self.optimizer.step = marked_step
         try:
             result = self.scaler.step(self.optimizer, closure) if closure is not None else self.scaler.step(self.optimizer)
@@ -146,6 +148,27 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
 
     def __repr__(self):
         return f"AcceleratedOptimizer({self.optimizer!r})"
+
+
+def _share_overflow_before_fused_step(scaler, optimizer) -> None:
+    """torch's ShardedGradScaler (FSDP1) makes the ranks agree on an overflow inside `unscale_()`, which the scaler
+    skips for a fused optimizer (the kernel unscales): a rank whose shard held the inf skipped the step while the
+    others took it, leaving one model made of two steps. Unscaling first (one extra pass over the gradients,
+    FSDP1 + fp16 + fused only) takes the path that all-reduces the flag; the fused kernel then sees unscaled
+    gradients and the agreed flag."""
+    from torch.amp.grad_scaler import OptState
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    if not isinstance(scaler, ShardedGradScaler):
+        return
+    state = scaler._per_optimizer_states[id(optimizer)]
+    if state["stage"] is OptState.READY:  # not unscaled by clipping already
+        scaler.unscale_(optimizer)
+    # ShardedGradScaler's flags have shape [1], the fused kernels want a scalar (they subtract it from each
+    # step count): "output with shape [] doesn't match the broadcast shape [1]" otherwise, clipping included.
+    flags = state["found_inf_per_device"]
+    for device, flag in flags.items():
+        flags[device] = flag.reshape(())
 
 
 def patch_optimizer_step(accelerated_optimizer: AcceleratedOptimizer, method):

@@ -116,7 +116,7 @@ class PartialState(_SharedState):
         self._cpu = cpu or device_type == "cpu"
         self.debug = bool(_setting("debug", None, env))
         backend = None if distributed_type == DistributedType.NO else environment.choose_backend(device_type,
-                                                                                                 requested_backend)
+                                                                                                 requested_backend, env)
         # One timeout for every collective: gloo/NCCL here, DeepSpeed's groups, the hang doctor.
         self.collective_timeout = collective_timeout(kwargs.get("timeout"), backend)
         self.cluster = cluster
@@ -448,18 +448,28 @@ class AcceleratorState(_SharedState):
         return parse_flag_from_env("FORK_LAUNCHED", False)
 
 
-def device_index(device_type: str, local_index: int, count: int | None = None) -> int:
-    """The accelerator this process uses: its local rank, or 0 when it sees one device only (one GPU per task,
-    e.g. SLURM `--gpus-per-task=1` / a per-process `CUDA_VISIBLE_DEVICES`). More processes on a machine than
-    visible devices is refused: they would share a device (and NCCL refuses two ranks on one GPU)."""
+# The variables that hand each process its own devices (a scheduler's per-task binding or a wrapper's).
+VISIBLE_DEVICES = {"cuda": ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"),
+                   "xpu": ("ZE_AFFINITY_MASK",), "npu": ("ASCEND_RT_VISIBLE_DEVICES",)}
+
+
+def device_index(device_type: str, local_index: int, count: int | None = None, env=None) -> int:
+    """The accelerator this process uses: its local rank, or 0 when it sees one device only because it was given
+    its own (SLURM `--gpus-per-task=1`, a per-process `CUDA_VISIBLE_DEVICES`). More processes on a machine than
+    visible devices is refused: they would share a device (and NCCL refuses two ranks on one GPU). With one
+    visible device and no visible-devices variable, the machine has one device: local process 1 and up are
+    refused too (Accelerate takes the local rank modulo the count and puts them all on it)."""
     if count is None:
         count = getattr(torch, device_type).device_count()
-    if count <= 1 or local_index < count:
-        return 0 if count <= 1 else local_index
+    env = os.environ if env is None else env
+    own_device = count == 1 and any(env.get(name) for name in VISIBLE_DEVICES.get(device_type, ()))
+    if local_index < count or own_device:
+        return local_index if count > 1 else 0
     raise ConfigError(
         f"local process {local_index} has no {device_type} device of its own: this machine shows {count} "
-        f"{device_type} devices; start at most {count} processes per machine (`--num_processes`), or give each "
-        f"process its own device (CUDA_VISIBLE_DEVICES), or name one with HASTEN_TORCH_DEVICE"
+        f"{device_type} device{'s' if count != 1 else ''}; start at most {count} process"
+        f"{'es' if count != 1 else ''} per machine (`--num_processes`), or give each process its own device "
+        f"(CUDA_VISIBLE_DEVICES), or name one with HASTEN_TORCH_DEVICE"
     )
 
 

@@ -364,3 +364,41 @@ def test_enable_cpu_affinity_pins_the_process_when_the_state_is_made(tmp_path, m
         assert os.sched_getaffinity(0) == {first}  # local process 0 of a CPU run: node 0
     finally:
         os.sched_setaffinity(0, before)
+
+
+# -- issue 30, item 8: FSDP CPU offload needs a default group that serves CPU tensors too -----------------------
+@pytest.mark.parametrize("env, expected", [
+    ({"ACCELERATE_USE_FSDP": "true", "FSDP_OFFLOAD_PARAMS": "true"}, "cuda:nccl,cpu:gloo"),
+    ({"HASTEN_USE_FSDP": "1", "FSDP_OFFLOAD_PARAMS": "True"}, "cuda:nccl,cpu:gloo"),
+    ({"ACCELERATE_USE_FSDP": "true", "FSDP_OFFLOAD_PARAMS": "false"}, "nccl"),
+    ({"FSDP_OFFLOAD_PARAMS": "true"}, "nccl"),
+    ({"ACCELERATE_USE_FSDP": "true", "FSDP_STATE_DICT_TYPE": "FULL_STATE_DICT"}, "cuda:nccl,cpu:gloo"),
+    ({"ACCELERATE_USE_FSDP": "true", "FSDP_STATE_DICT_TYPE": "SHARDED_STATE_DICT"}, "nccl"),
+    ({}, "nccl"),
+])
+def test_fsdp_cpu_offload_makes_the_default_group_serve_both_devices(env, expected):
+    assert choose_backend("cuda", env=env) == expected
+    assert choose_backend("cpu", env=env) == "gloo"  # gloo serves CPU tensors already
+    assert choose_backend("xpu", env=env) == expected.replace("cuda:nccl", "xpu:xccl").replace("nccl", "xccl")
+    assert choose_backend("cuda", requested="nccl", env=env) == "nccl"  # what the script asked for wins
+
+
+def test_fsdp_offload_variable_that_is_not_a_boolean_is_refused():
+    with pytest.raises(ConfigError, match="FSDP_OFFLOAD_PARAMS='maybe' is not a boolean"):
+        choose_backend("cuda", env={"ACCELERATE_USE_FSDP": "true", "FSDP_OFFLOAD_PARAMS": "maybe"})
+
+
+def test_a_cpu_norm_goes_where_the_group_can_reduce_it(monkeypatch):
+    import torch
+
+    from hasten.distributed.grad_norm import reduction_device
+
+    cpu = torch.device("cpu")
+    assert reduction_device(cpu, "gloo") == cpu
+    assert reduction_device(cpu, "cuda:nccl,cpu:gloo") == cpu
+    # NCCL alone serves no CPU tensor: the norm of CPU-offloaded gradients moves to the current accelerator (a GPU
+    # process is simulated: the accelerator is "cuda", device 1).
+    monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda *a, **k: torch.device("cuda"))
+    monkeypatch.setattr(torch.accelerator, "current_device_index", lambda: 1)
+    assert reduction_device(cpu, "nccl") == torch.device("cuda", 1)
+    assert reduction_device(torch.device("cuda", 1), "nccl") == torch.device("cuda", 1)

@@ -33,12 +33,33 @@ def test_device_is_the_local_rank_or_the_one_visible_device():
     assert device_index("cuda", 3, count=4) == 3
     assert device_index("cuda", 0, count=1) == 0
     # SLURM --gpus-per-task=1: local rank 5 sees one GPU, its own. (Accelerate's barrier named device 5 here.)
-    assert device_index("cuda", 5, count=1) == 0
+    assert device_index("cuda", 5, count=1, env={"CUDA_VISIBLE_DEVICES": "5"}) == 0
 
 
 def test_more_processes_than_devices_is_refused_not_shared():
     with pytest.raises(ConfigError, match="local process 4 has no cuda device of its own: this machine shows 4"):
         device_index("cuda", 4, count=4)
+
+
+def test_more_processes_than_the_one_visible_gpu_is_refused_too():
+    """Issue 30, item 11: with one GPU and no per-process binding, local process 1 would share it."""
+    with pytest.raises(ConfigError, match="local process 1 has no cuda device of its own: this machine shows 1 cuda "
+                                          "device; start at most 1 process per machine"):
+        device_index("cuda", 1, count=1, env={})
+    assert device_index("cuda", 0, count=1, env={}) == 0
+
+
+def test_one_visible_gpu_refusal_reaches_partial_state(monkeypatch):
+    """The refusal is what PartialState's device choice runs (a CUDA count of 1, simulated), and naming the device
+    with HASTEN_TORCH_DEVICE is the way to share it on purpose (the GPU suite's 2-processes-on-1-GPU case)."""
+    state = PartialState.__new__(PartialState)
+    state.local_process_index = 1
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    with pytest.raises(ConfigError, match="local process 1 has no cuda device"):
+        PartialState._pick_device(state, "cuda")
+    monkeypatch.setenv("HASTEN_TORCH_DEVICE", "cuda:0")
+    assert PartialState._pick_device(state, "cuda") == torch.device("cuda", 0)
 
 
 def test_wait_for_everyone_on_nccl_uses_the_control_group_not_a_device_id(monkeypatch):

@@ -97,8 +97,10 @@ def test_one_rank_skips_part_of_evaluation():
 
 def test_rank_sleeps_past_the_timeout():
     """The one case that waits for the timeout (10 s here): the report comes within the timeout + 5 s."""
-    _, report = run_case("sleeps", env={"HASTEN_COLLECTIVE_TIMEOUT": "10"})
+    # NCCL_SOCKET_IFNAME alone: the workers' gloo takes that interface (issue 30, item 10) and the report names it.
+    _, report = run_case("sleeps", env={"HASTEN_COLLECTIVE_TIMEOUT": "10", "NCCL_SOCKET_IFNAME": "lo"})
     first = headline(report)
+    assert "Network: gloo uses network interface lo (GLOO_SOCKET_IFNAME=lo (from NCCL_SOCKET_IFNAME))" in report, report
     assert f"barrier() at tests/workers/{site('sleep-wait')} timed out on rank 0" in first, report
     assert "the collective timeout is 10s" in first
     assert "rank 1 never arrived (it is running Python code at " \

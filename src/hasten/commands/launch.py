@@ -474,6 +474,9 @@ def _run_distributed(args, plan: LaunchPlan) -> int:
     from ..resilience.hang_doctor import LAUNCHER_VARIABLE
 
     os.environ[LAUNCHER_VARIABLE] = "1"
+    from ..resilience.orphans import launcher_environment  # workers end with this process (resilience/orphans.py)
+
+    os.environ.update(launcher_environment())
     started = time.monotonic()
     try:
         elastic_launch(config, entrypoint)(*entry_args)

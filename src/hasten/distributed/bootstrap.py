@@ -21,7 +21,11 @@ def init_process_group(cluster: environment.ClusterInfo, backend: str, kwargs: d
     """
     import torch.distributed as dist
 
+    from ..resilience.orphans import watch_launcher
+
+    watch_launcher()  # a worker of `hasten launch` ends with it (a killed launcher leaves no orphan on the GPUs)
     timeout = collective_timeout(kwargs.pop("timeout", None), backend)
+    gloo_interface_from_nccl()
     if kwargs.get("init_method") is not None:
         dist.init_process_group(backend, rank=cluster.rank, world_size=cluster.world_size, timeout=timeout, **kwargs)
         if backend == "gloo":
@@ -44,11 +48,65 @@ def init_process_group(cluster: environment.ClusterInfo, backend: str, kwargs: d
     _wait_for_every_process(store, cluster.world_size, timeout)
     # The control plane: on NCCL (or any backend that serves no CPU tensor) a gloo group beside the default one,
     # made now so that every rank makes it at the same point (see distributed/control.py).
-    control.control_group(timeout)
+    _make_control_group(timeout)
     # A gloo group left alive at interpreter exit aborts the process about half the time with torch 2.13;
     # tearing down what we set up makes a correct script exit 0 even if it never calls destroy_process_group.
     atexit.register(destroy_default_group)
     record_uncaught_errors()
+
+
+def gloo_interface_from_nccl(env=None) -> str | None:
+    """Set `GLOO_SOCKET_IFNAME` from `NCCL_SOCKET_IFNAME` when only the latter is set; returns what gloo will use.
+
+    Why: every NCCL job also builds a gloo group (the control plane, or `"cuda:nccl,cpu:gloo"`), and gloo picks
+    its interface from the hostname, which on a multi-homed node can be one the other machines cannot reach:
+    start-up then hangs until the collective timeout. The interface the user gave NCCL is the one that works.
+    NCCL's form is a list of name prefixes (`eth`, `=eth0` exact, `^docker` excluded); gloo wants exact names, so
+    prefixes are matched against this machine's interfaces and an exclusion list is left to the user.
+    """
+    env = os.environ if env is None else env
+    if env.get("GLOO_SOCKET_IFNAME"):
+        return env["GLOO_SOCKET_IFNAME"]
+    nccl = env.get("NCCL_SOCKET_IFNAME", "").strip()
+    if not nccl or nccl.startswith("^"):
+        return None
+    exact = nccl.startswith("=")
+    wanted = [name.strip() for name in nccl.lstrip("=").split(",") if name.strip()]
+    try:
+        import socket
+
+        present = [name for _, name in socket.if_nameindex()]
+    except OSError:
+        present = []
+    chosen = [name for name in present if any(name == w if exact else name.startswith(w) for w in wanted)]
+    if not chosen:
+        return None
+    env["GLOO_SOCKET_IFNAME"] = ",".join(chosen)
+    return env["GLOO_SOCKET_IFNAME"]
+
+
+def gloo_interface_words(env=None) -> str:
+    """Which network interface gloo uses, in words, for a start-up failure or a hang report."""
+    env = os.environ if env is None else env
+    chosen = env.get("GLOO_SOCKET_IFNAME")
+    if chosen:
+        source = " (from NCCL_SOCKET_IFNAME)" if env.get("NCCL_SOCKET_IFNAME") else ""
+        return f"gloo uses network interface {chosen} (GLOO_SOCKET_IFNAME={chosen}{source})"
+    return ("gloo picks its network interface from this machine's hostname (GLOO_SOCKET_IFNAME and "
+            "NCCL_SOCKET_IFNAME are unset)")
+
+
+def _make_control_group(timeout) -> None:
+    """The control group, with the interface named if gloo cannot connect (a wrong interface hangs here)."""
+    try:
+        control.control_group(timeout)
+    except RuntimeError as error:
+        from ..core.errors import DistributedOperationException
+
+        raise DistributedOperationException(
+            f"the gloo control group beside the default group could not connect: {error}; {gloo_interface_words()}."
+            " Fix: set GLOO_SOCKET_IFNAME (or NCCL_SOCKET_IFNAME) to the interface the machines reach each other on"
+        ) from error
 
 
 NCCL_DEFAULT_TIMEOUT = 600.0  # torch's own default for NCCL groups, which Accelerate keeps when nothing is set

@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-from ..core.env import env_flag, env_value, first_slurm_host, parse_int, slurm_tasks_on_first_node
+from ..core.env import env_flag, env_value, first_slurm_host, parse_bool, parse_int, slurm_tasks_on_first_node
 from ..core.errors import ConfigError
 
 
@@ -175,11 +175,35 @@ def detect_device_type(
 _BACKEND_FOR_DEVICE = {"cuda": "nccl", "xpu": "xccl", "npu": "hccl", "cpu": "gloo", "mps": "gloo"}
 
 
-def choose_backend(device_type: str, requested: str | None = None) -> str:
-    """The collective backend for a device kind: NCCL for CUDA, gloo for CPU, or what the user asked for."""
+def choose_backend(device_type: str, requested: str | None = None, env: Mapping[str, str] | None = None) -> str:
+    """The collective backend for a device kind: NCCL for CUDA, gloo for CPU, or what the user asked for.
+
+    FSDP with CPU offload or a full state dict (`USE_FSDP` on, and `FSDP_OFFLOAD_PARAMS` on or
+    `FSDP_STATE_DICT_TYPE=FULL_STATE_DICT`, as `hasten launch` exports them) meets CPU tensors in torch's own
+    collectives (the offloaded gradients' norm, fp16's overflow flag, a full state dict gathered to CPU memory):
+    the default group must serve both devices, `"cuda:nccl,cpu:gloo"` (`"xpu:xccl,cpu:gloo"`), as Accelerate 1.15
+    creates it. NCCL alone fails there on two GPUs or more.
+    """
     if requested:
         return requested
-    return _BACKEND_FOR_DEVICE.get(device_type, "gloo")
+    backend = _BACKEND_FOR_DEVICE.get(device_type, "gloo")
+    if backend in ("nccl", "xccl") and env_flag("USE_FSDP", env=env) and _fsdp_meets_cpu_tensors(env):
+        return f"{device_type}:{backend},cpu:gloo"
+    return backend
+
+
+def _fsdp_meets_cpu_tensors(env: Mapping[str, str] | None = None) -> bool:
+    """`FSDP_OFFLOAD_PARAMS` on or `FSDP_STATE_DICT_TYPE=FULL_STATE_DICT` (Accelerate's variables, which
+    `hasten launch --fsdp_offload_params / --fsdp_state_dict_type` export)."""
+    env = os.environ if env is None else env
+    text = env.get("FSDP_OFFLOAD_PARAMS", "")
+    try:
+        offload = bool(text) and parse_bool(text)
+    except ValueError:
+        raise ConfigError(
+            f"environment variable FSDP_OFFLOAD_PARAMS={text!r} is not a boolean; set it to true or false"
+        ) from None
+    return offload or env.get("FSDP_STATE_DICT_TYPE", "").upper() == "FULL_STATE_DICT"
 
 
 def distributed_type_for(device_type: str, world_size: int, launched: bool):

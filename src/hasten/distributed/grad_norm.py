@@ -41,10 +41,24 @@ def clip_grad_norm_sharded_(parameters, max_norm: float, norm_type: float = 2.0,
 
 def _reduce_shard_norm(norm: torch.Tensor, norm_type: float) -> torch.Tensor:
     """The norm over every process's shard: every element lives on exactly one process."""
-    norm = norm.clone()
+    home = norm.device
+    norm = norm.to(reduction_device(norm.device, str(dist.get_backend())), copy=True)
     if norm_type == float("inf"):
         dist.all_reduce(norm, op=dist.ReduceOp.MAX)
-        return norm
+        return norm.to(home)
     norm = norm ** norm_type
     dist.all_reduce(norm)
-    return norm ** (1.0 / norm_type)
+    return (norm ** (1.0 / norm_type)).to(home)
+
+
+def reduction_device(device: torch.device, backend: str) -> torch.device:
+    """Where a norm must be to be all-reduced over a group with `backend`: gradients offloaded to CPU memory give
+    a CPU norm, which an NCCL-only group cannot reduce ("No backend type associated with device type cpu"); it
+    goes to this process's current accelerator then. A group that serves CPU tensors (gloo,
+    `"cuda:nccl,cpu:gloo"`) reduces it where it is."""
+    if device.type != "cpu" or backend == "gloo" or "cpu:" in backend or backend in ("mpi", "fake"):
+        return device
+    accelerator = torch.accelerator.current_accelerator()
+    if accelerator is None:
+        return device
+    return torch.device(accelerator.type, torch.accelerator.current_device_index())

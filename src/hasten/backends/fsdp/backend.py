@@ -191,7 +191,7 @@ class FSDPBackend(Backend):
         shard(model)
         if ram_efficient:
             _materialize(model, self.state.device, offload=plugin.offloads_params)
-            _stream_weights_from_rank0(model, full)
+            _stream_weights_from_rank0(model, full, self.state.device)
         new_params = plain_named_parameters(model)
         for name, old in old_params.items():
             if name in new_params and new_params[name] is not old:
@@ -491,30 +491,16 @@ def _materialize(model, device, offload: bool) -> None:
                     module._buffers[name] = buffer.to(device)
 
 
-def _stream_weights_from_rank0(model, full: dict) -> None:
-    """Fill a freshly sharded (empty) model from rank 0's tensors, one tensor at a time.
+def _stream_weights_from_rank0(model, full: dict, device=None) -> None:
+    """Fill a freshly sharded (empty) model from rank 0's tensors, one tensor at a time (see streaming.py).
 
     Rank 0 drops each whole tensor as soon as it is sent, so its memory goes from one whole copy down to its
-    shard while the others grow from nothing to theirs: no process ever holds two copies.
+    shard while the others grow from nothing to theirs: no process ever holds two copies. Buffers, non-persistent
+    ones included (they are in no state dict), come from rank 0 too.
     """
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+    from .streaming import stream_from_rank0
 
-    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
-    is_source = dist.get_rank() == 0
-    for name, param in list(plain_named_parameters(model).items()):
-        tensor = full.pop(name, None)
-        piece = {name: tensor.detach()} if tensor is not None else {}
-        set_model_state_dict(model, piece, options=options)
-        if tensor is not None:
-            tensor.data = torch.empty(0, dtype=tensor.dtype)  # the user's optimizer may still reference it
-        del piece, tensor
-    # Buffers are not sharded, and non-persistent ones are in no state dict: broadcast them all.
-    with torch.no_grad():
-        for name, buffer in model.named_buffers():
-            name = state_name(name)
-            if is_source:
-                buffer.copy_(full.pop(name))
-            dist.broadcast(buffer, src=0)
+    stream_from_rank0(_named_tensors(model), full, torch.device(device or "cpu"), consume=True)
 
 
 def load_full_state_dict(model, full_state: dict, device, cpu_offload: bool = False) -> None:
@@ -522,12 +508,11 @@ def load_full_state_dict(model, full_state: dict, device, cpu_offload: bool = Fa
     other ranks may pass `{}`. Each tensor is broadcast from rank 0 and every process keeps only its shard.
     The caller's dict is read, never changed. Non-persistent buffers are in no state dict: fill them yourself.
     """
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+    from .streaming import stream_from_rank0
 
     if any(t.is_meta for t in _named_tensors(model).values()):
         _materialize(model, device, offload=cpu_offload)
-    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
-    set_model_state_dict(model, dict(full_state) if dist.get_rank() == 0 else {}, options=options)
+    stream_from_rank0(_named_tensors(model), dict(full_state) if dist.get_rank() == 0 else {}, torch.device(device))
     if cpu_offload:
         # FSDP2's CPUOffloadPolicy expects the sharded parameters in CPU memory between uses.
         for param in model.parameters():
