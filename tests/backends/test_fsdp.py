@@ -370,7 +370,7 @@ def test_streaming_rank0_weights_into_a_mixed_device_model_keeps_its_parameters(
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
 
-    from hasten.backends.fsdp.backend import _materialize, _named_tensors, load_full_state_dict
+    from hasten.backends.fsdp.backend import _materialize, load_full_state_dict
     from hasten.distributed.bootstrap import init_single_process_group
 
     if not dist.is_initialized():
