@@ -146,8 +146,17 @@ def test_wrap_policies_pick_blocks():
 
 
 def test_ram_efficient_loading_is_exported_for_transformers():
+    from hasten.utils.fsdp_utils import disable_fsdp_ram_efficient_loading, enable_fsdp_ram_efficient_loading
+
     FullyShardedDataParallelPlugin(fsdp_version=2, cpu_ram_efficient_loading=True)
-    assert os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] == "true"
+    assert os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] == "True"  # Accelerate's spelling, which scripts compare
+    FullyShardedDataParallelPlugin(fsdp_version=2, cpu_ram_efficient_loading=False)
+    assert os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] == "False"
+    enable_fsdp_ram_efficient_loading()
+    assert os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] == "True"
+    assert FullyShardedDataParallelPlugin().cpu_ram_efficient_loading is True
+    disable_fsdp_ram_efficient_loading()
+    assert os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] == "False"
     assert FullyShardedDataParallelPlugin(cpu_ram_efficient_loading=True).sync_module_states is True  # FSDP1 needs it
 
 
@@ -338,25 +347,46 @@ def test_fsdp_honours(honoured, check):
     assert honoured.count(f"ok {check} rank") == 2, honoured
 
 
-def test_fsdp1_only_keys_from_the_environment_warn_under_fsdp2(monkeypatch):
+def test_fsdp1_only_keys_from_the_environment_warn_under_fsdp2(monkeypatch, caplog):
+    """As Accelerate: a warning in its words on its `accelerate.utils.dataclasses` logger (hasten's
+    `hasten.utils.dataclasses`, the same logger under the alias), naming where the value came from."""
     import json
-    import warnings
 
     for name, value in {"FSDP_VERSION": "2", "FSDP_USE_ORIG_PARAMS": "true", "FSDP_BACKWARD_PREFETCH": "BACKWARD_PRE",
                         "FSDP_SYNC_MODULE_STATES": "true"}.items():
         monkeypatch.setenv(name, value)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        FullyShardedDataParallelPlugin()
-    text = " ".join(str(w.message) for w in caught)
-    for name in ("use_orig_params (from environment variable FSDP_USE_ORIG_PARAMS)", "backward_prefetch",
-                 "sync_module_states"):
-        assert name in text, text
+    with caplog.at_level("WARNING", logger="hasten.utils.dataclasses"):
+        plugin = FullyShardedDataParallelPlugin()
+    assert plugin.backward_prefetch is None
+    for words in ("backward_prefetch is not supported in FSDP2. Setting backward prefetch to None.",
+                  "use_orig_params is obsolete in FSDP2", "sync_module_states is obsolete in FSDP2",
+                  "use_orig_params from environment variable FSDP_USE_ORIG_PARAMS"):
+        assert words in caplog.text, caplog.text
     # what `hasten launch` exported as a default stays quiet; what came from a config file is named
     monkeypatch.setenv("HASTEN_CONFIG_SOURCES", json.dumps({
         "fsdp_use_orig_params": ["default", "default"], "fsdp_sync_module_states": ["default", "default"],
         "fsdp_backward_prefetch": ["file", "cfg.yaml"]}))
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="hasten.utils.dataclasses"):
         FullyShardedDataParallelPlugin()
-    assert [str(w.message).split(" is ")[0] for w in caught] == ["fsdp backward_prefetch (from file cfg.yaml)"]
+    assert [r.getMessage().split(" (")[1] for r in caplog.records] == ["fsdp backward_prefetch from file cfg.yaml; FSDP1 only: remove it, or use fsdp_version=1)"]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="hasten.utils.dataclasses"):
+        FullyShardedDataParallelPlugin(fsdp_version=2, backward_prefetch="BACKWARD_POST")
+    assert "backward_prefetch is not supported in FSDP2" in caplog.text
+
+
+def test_fsdp1_strategy_is_sharding_strategy_and_reshard_after_forward_stays_unset(monkeypatch):
+    """As Accelerate: FSDP1 from FSDP_SHARDING_STRATEGY (or the default) fills sharding_strategy only."""
+    from torch.distributed.fsdp import ShardingStrategy
+
+    assert FullyShardedDataParallelPlugin().reshard_after_forward is None
+    monkeypatch.setenv("FSDP_SHARDING_STRATEGY", "SHARD_GRAD_OP")
+    plugin = FullyShardedDataParallelPlugin()
+    assert (plugin.sharding_strategy, plugin.reshard_after_forward) == (ShardingStrategy.SHARD_GRAD_OP, None)
+    monkeypatch.setenv("FSDP_SHARDING_STRATEGY", "3")
+    assert FullyShardedDataParallelPlugin().sharding_strategy == ShardingStrategy.NO_SHARD
+    given = FullyShardedDataParallelPlugin(reshard_after_forward="NO_SHARD")  # given: kept, and it is the strategy
+    assert given.reshard_after_forward == given.sharding_strategy == ShardingStrategy.NO_SHARD
+
+

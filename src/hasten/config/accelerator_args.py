@@ -55,10 +55,12 @@ def deepspeed_plugins(deepspeed_plugin, deepspeed_plugins, fsdp_plugin):
     """The DeepSpeed plugin(s) of the run, or None when DeepSpeed is not asked for (in code or by the launcher)."""
     if deepspeed_plugin is None and deepspeed_plugins is None and not runtime_value("use_deepspeed").value:
         return None
-    from ..backends.deepspeed.plugin import DeepSpeedPlugin, plugins_from
+    from ..backends.deepspeed.plugin import DeepSpeedPlugin, plugins_from, refuse_plugins_for_a_second_accelerator
 
     if deepspeed_plugin is None and deepspeed_plugins is None:
         deepspeed_plugin = DeepSpeedPlugin()
+    else:
+        refuse_plugins_for_a_second_accelerator()
     if fsdp_plugin is not None:
         raise ConfigError("DeepSpeed and FSDP cannot be combined: pass one of deepspeed_plugin and fsdp_plugin")
     plugins = plugins_from(deepspeed_plugin, deepspeed_plugins)

@@ -383,11 +383,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("deepspeed_allow_jit", "bool", False, env=("HASTEN_DEEPSPEED_ALLOW_JIT",), owner="DeepSpeedBackend",
             role="environment", help="On a CPU, let DeepSpeed compile its own Adam op on first use (minutes) instead of "
                                      "refusing it (hasten only)."),
-    _not_built("the DeepSpeed field list Accelerate's launcher hands over (CONFIG_DS_FIELDS)",
-               "unset it: hasten compares each DeepSpeed value with the DeepSpeed config itself",
-               "DeepSpeed (with --use_deepspeed)", requires="use_deepspeed")(
-        "config_ds_fields", flag=False, env=_pair("CONFIG_DS_FIELDS"),
-        help="Set by Accelerate's DeepSpeed launcher; hasten checks each value against the DeepSpeed config instead."),
+    _deepspeed("config_ds_fields", flag=False, env=_pair("CONFIG_DS_FIELDS"), owner=_DS,
+               help="The deepspeed_config keys of Accelerate's config file, as its launcher hands them over: with a "
+                    "DeepSpeed config file, DeepSpeedPlugin refuses the ones that file would override, as Accelerate "
+                    "does."),
     # -- fp8 (hasten.training.fp8; the recipe handlers in hasten.config.fp8 read these rows) -------------------------------------
     Setting("fp8_config", "dict", {}, file_key=("fp8_config",), role="file",
             help="fp8 recipe settings (the keys below), used with mixed_precision fp8."),

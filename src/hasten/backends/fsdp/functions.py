@@ -75,11 +75,11 @@ def load_fsdp_optimizer(fsdp_plugin, accelerator, optimizer, model, input_dir, o
 
 def enable_fsdp_ram_efficient_loading() -> None:
     """Ask model loaders (transformers' `from_pretrained`) to read weights on rank 0 only, under FSDP."""
-    os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] = "true"
+    os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] = "True"  # Accelerate's spelling
 
 
 def disable_fsdp_ram_efficient_loading() -> None:
-    os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] = "false"
+    os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] = "False"
 
 
 def fsdp2_canonicalize_names(named_params: dict) -> dict:

@@ -9,6 +9,7 @@ allowed values. The backend (`hasten.backends.fsdp.backend`) only reads the reso
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import re
 import warnings
@@ -26,6 +27,16 @@ from ...config.settings import SETTINGS
 
 _AUTO_WRAP_NAMES = tuple(name.lower() for name in FSDP_AUTO_WRAP_POLICY)
 
+
+# Accelerate logs what FSDP2 drops on its `utils.dataclasses` logger, in these words (scripts and tests match
+# them); `logging.getLogger("accelerate.utils.dataclasses")` is this logger under the accelerate alias.
+_ACCELERATE_LOGGER = logging.getLogger("hasten.utils.dataclasses")
+_FSDP2_DROPPED = {
+    "backward_prefetch": "backward_prefetch is not supported in FSDP2. Setting backward prefetch to None.",
+    "use_orig_params": "use_orig_params is obsolete in FSDP2, as FSDP2 always uses the original parameters.",
+    "sync_module_states": "sync_module_states is obsolete in FSDP2, as it is not needed anymore."
+                          "Setting sync_module_states to None.",
+}
 
 _ROWS = {row.env[0][len("FSDP_"):].lower(): row for row in SETTINGS if row.owner == "FullyShardedDataParallelPlugin"}
 
@@ -161,18 +172,20 @@ class FullyShardedDataParallelPlugin:
         return default, None
 
     def _warn_v1_only(self, name: str, variable: Optional[str]) -> None:
-        """An FSDP1-only value from a variable, a config file or a launch flag is dropped under FSDP2: say so,
-        naming where it came from. Not for the values `hasten launch` exports by default (as Accelerate does)."""
+        """An FSDP1-only value is dropped under FSDP2: say so as Accelerate does (its words, on its logger
+        `accelerate.utils.dataclasses`), then where the value came from. Not for the values `hasten launch`
+        exports by default (Accelerate's launcher exports them too, and FSDP2 never reads them there)."""
         from ...config.resolve import recorded_sources
 
         if variable is None:
-            return
-        source, origin = recorded_sources(os.environ).get(_ROWS[name].name, ("environment", variable))
-        if source == "default":
-            return
-        where = f"environment variable {variable}" if source == "environment" else f"{source} {origin}"
-        warnings.warn(f"fsdp {name} (from {where}) is an FSDP1 setting and is ignored with fsdp_version=2; fix: "
-                      f"remove it, or use fsdp_version=1", stacklevel=5)
+            where = "FullyShardedDataParallelPlugin(...)"
+        else:
+            source, origin = recorded_sources(os.environ).get(_ROWS[name].name, ("environment", variable))
+            if source == "default":
+                return
+            where = f"environment variable {variable}" if source == "environment" else f"{source} {origin}"
+        _ACCELERATE_LOGGER.warning("%s (fsdp %s from %s; FSDP1 only: remove it, or use fsdp_version=1)",
+                                   _FSDP2_DROPPED[name], name, where)
 
     def _resolve_version(self):
         value, variable = self._pick("fsdp_version", 1, "version")
@@ -209,6 +222,13 @@ class FullyShardedDataParallelPlugin:
                     text, variable = strategy, strategy_variable
             source = f"environment variable {variable}" if variable else "default"
             default = True if self.fsdp_version == 2 else "FULL_SHARD"
+            if self.fsdp_version == 1:
+                # As in Accelerate: FSDP1's strategy lives in sharding_strategy; reshard_after_forward stays None
+                # (scripts compare it), unless the script gave it.
+                self.sharding_strategy = _enum(ShardingStrategy, default if text is None else text,
+                                               "sharding_strategy", variable)
+                self.sources["sharding_strategy"] = source
+                return
             self.reshard_after_forward = default if text is None else text
             self.sources["reshard_after_forward"] = source
         else:
@@ -246,7 +266,7 @@ class FullyShardedDataParallelPlugin:
                             "fsdp forward_prefetch is an FSDP1 setting; FSDP2 prefetches on its own, so leave it unset "
                             "with fsdp_version=2"
                         )
-                    warnings.warn(f"fsdp {name} is an FSDP1 setting and is ignored with fsdp_version=2", stacklevel=4)
+                    self._warn_v1_only(name, None)
                 elif value:
                     self._warn_v1_only(name, variable)
                 value = None  # FSDP2 has no such knob; values from an FSDP1 config file must not be errors
@@ -267,8 +287,9 @@ class FullyShardedDataParallelPlugin:
             # Accelerate forces this on too: the other ranks start from empty weights and need rank 0's.
             self.sync_module_states = True
         if self.sources.get("cpu_ram_efficient_loading") == "argument":
-            # transformers' from_pretrained reads this variable to build the model on the meta device.
-            os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] = str(self.cpu_ram_efficient_loading).lower()
+            # transformers' from_pretrained reads this variable to build the model on the meta device; Accelerate
+            # writes Python's spelling ("True"/"False"), which scripts compare.
+            os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] = str(self.cpu_ram_efficient_loading)
 
     def _resolve_auto_wrap(self):
         value, variable = self._pick("auto_wrap_policy", "no_wrap")
@@ -311,11 +332,7 @@ class FullyShardedDataParallelPlugin:
         if value is not None:
             value = _enum(BackwardPrefetch, value, "backward_prefetch", variable)
             if self.fsdp_version == 2:
-                if self.sources["backward_prefetch"] == "argument":
-                    warnings.warn("fsdp backward_prefetch is ignored with fsdp_version=2 (FSDP2 prefetches itself)",
-                                  stacklevel=4)
-                else:
-                    self._warn_v1_only("backward_prefetch", variable)
+                self._warn_v1_only("backward_prefetch", variable)
                 value = None
         self.backward_prefetch = value
 
