@@ -120,7 +120,7 @@ MAP = {
     'field:DistributedDataParallelKwargs:broadcast_buffers': 'tests/backends/test_ddp_options.py::test_ddp_and_process_group_options_take_effect',
     'field:DistributedDataParallelKwargs:bucket_cap_mb': 'tests/backends/test_ddp_options.py::test_ddp_and_process_group_options_take_effect',
     'field:DistributedDataParallelKwargs:find_unused_parameters': 'tests/backends/test_ddp_options.py::test_ddp_and_process_group_options_take_effect',
-    'field:DistributedDataParallelKwargs:check_reduction': 'tests/backends/test_ddp_options.py::test_ddp_options_torch_would_ignore_are_refused_in_one_line',
+    'field:DistributedDataParallelKwargs:check_reduction': 'tests/backends/test_ddp_options.py::test_check_reduction_reaches_ddp_as_in_accelerate_and_strict_refuses_it',
     'field:DistributedDataParallelKwargs:gradient_as_bucket_view': 'tests/backends/test_ddp_options.py::test_ddp_and_process_group_options_take_effect',
     'field:DistributedDataParallelKwargs:static_graph': 'tests/backends/test_ddp_options.py::test_ddp_and_process_group_options_take_effect',
     'field:DistributedDataParallelKwargs:comm_hook': 'tests/backends/test_ddp_options.py::test_ddp_and_process_group_options_take_effect',

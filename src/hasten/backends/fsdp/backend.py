@@ -149,10 +149,12 @@ class FSDPBackend(Backend):
         return {p for module in _ignored_modules(model, self.plugin.ignored_modules) for p in module.parameters()}
 
     def _shard_fsdp2(self, model, ram_efficient: bool):
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        # The steps Accelerate's fsdp2_prepare_model takes, through the functions of its `utils.fsdp_utils` (this
+        # package's `functions`), so a script's mock.patch of them reaches the run.
+        from . import functions
 
         plugin = self.plugin
-        wants_own_unit = plugin.wrap_predicate(model)
+        functions.upcast_for_fsdp2(model, self.precision.mode, dist.get_rank() == 0)
         old_params = plain_named_parameters(model)
         if ram_efficient:
             # Everyone shards an empty (meta) model; rank 0 then streams its weights in tensor by tensor.
@@ -160,20 +162,13 @@ class FSDPBackend(Backend):
             model.to("meta")
         if plugin.activation_checkpointing:
             # As Accelerate's prepare (fsdp2_apply_ac): each block inside torch's CheckpointWrapper, before sharding.
-            checkpoint_wrap_blocks(model, wants_own_unit)
-        kwargs = dict(
-            mesh=self._device_mesh(),
-            reshard_after_forward=plugin.reshard_after_forward,
-            mp_policy=plugin.mixed_precision_policy or MixedPrecisionPolicy(),
-            offload_policy=plugin.cpu_offload,
-        )
+            checkpoint_wrap_blocks(model, plugin.wrap_predicate(model))
+        kwargs = functions.fsdp2_shard_kwargs(plugin, self._device_mesh())
         ignored = self._ignored_params(model)
         if ignored:
             kwargs["ignored_params"] = ignored
 
-        def shard(module):
-            replaced = list(module.parameters())
-            fully_shard(module, **kwargs)
+        def free_replaced(module, replaced):
             if ram_efficient:
                 return
             # Free each whole parameter once its shard exists (the user's optimizer still holds the old
@@ -183,12 +178,7 @@ class FSDPBackend(Backend):
                 if id(old) not in still_used:
                     old.data = torch.empty(0, dtype=old.dtype, device=old.device)
 
-        if wants_own_unit is not None:
-            # Bottom-up: a block's parameters belong to the innermost unit that claims them.
-            for module in reversed(list(model.modules())):
-                if module is not model and _can_be_unit(module) and wants_own_unit(module):
-                    shard(module)
-        shard(model)
+        functions.shard_fsdp2_units(model, plugin, kwargs, can_be_unit=_can_be_unit, after_unit=free_replaced)
         if ram_efficient:
             _materialize(model, self.state.device, offload=plugin.offloads_params)
             _stream_weights_from_rank0(model, full)

@@ -7,6 +7,7 @@ collectives, so every process calls them.
 
 from __future__ import annotations
 
+import logging
 import os
 
 import torch
@@ -14,8 +15,14 @@ import torch
 from .plugin import get_module_class_from_name  # noqa: F401 - published here too
 from ...core.errors import ConfigError, NotSupportedYetError
 from ..base import inner_optimizer
+from ..unwrap import is_compiled as is_compiled_module
 from . import checkpoint
 from .checkpoint import merge_fsdp_weights  # noqa: F401 - published here too
+
+# This module is Accelerate's `utils.fsdp_utils` (hasten.utils.fsdp_utils is this module object): the FSDP2 path
+# looks `is_compiled_module`, `fsdp2_prepare_auto_wrap_policy`, `logger` and torch's `fully_shard` up at call time,
+# so a `mock.patch` of those names takes effect, as scripts written for Accelerate expect.
+logger = logging.getLogger("hasten.utils.fsdp_utils")
 
 # wrapper names that activation checkpointing and torch.compile insert into parameter names
 _WRAPPER_PARTS = ("_checkpoint_wrapped_module.", "_orig_mod.")
@@ -133,14 +140,86 @@ def fsdp2_prepare_model(accelerator, model: torch.nn.Module) -> torch.nn.Module:
     """Shard `model` in place with FSDP2 as `accelerator`'s plugin says (wrap policy, mixed precision, offload,
     activation checkpointing, rank-0 RAM-efficient loading) and return it; an already sharded model comes back
     as is. Optimizers built earlier still hold the old parameters: pass them to `prepare` (which re-points
-    them), or use `fsdp2_switch_optimizer_parameters`."""
+    them), or use `fsdp2_switch_optimizer_parameters`.
+
+    With a hasten Accelerator set up for FSDP2 its backend shards (and remembers the model for `prepare`); with
+    anything else that has Accelerate's attributes (`state.fsdp_plugin`, `mixed_precision`, `torch_device_mesh`,
+    `is_main_process`) the model is sharded here, as Accelerate does."""
     from torch.distributed.fsdp import FSDPModule
 
-    inner = getattr(model, "_orig_mod", model)  # a torch.compile wrapper
-    if isinstance(inner, FSDPModule):
+    if isinstance(model, FSDPModule) or (is_compiled_module(model) and isinstance(model._orig_mod, FSDPModule)):
         return model
-    backend = _fsdp2_backend(accelerator, "fsdp2_prepare_model")
-    return backend.prepare_model(model, device_placement=True, evaluation_mode=False)
+    from .backend import FSDPBackend
+
+    backend = getattr(accelerator, "_backend", None)
+    if isinstance(backend, FSDPBackend) and backend.version == 2:
+        return backend.prepare_model(model, device_placement=True, evaluation_mode=False)
+    plugin = accelerator.state.fsdp_plugin
+    fsdp_kwargs = fsdp2_shard_kwargs(plugin, getattr(accelerator, "torch_device_mesh", None))
+    ignored = get_parameters_from_modules(plugin.ignored_modules, model, accelerator.device)
+    if ignored:
+        fsdp_kwargs["ignored_params"] = ignored
+    upcast_for_fsdp2(model, accelerator.mixed_precision, accelerator.is_main_process)
+    shard_fsdp2_units(model, plugin, fsdp_kwargs)
+    return model
+
+
+def check_fsdp2_names(before: dict, after: dict) -> None:
+    """Every parameter name from before sharding is still there after it (both canonical), else Accelerate's
+    error: a ValueError for the usual tied-embedding names (the model's config ties weights its checkpoint keeps
+    apart), a KeyError otherwise."""
+    missing = [name for name in before if name not in after]
+    if any(name in missing for name in ("lm_head.weight", "model.embed_tokens.weight", "transformer.wte.weight")):
+        raise ValueError(f"FSDP2 mapping failed (missing: {missing}). This is likely due to tied embeddings (config "
+                         "has tie_word_embeddings=True but checkpoint has separate weights). To fix, try: Set "
+                         "`model.config.tie_word_embeddings = False` after loading the model.")
+    if missing:
+        raise KeyError(f"Parameters missing after FSDP2 wrapping: {missing}")
+
+
+def fsdp2_shard_kwargs(plugin, mesh) -> dict:
+    """`fully_shard`'s keywords from the plugin (torch's defaults where it holds none)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, OffloadPolicy
+
+    return dict(mesh=mesh, reshard_after_forward=plugin.reshard_after_forward,
+                mp_policy=plugin.mixed_precision_policy or MixedPrecisionPolicy(),
+                offload_policy=plugin.cpu_offload or OffloadPolicy())
+
+
+def upcast_for_fsdp2(model: torch.nn.Module, mixed_precision: str, is_main_process: bool = True) -> None:
+    """As Accelerate: under mixed precision, trainable parameters are kept in fp32 (master weights; the policy's
+    param_dtype is what computes), which also gives FSDP2 the one dtype per unit it needs (transformers keeps
+    norms in fp32 beside bf16 weights). Not for 4-bit quantized models, whose weights a cast would destroy."""
+    if str(mixed_precision) == "no" or any(type(p).__name__ == "Params4bit" for p in model.parameters()):
+        return
+    upcast = [name for name, p in model.named_parameters() if p.requires_grad and p.dtype != torch.float32]
+    for name in upcast:
+        parameter = model.get_parameter(name)
+        parameter.data = parameter.data.to(torch.float32)
+    if upcast and is_main_process:
+        logger.info("FSDP upcast of low precision parameters to fp32 (since mixed_precision != 'no') may affect the "
+                    f"precision of model checkpoints. This effects {len(upcast)} parameters: {upcast}...")
+
+
+def shard_fsdp2_units(model: torch.nn.Module, plugin, fsdp_kwargs: dict, can_be_unit=None, after_unit=None) -> None:
+    """`fully_shard` each block the plugin's wrap policy picks (innermost first: a block's parameters belong to the
+    innermost unit that claims them), then the root. `after_unit(module, its parameters before sharding)`."""
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    def shard(module):
+        replaced = list(module.parameters())
+        fully_shard(module, **fsdp_kwargs)
+        if after_unit is not None:
+            after_unit(module, replaced)
+
+    wants_own_unit = fsdp2_prepare_auto_wrap_policy(plugin, model)
+    if wants_own_unit is not None:
+        for module in reversed(list(model.modules())):
+            if module is model or isinstance(module, FSDPModule) or (can_be_unit and not can_be_unit(module)):
+                continue
+            if wants_own_unit(module):
+                shard(module)
+    shard(model)
 
 
 def fsdp2_load_full_state_dict(accelerator, model: torch.nn.Module, full_sd: dict, cpu_offload: bool = False):
