@@ -284,7 +284,7 @@ class Accelerator:
         models = [(i, o) for i, o in enumerate(args) if isinstance(o, torch.nn.Module)]
         optimizers = [(i, o) for i, o in enumerate(args) if isinstance(o, torch.optim.Optimizer)]
         self.precision.convert_models([o for _, o in models], [o for _, o in optimizers], fsdp2=self.is_fsdp2)
-        if self.is_fsdp2:  # Accelerate's own FSDP2 step (scripts patch its names); the backend shards
+        if getattr(self._backend, "accelerate_fsdp2_step", False):  # Accelerate's FSDP2 step (scripts patch its names)
             self._prepare_fsdp2(*[o for _, o in models], *[o for _, o in optimizers])
         self._backend.prepare_together(
             [o for _, o in models], [o for _, o in optimizers], schedulers=[o for o in args if _is_scheduler(o)],
@@ -305,9 +305,12 @@ class Accelerator:
         """Shard the models among `args` in place (`fsdp2_prepare_model`) and check that every parameter is still
         there by name (`fsdp2_canonicalize_names`), as Accelerate does; the optimizers are re-pointed by the
         backend (`prepare_together`, which `prepare` calls next). Returns `args` with the sharded models."""
+        from torch.distributed.fsdp import FSDPModule
+
         result = list(args)
-        models = [i for i, obj in enumerate(result) if isinstance(obj, torch.nn.Module)]
-        if not models:
+        models = [i for i, obj in enumerate(result) if isinstance(obj, torch.nn.Module) and not
+                  isinstance(getattr(obj, "_orig_mod", obj), FSDPModule) and not getattr(obj, "_is_accelerate_prepared", False)]
+        if not models:  # nothing left to shard (prepared before: returned as it is)
             return tuple(result)
         canonical = _fsdp2_helper("fsdp2_canonicalize_names")
         before = canonical(self._get_named_parameters(*result))

@@ -165,8 +165,11 @@ SETTINGS: tuple[Setting, ...] = (
             group="General", env=("HASTEN_STRICT",), export="HASTEN_STRICT",
             help="Turn what Accelerate accepts silently or with a warning into one-line errors: a scheduler whose "
                  "optimizer was never prepared, a device map naming modules the model lacks, init_trackers called "
-                 "twice, custom checkpoint files holding pickled Python objects (read with weights_only=True) "
-                 "(hasten only; off, hasten behaves as Accelerate)."),
+                 "twice, custom checkpoint files holding pickled Python objects (read with weights_only=True), "
+                 "DeepSpeed plugin values DeepSpeed cannot run with (at construction, not at prepare), zero3_init_flag "
+                 "below ZeRO-3, DeepSpeed's and the Accelerator's accumulation steps disagreeing, enable_async_tp, "
+                 "check_reduction, FSDP1-only settings under FSDP2, sync_module_states false with "
+                 "cpu_ram_efficient_loading (hasten only; off, hasten behaves as Accelerate)."),
     Setting("data_own_rng", "bool", False, flags=("--data_own_rng",), switch=True, file_key=("data_own_rng",),
             owner="prepare_data_loader", group="General", env=("HASTEN_DATA_OWN_RNG",), export="HASTEN_DATA_OWN_RNG",
             help="Give every prepared data loader generators of its own, seeded once at prepare, so iterating never "

@@ -50,6 +50,13 @@ class FSDPBackend(Backend):
     def regional_compilation_in_place(self) -> bool:
         return self.version == 2  # as Accelerate: FSDP2's hooks must stay on the call path; FSDP1 gets a new tree
 
+    @property
+    def accelerate_fsdp2_step(self) -> bool:
+        """Whether `prepare` takes Accelerate's FSDP2 step (`Accelerator._prepare_fsdp2`, sharding each model
+        through `fsdp2_prepare_model`) before `prepare_together`: plain FSDP2, not the layout backends (tensor,
+        pipeline parallel), which shard in their own way."""
+        return self.version == 2 and self.name == "fsdp"
+
     def __init__(self, state, precision=None, ddp_kwargs=None, plugin=None):
         if plugin is None:
             from .plugin import FullyShardedDataParallelPlugin

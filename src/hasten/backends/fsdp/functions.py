@@ -14,7 +14,7 @@ import torch
 
 from .plugin import get_module_class_from_name  # noqa: F401 - published here too
 from ...core.errors import ConfigError, NotSupportedYetError
-from ..base import inner_optimizer
+from ..base import Backend, inner_optimizer
 from ..unwrap import is_compiled as is_compiled_module
 from . import checkpoint
 from .checkpoint import merge_fsdp_weights  # noqa: F401 - published here too
@@ -149,11 +149,9 @@ def fsdp2_prepare_model(accelerator, model: torch.nn.Module) -> torch.nn.Module:
 
     if isinstance(model, FSDPModule) or (is_compiled_module(model) and isinstance(model._orig_mod, FSDPModule)):
         return model
-    from .backend import FSDPBackend
-
-    backend = getattr(accelerator, "_backend", None)
-    if isinstance(backend, FSDPBackend) and backend.version == 2:
-        return backend.prepare_model(model, device_placement=True, evaluation_mode=False)
+    if isinstance(getattr(accelerator, "_backend", None), Backend):  # a hasten Accelerator: its backend shards
+        return _fsdp2_backend(accelerator, "fsdp2_prepare_model").prepare_model(model, device_placement=True,
+                                                                                evaluation_mode=False)
     plugin = accelerator.state.fsdp_plugin
     fsdp_kwargs = fsdp2_shard_kwargs(plugin, getattr(accelerator, "torch_device_mesh", None))
     ignored = get_parameters_from_modules(plugin.ignored_modules, model, accelerator.device)
