@@ -237,7 +237,7 @@ def test_accelerate_import_paths():
 def test_materialising_an_offloaded_meta_model_keeps_parameters_on_cpu():
     """Issue 22, item 4: with CPU offload the (sharded) parameters belong in CPU memory and the buffers on the
     device; the meta device stands in for the GPU here (nothing is computed)."""
-    from hasten.backends.fsdp.backend import _materialize
+    from hasten.backends.fsdp.sharding import materialize as _materialize
 
     with torch.device("meta"):
         model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))

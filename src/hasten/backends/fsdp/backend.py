@@ -25,6 +25,8 @@ from ...state import GradientState
 from ..base import Backend, inner_optimizer, refuse_load_kwargs
 from ..unwrap import is_fsdp1, is_fsdp2
 from . import checkpoint as fsdp_checkpoint
+from . import sharding
+from .sharding import checkpoint_wrap_blocks, load_full_state_dict, materialize  # noqa: F401 - published here too
 
 # what torch's CheckpointWrapper inserts into the names of the parameters below it
 _CHECKPOINT_PART = "_checkpoint_wrapped_module."
@@ -155,13 +157,21 @@ class FSDPBackend(Backend):
     def _ignored_params(self, model) -> set:
         return {p for module in _ignored_modules(model, self.plugin.ignored_modules) for p in module.parameters()}
 
-    def _shard_fsdp2(self, model, ram_efficient: bool):
-        # The steps Accelerate's fsdp2_prepare_model takes, through the functions of its `utils.fsdp_utils` (this
-        # package's `functions`), so a script's mock.patch of them reaches the run.
-        from . import functions
+    def prepare_fsdp2_model(self, model, wrap_policy=None, upcast=None):
+        """`prepare_model` for Accelerate's `fsdp2_prepare_model`, which hands in its own (patchable) wrap policy
+        `(plugin, model) -> predicate or None` and upcast `(model, mixed_precision, is_main_process)`."""
+        self._fsdp2_steps = (wrap_policy, upcast)
+        try:
+            return self.prepare_model(model, device_placement=True, evaluation_mode=False)
+        finally:
+            self._fsdp2_steps = (None, None)
 
+    def _shard_fsdp2(self, model, ram_efficient: bool):
+        # The steps Accelerate's fsdp2_prepare_model takes; the policy and the upcast are the ones its
+        # `utils.fsdp_utils` handed in (prepare_fsdp2_model), so a script's mock.patch of them reaches the run.
+        wrap_policy, upcast = getattr(self, "_fsdp2_steps", (None, None))
         plugin = self.plugin
-        functions.upcast_for_fsdp2(model, self.precision.mode, dist.get_rank() == 0)
+        (upcast or sharding.upcast_for_fsdp2)(model, self.precision.mode, dist.get_rank() == 0)
         old_params = plain_named_parameters(model)
         if ram_efficient:
             # Everyone shards an empty (meta) model; rank 0 then streams its weights in tensor by tensor.
@@ -170,7 +180,7 @@ class FSDPBackend(Backend):
         if plugin.activation_checkpointing:
             # As Accelerate's prepare (fsdp2_apply_ac): each block inside torch's CheckpointWrapper, before sharding.
             checkpoint_wrap_blocks(model, plugin.wrap_predicate(model))
-        kwargs = functions.fsdp2_shard_kwargs(plugin, self._device_mesh())
+        kwargs = sharding.shard_kwargs(plugin, self._device_mesh())
         ignored = self._ignored_params(model)
         if ignored:
             kwargs["ignored_params"] = ignored
@@ -185,9 +195,10 @@ class FSDPBackend(Backend):
                 if id(old) not in still_used:
                     old.data = torch.empty(0, dtype=old.dtype, device=old.device)
 
-        functions.shard_fsdp2_units(model, plugin, kwargs, can_be_unit=_can_be_unit, after_unit=free_replaced)
+        wants_own_unit = wrap_policy(plugin, model) if wrap_policy is not None else plugin.wrap_predicate(model)
+        sharding.shard_units(model, kwargs, wants_own_unit, can_be_unit=_can_be_unit, after_unit=free_replaced)
         if ram_efficient:
-            _materialize(model, self.state.device, offload=plugin.offloads_params)
+            materialize(model, self.state.device, offload=plugin.offloads_params)
             _stream_weights_from_rank0(model, full)
         new_params = plain_named_parameters(model)
         for name, old in old_params.items():
@@ -476,17 +487,6 @@ def _named_tensors(model) -> dict:
     return tensors
 
 
-def _materialize(model, device, offload: bool) -> None:
-    """Give a sharded meta model real (uninitialised) storage: parameters where FSDP2 keeps them between uses
-    (CPU memory under CPUOffloadPolicy, else the device), buffers on the device (the forward pass reads them
-    there). Materialising everything on the device put the offloaded shards on the GPU."""
-    model.to_empty(device="cpu" if offload else device)
-    if offload and torch.device(device).type != "cpu":
-        for module in model.modules():
-            for name, buffer in module._buffers.items():
-                if buffer is not None:
-                    module._buffers[name] = buffer.to(device)
-
 
 def _stream_weights_from_rank0(model, full: dict) -> None:
     """Fill a freshly sharded (empty) model from rank 0's tensors, one tensor at a time.
@@ -514,48 +514,6 @@ def _stream_weights_from_rank0(model, full: dict) -> None:
             dist.broadcast(buffer, src=0)
 
 
-def load_full_state_dict(model, full_state: dict, device, cpu_offload: bool = False) -> None:
-    """Fill an FSDP2-sharded model (on the meta device or not) from a whole state dict that rank 0 holds; the
-    other ranks may pass `{}`. Each tensor is broadcast from rank 0 and every process keeps only its shard.
-    The caller's dict is read, never changed. Non-persistent buffers are in no state dict: fill them yourself.
-    """
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
-    if any(t.is_meta for t in _named_tensors(model).values()):
-        _materialize(model, device, offload=cpu_offload)
-    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
-    set_model_state_dict(model, dict(full_state) if dist.get_rank() == 0 else {}, options=options)
-    if cpu_offload:
-        # FSDP2's CPUOffloadPolicy expects the sharded parameters in CPU memory between uses.
-        for param in model.parameters():
-            if param.device.type != "cpu":
-                param.data = param.data.cpu()
-    if hasattr(model, "tie_weights"):  # transformers models: materialising broke the embedding/head tie
-        model.tie_weights()
-
-
-def checkpoint_wrap_blocks(model, predicate) -> torch.nn.Module:
-    """Accelerate's activation checkpointing for FSDP2: each submodule `predicate` picks (the plugin's auto-wrap
-    policy) is replaced, in `model`, by torch's `CheckpointWrapper` around it, innermost first, so parameter
-    names gain `_checkpoint_wrapped_module.` (state_dict keys do not). A block wrapped already is left as it is.
-    Unlike Accelerate, the random state is preserved for the recomputation: dropout inside a block then draws the
-    same mask in backward as in forward, so the gradient is that of the forward that ran."""
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper, checkpoint_wrapper
-
-    from ...training.compilation import get_module_children_bottom_up
-
-    if predicate is None:
-        raise ConfigError(
-            "fsdp activation_checkpointing needs an auto_wrap_policy (TRANSFORMER_BASED_WRAP or SIZE_BASED_WRAP) to "
-            "know which blocks to recompute"
-        )
-    inside_wrapper = {id(m._checkpoint_wrapped_module) for m in model.modules() if isinstance(m, CheckpointWrapper)}
-    for name, block in get_module_children_bottom_up(model, return_fqns=True)[:-1]:
-        if isinstance(block, CheckpointWrapper) or id(block) in inside_wrapper or not predicate(block):
-            continue
-        model.set_submodule(name, checkpoint_wrapper(block))
-        inside_wrapper.add(id(block))
-    return model
 
 
 def _apply_activation_checkpointing(model, predicate, composable: bool) -> None:

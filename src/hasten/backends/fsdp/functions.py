@@ -16,7 +16,7 @@ from .plugin import get_module_class_from_name  # noqa: F401 - published here to
 from ...core.errors import ConfigError, NotSupportedYetError
 from ..base import Backend, inner_optimizer
 from ..unwrap import is_compiled as is_compiled_module
-from . import checkpoint
+from . import checkpoint, sharding
 from .checkpoint import merge_fsdp_weights  # noqa: F401 - published here too
 
 # This module is Accelerate's `utils.fsdp_utils` (hasten.utils.fsdp_utils is this module object): the FSDP2 path
@@ -126,10 +126,9 @@ def get_fsdp2_grad_scaler(**kwargs):
 
 def _fsdp2_backend(accelerator, what: str):
     """The FSDP2 backend behind `accelerator`, or a one-line refusal."""
-    from .backend import FSDPBackend
-
     backend = getattr(accelerator, "_backend", None)
-    if not isinstance(backend, FSDPBackend) or backend.version != 2:
+    if not (isinstance(backend, Backend) and hasattr(backend, "prepare_fsdp2_model")
+            and getattr(backend, "version", None) == 2):
         raise ConfigError(f"{what} needs an Accelerator set up for FSDP2 (distributed_type FSDP, fsdp_version=2); "
                           "pass fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2) or launch with "
                           "--use_fsdp --fsdp_version 2")
@@ -149,11 +148,12 @@ def fsdp2_prepare_model(accelerator, model: torch.nn.Module) -> torch.nn.Module:
 
     if isinstance(model, FSDPModule) or (is_compiled_module(model) and isinstance(model._orig_mod, FSDPModule)):
         return model
-    if isinstance(getattr(accelerator, "_backend", None), Backend):  # a hasten Accelerator: its backend shards
-        return _fsdp2_backend(accelerator, "fsdp2_prepare_model").prepare_model(model, device_placement=True,
-                                                                                evaluation_mode=False)
+    if isinstance(getattr(accelerator, "_backend", None), Backend):  # a hasten Accelerator: its backend shards,
+        # with this module's policy and upcast (looked up now: a script's patch of them takes effect)
+        backend = _fsdp2_backend(accelerator, "fsdp2_prepare_model")
+        return backend.prepare_fsdp2_model(model, wrap_policy=fsdp2_prepare_auto_wrap_policy, upcast=upcast_for_fsdp2)
     plugin = accelerator.state.fsdp_plugin
-    fsdp_kwargs = fsdp2_shard_kwargs(plugin, getattr(accelerator, "torch_device_mesh", None))
+    fsdp_kwargs = sharding.shard_kwargs(plugin, getattr(accelerator, "torch_device_mesh", None))
     ignored = get_parameters_from_modules(plugin.ignored_modules, model, accelerator.device)
     if ignored:
         fsdp_kwargs["ignored_params"] = ignored
@@ -175,68 +175,30 @@ def check_fsdp2_names(before: dict, after: dict) -> None:
         raise KeyError(f"Parameters missing after FSDP2 wrapping: {missing}")
 
 
-def fsdp2_shard_kwargs(plugin, mesh) -> dict:
-    """`fully_shard`'s keywords from the plugin (torch's defaults where it holds none)."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, OffloadPolicy
-
-    return dict(mesh=mesh, reshard_after_forward=plugin.reshard_after_forward,
-                mp_policy=plugin.mixed_precision_policy or MixedPrecisionPolicy(),
-                offload_policy=plugin.cpu_offload or OffloadPolicy())
-
-
 def upcast_for_fsdp2(model: torch.nn.Module, mixed_precision: str, is_main_process: bool = True) -> None:
-    """As Accelerate: under mixed precision, trainable parameters are kept in fp32 (master weights; the policy's
-    param_dtype is what computes), which also gives FSDP2 the one dtype per unit it needs (transformers keeps
-    norms in fp32 beside bf16 weights). Not for 4-bit quantized models, whose weights a cast would destroy."""
-    if str(mixed_precision) == "no" or any(type(p).__name__ == "Params4bit" for p in model.parameters()):
-        return
-    upcast = [name for name, p in model.named_parameters() if p.requires_grad and p.dtype != torch.float32]
-    for name in upcast:
-        parameter = model.get_parameter(name)
-        parameter.data = parameter.data.to(torch.float32)
-    if upcast and is_main_process:
-        logger.info("FSDP upcast of low precision parameters to fp32 (since mixed_precision != 'no') may affect the "
-                    f"precision of model checkpoints. This effects {len(upcast)} parameters: {upcast}...")
+    """fp32 master weights under mixed precision, as Accelerate (see `sharding.upcast_for_fsdp2`), logged on this
+    module's `logger`."""
+    sharding.upcast_for_fsdp2(model, mixed_precision, is_main_process, log=logger)
 
 
-def shard_fsdp2_units(model: torch.nn.Module, plugin, fsdp_kwargs: dict, can_be_unit=None, after_unit=None) -> None:
-    """`fully_shard` each block the plugin's wrap policy picks (innermost first: a block's parameters belong to the
-    innermost unit that claims them), then the root. `after_unit(module, its parameters before sharding)`."""
-    from torch.distributed.fsdp import FSDPModule, fully_shard
-
-    def shard(module):
-        replaced = list(module.parameters())
-        fully_shard(module, **fsdp_kwargs)
-        if after_unit is not None:
-            after_unit(module, replaced)
-
-    wants_own_unit = fsdp2_prepare_auto_wrap_policy(plugin, model)
-    if wants_own_unit is not None:
-        for module in reversed(list(model.modules())):
-            if module is model or isinstance(module, FSDPModule) or (can_be_unit and not can_be_unit(module)):
-                continue
-            if wants_own_unit(module):
-                shard(module)
-    shard(model)
+def shard_fsdp2_units(model: torch.nn.Module, plugin, fsdp_kwargs: dict) -> None:
+    """`fully_shard` each block `fsdp2_prepare_auto_wrap_policy` picks, then the root (see `sharding.shard_units`)."""
+    sharding.shard_units(model, fsdp_kwargs, fsdp2_prepare_auto_wrap_policy(plugin, model))
 
 
 def fsdp2_load_full_state_dict(accelerator, model: torch.nn.Module, full_sd: dict, cpu_offload: bool = False):
     """Load a whole state dict that only rank 0 needs to hold (`{}` elsewhere) into the FSDP2-sharded `model`:
     rank 0 broadcasts tensor by tensor and each process keeps its shard. Collective: every process calls it."""
     from ...state import PartialState
-    from .backend import load_full_state_dict
-
-    load_full_state_dict(model, full_sd, PartialState().device, cpu_offload=cpu_offload)
+    sharding.load_full_state_dict(model, full_sd, PartialState().device, cpu_offload=cpu_offload)
 
 
 def fsdp2_apply_ac(accelerator, model: torch.nn.Module) -> torch.nn.Module:
     """Activation checkpointing on the blocks `accelerator`'s FSDP plugin wraps (its auto_wrap_policy), as
     Accelerate applies it: each block goes inside torch's `CheckpointWrapper`, so parameter names gain
     `_checkpoint_wrapped_module.` (state_dict keys do not). Call it before sharding; returns `model`."""
-    from .backend import checkpoint_wrap_blocks
-
     plugin = _fsdp2_backend(accelerator, "fsdp2_apply_ac").plugin
-    return checkpoint_wrap_blocks(model, plugin.wrap_predicate(model))
+    return sharding.checkpoint_wrap_blocks(model, plugin.wrap_predicate(model))
 
 
 def ensure_weights_retied(param_init_fn, model: torch.nn.Module, device: torch.device):
