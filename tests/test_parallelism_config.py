@@ -109,10 +109,15 @@ def test_invalid_sizes_are_one_line(kwargs, expected):
     assert expected in _one_line(error)
 
 
-def test_handler_options_not_built_are_refused():
+def test_handler_options_not_built_are_refused(monkeypatch):
+    # enable_async_tp: as Accelerate, a warning in its words and the option ignored; refused under strict
+    with pytest.warns(UserWarning, match="Async tensor parallelism is currently not supported, ignoring this option."):
+        TorchTensorParallelConfig(enable_async_tp=True)
+    monkeypatch.setenv("HASTEN_STRICT", "1")
     with pytest.raises(NotBuiltError) as error:
         TorchTensorParallelConfig(enable_async_tp=True)
-    assert "async tensor parallelism" in _one_line(error)
+    assert "async tensor parallelism" in _one_line(error) and "strict" in _one_line(error)
+    monkeypatch.delenv("HASTEN_STRICT")
     with pytest.raises(ConfigError) as error:
         TorchContextParallelConfig(cp_comm_strategy="ring")
     assert "allgather, alltoall" in _one_line(error)

@@ -42,6 +42,24 @@ from .training.precision import PrecisionPolicy
 _NOT_PASSED = object()
 
 
+# Accelerate's accelerator module holds its FSDP2 helpers as globals, and scripts patch them there
+# (`mock.patch("accelerate.accelerator.fsdp2_prepare_model")`); hasten loads them on first use (FSDP is heavy).
+_FSDP2_HELPERS = ("fsdp2_prepare_model", "fsdp2_canonicalize_names")
+
+
+def __getattr__(name):
+    if name in _FSDP2_HELPERS:
+        from .backends.fsdp import functions
+
+        return getattr(functions, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _fsdp2_helper(name):
+    """The helper this module names now: a patched one if a script patched it here."""
+    return globals()[name] if name in globals() else __getattr__(name)
+
+
 def _is_dataloader(obj) -> bool:
     return isinstance(obj, torch.utils.data.DataLoader)
 
@@ -248,6 +266,8 @@ class Accelerator:
         models = [(i, o) for i, o in enumerate(args) if isinstance(o, torch.nn.Module)]
         optimizers = [(i, o) for i, o in enumerate(args) if isinstance(o, torch.optim.Optimizer)]
         self.precision.convert_models([o for _, o in models], [o for _, o in optimizers], fsdp2=self.is_fsdp2)
+        if getattr(self._backend, "accelerate_fsdp2_step", False):  # Accelerate's FSDP2 step (scripts patch its names)
+            self._prepare_fsdp2(*[o for _, o in models], *[o for _, o in optimizers])
         self._backend.prepare_together(
             [o for _, o in models], [o for _, o in optimizers], schedulers=[o for o in args if _is_scheduler(o)],
             data_loaders=[o for o in args if _is_dataloader(o)], split_batches=self.split_batches,
@@ -267,6 +287,40 @@ class Accelerator:
             result = [adapt_loader(o, self.device, mpu) if _is_dataloader(args[i]) else o for i, o in enumerate(result)]
         self._resume_when_ready()
         return result[0] if len(result) == 1 else tuple(result)
+
+    def _prepare_fsdp2(self, *args):
+        """Shard the models among `args` in place (`fsdp2_prepare_model`) and check that every parameter is still
+        there by name (`fsdp2_canonicalize_names`), as Accelerate does; the optimizers are re-pointed by the
+        backend (`prepare_together`, which `prepare` calls next). Returns `args` with the sharded models."""
+        from torch.distributed.fsdp import FSDPModule
+
+        result = list(args)
+        models = [i for i, obj in enumerate(result) if isinstance(obj, torch.nn.Module) and not
+                  isinstance(getattr(obj, "_orig_mod", obj), FSDPModule) and not getattr(obj, "_is_accelerate_prepared", False)]
+        if not models:  # nothing left to shard (prepared before: returned as it is)
+            return tuple(result)
+        canonical = _fsdp2_helper("fsdp2_canonicalize_names")
+        before = canonical(self._get_named_parameters(*result))
+        for i in models:
+            self.state.fsdp_plugin.set_auto_wrap_policy(result[i])
+            result[i] = _fsdp2_helper("fsdp2_prepare_model")(self, result[i])
+        from .backends.fsdp.functions import check_fsdp2_names
+
+        check_fsdp2_names(before, canonical(self._get_named_parameters(*result)))
+        return tuple(result)
+
+    def _get_named_parameters(self, *args, drop_refs: bool = False) -> dict:
+        """{name: parameter} over the models among `args` (unwrapped); with `drop_refs` (Accelerate's keyword) the
+        value is the address of the parameter's local data instead of the parameter."""
+        from .backends.unwrap import unwrap_model
+
+        named = {}
+        for obj in args:
+            if isinstance(obj, torch.nn.Module):
+                for name, param in unwrap_model(obj).named_parameters():
+                    local = getattr(param, "_local_tensor", param)  # a DTensor's own shard
+                    named[name] = local.data_ptr() if drop_refs else param
+        return named
 
     def _resume_when_ready(self) -> None:
         if self._auto_resume is not None and self._auto_resume.try_load(self):

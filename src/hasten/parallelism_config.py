@@ -61,9 +61,14 @@ class TorchTensorParallelConfig:
             raise ConfigError(f"TorchTensorParallelConfig(tp_plan={self.tp_plan!r}) must be None, 'auto' or a dict of "
                               "module path -> style")
         if self.enable_async_tp:
-            # Accelerate warns and runs without it; hasten refuses instead of ignoring an option.
-            raise NotBuiltError(f"TorchTensorParallelConfig(enable_async_tp=True): async tensor parallelism is {_ISSUE}; "
-                                "fix: leave enable_async_tp=False")
+            # Accelerate warns and runs without it (nothing runs differently): hasten does the same, and refuses it
+            # under its strict setting.
+            from .config.resolve import strict
+
+            if strict():
+                raise NotBuiltError(f"TorchTensorParallelConfig(enable_async_tp=True): async tensor parallelism is "
+                                    f"{_ISSUE}; fix: leave enable_async_tp=False (an error under hasten's strict setting)")
+            warnings.warn("Async tensor parallelism is currently not supported, ignoring this option.")
 
 
 @dataclass

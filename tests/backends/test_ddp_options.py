@@ -22,8 +22,17 @@ def test_ddp_and_process_group_options_take_effect(tmp_path):
     assert result.stdout.count("ALL DONE") == 2
 
 
+def test_check_reduction_reaches_ddp_as_in_accelerate_and_strict_refuses_it(monkeypatch):
+    """torch's DDP takes check_reduction, warns that it is deprecated and ignores it: as with Accelerate the handler
+    passes it on (torch's warning says so); under hasten's strict setting it is refused in one line."""
+    assert DistributedDataParallelKwargs(check_reduction=True).to_kwargs()["check_reduction"] is True
+    monkeypatch.setenv("HASTEN_STRICT", "1")
+    with pytest.raises(ConfigError, match=r"check_reduction=True\) has no effect") as caught:
+        DistributedDataParallelKwargs(check_reduction=True)
+    assert "\n" not in str(caught.value) and "fix:" in str(caught.value)
+
+
 @pytest.mark.parametrize("kwargs, words", [
-    ({"check_reduction": True}, "check_reduction=True) has no effect"),
     ({"comm_wrapper": "fp16"}, "comm_hook is 'no'; fix: set comm_hook"),
     ({"comm_hook": "fp16", "comm_state_option": {"matrix_approximation_rank": 2}}, "configures PowerSGD"),
 ])

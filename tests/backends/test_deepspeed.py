@@ -28,6 +28,10 @@ needs_deepspeed = pytest.mark.skipif(
 )
 
 
+CONFIG = {"train_micro_batch_size_per_gpu": 4, "gradient_clipping": 1.0, "zero_optimization": {"stage": 3}}
+CONFIG2 = {**CONFIG, "zero_optimization": {"stage": 2}}
+
+
 # -- the plugin without a DeepSpeed config ---------------------------------------------------------------------
 def test_plugin_defaults_match_accelerate():
     plugin = DeepSpeedPlugin(zero_stage=3)
@@ -53,27 +57,62 @@ def test_plugin_reads_launcher_variables(monkeypatch):
 
 @pytest.mark.parametrize("field, value, message", [
     ("zero_stage", 4, "0, 1, 2 or 3"),
+    ("zero_stage", "zero2", "0, 1, 2 or 3"),
     ("offload_optimizer_device", "gpu", "none, cpu, nvme"),
     ("gradient_accumulation_steps", 0, "integer >= 1"),
     ("gradient_clipping", "lots", "number >= 0"),
 ])
-def test_bad_plugin_values_are_one_line_errors(field, value, message):
+def test_bad_plugin_values_load_as_in_accelerate_and_are_refused_where_used(monkeypatch, field, value, message):
+    """Accelerate stores a field as given (its own tests pass zero_stage="zero2"); hasten too, and refuses the value
+    in one line where DeepSpeed would start (check_usable, which prepare calls), or at once under strict."""
+    plugin = DeepSpeedPlugin(**{field: value})
+    assert getattr(plugin, field) == value
     with pytest.raises(ConfigError, match=message) as info:
-        DeepSpeedPlugin(**{field: value})
+        plugin.check_usable()
     assert "\n" not in str(info.value) and field in str(info.value)
+    monkeypatch.setenv("HASTEN_STRICT", "1")
+    with pytest.raises(ConfigError, match=message):
+        DeepSpeedPlugin(**{field: value})
 
 
-def test_zero3_only_options_are_refused_elsewhere():
-    with pytest.raises(ConfigError, match="only applies to stage 3"):
+def test_bad_plugin_values_from_a_variable_are_refused_at_once(monkeypatch):
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "zero2")  # Accelerate's int() fails on it too
+    with pytest.raises(ConfigError, match="ACCELERATE_DEEPSPEED_ZERO_STAGE"):
+        DeepSpeedPlugin()
+
+
+def test_zero3_init_flag_on_another_stage_is_turned_off_as_in_accelerate(monkeypatch):
+    with pytest.warns(UserWarning, match="DeepSpeed Zero3 Init flag is only applicable for ZeRO Stage 3. Setting it "
+                                         "to False."):
+        plugin = DeepSpeedPlugin(zero_stage=2, zero3_init_flag=True)
+    assert plugin.zero3_init_flag is False and not plugin.is_zero3_init_enabled()
+    with pytest.warns(UserWarning, match="only applicable for ZeRO Stage 3"):
+        assert DeepSpeedPlugin(hf_ds_config=CONFIG2, zero3_init_flag=True).zero3_init_flag is False
+    monkeypatch.setenv("HASTEN_STRICT", "1")
+    with pytest.raises(ConfigError, match="only applies to stage 3.*strict") as info:
         DeepSpeedPlugin(zero_stage=2, zero3_init_flag=True)
+    assert "\n" not in str(info.value)
+
+
+def test_msamp_is_not_built():
     with pytest.raises(NotSupportedYetError, match="MS-AMP"):
         DeepSpeedPlugin(enable_msamp=True)
 
 
+def test_fields_an_accelerate_config_file_sets_beside_a_deepspeed_config_file_are_refused(monkeypatch):
+    """Accelerate's launcher lists the deepspeed_config keys of its config file in ACCELERATE_CONFIG_DS_FIELDS; with a
+    DeepSpeed config file those would be silently overridden, so the plugin refuses them in Accelerate's words."""
+    monkeypatch.setenv("ACCELERATE_CONFIG_DS_FIELDS", "zero3_init_flag,zero_stage")
+    with pytest.raises(ConfigError, match="remove others config variables mentioned in the above specified list"):
+        DeepSpeedPlugin(hf_ds_config=CONFIG)
+    assert DeepSpeedPlugin(zero_stage=1).zero_stage == 1  # without a DeepSpeed config file the fields are the config
+    monkeypatch.setenv("ACCELERATE_CONFIG_DS_FIELDS", "zero3_init_flag,deepspeed_moe_layer_cls_names")
+    assert DeepSpeedPlugin(hf_ds_config=CONFIG).zero_stage == 3  # fields the DeepSpeed config has no key for
+
+
+
+
 # -- with a DeepSpeed config -----------------------------------------------------------------------------------
-CONFIG = {"train_micro_batch_size_per_gpu": 4, "gradient_clipping": 1.0, "zero_optimization": {"stage": 3}}
-
-
 def test_config_as_dict_path_json_and_base64(tmp_path):
     path = tmp_path / "ds.json"
     path.write_text(json.dumps(CONFIG))
@@ -106,7 +145,8 @@ def test_plugin_fields_fill_auto_and_missing_entries():
     assert plugin.deepspeed_config["zero_optimization"]["stage"] == 1 and plugin.zero_stage == 1
     # Accelerate drops a plugin value whose key the config lacks; hasten writes it in.
     assert plugin.deepspeed_config["gradient_clipping"] == 0.3
-    assert plugin.deepspeed_config["gradient_accumulation_steps"] == "auto"
+    # A config without gradient_accumulation_steps trains with 1, as in Accelerate.
+    assert plugin.deepspeed_config["gradient_accumulation_steps"] == 1
 
 
 def test_a_value_given_twice_differently_names_both_sources(tmp_path, monkeypatch):
@@ -147,9 +187,8 @@ def test_dummy_optimizer_and_scheduler_are_recognised_by_prepare():
 # -- the Accelerator with DeepSpeed (one process, no engine yet) ------------------------------------------------
 # ZeRO-2 here: with ZeRO-3 and transformers installed, Accelerator() already starts DeepSpeed's communication
 # (for zero3_init), which belongs in a launched process, not in the test runner's.
-CONFIG2 = {**CONFIG, "zero_optimization": {"stage": 2}}
 @needs_deepspeed
-def test_accelerator_accumulation_steps_agree_with_the_config():
+def test_accelerator_accumulation_steps_agree_with_the_config(monkeypatch, caplog):
     from hasten import Accelerator
     from hasten.state import AcceleratorState
 
@@ -157,6 +196,15 @@ def test_accelerator_accumulation_steps_agree_with_the_config():
     assert accelerator.gradient_accumulation_steps == 4  # the config's value, the Accelerator gave none
     assert accelerator.distributed_type == "DEEPSPEED" and accelerator.deepspeed_plugin.selected
     AcceleratorState._reset_state(True)
+    # Two numbers: as Accelerate, a warning in its words (on its logger) and the DeepSpeed config's value
+    with caplog.at_level("WARNING", logger="hasten.accelerator"):
+        accelerator = Accelerator(gradient_accumulation_steps=2, deepspeed_plugin=DeepSpeedPlugin(
+            hf_ds_config={**CONFIG2, "gradient_accumulation_steps": 4}))
+    assert accelerator.gradient_accumulation_steps == 4
+    assert "Gradient accumulation steps mismatch: GradientAccumulationPlugin has 2, DeepSpeed config has 4. Using " \
+           "DeepSpeed's value." in caplog.text
+    AcceleratorState._reset_state(True)
+    monkeypatch.setenv("HASTEN_STRICT", "1")
     with pytest.raises(ConfigError) as info:
         Accelerator(gradient_accumulation_steps=2,
                     deepspeed_plugin=DeepSpeedPlugin(hf_ds_config={**CONFIG2, "gradient_accumulation_steps": 4}))
@@ -164,18 +212,44 @@ def test_accelerator_accumulation_steps_agree_with_the_config():
 
 
 @needs_deepspeed
-def test_accelerator_refuses_what_deepspeed_cannot_do_on_cpu():
+def test_a_gpu_configuration_loads_on_a_cpu_and_is_refused_at_prepare():
+    """fp16 and CPU offload are GPU settings: the Accelerator is built (its config can be read and tested on a
+    laptop, as with Accelerate), and prepare() refuses them in one line before DeepSpeed starts."""
+    from torch.utils.data import DataLoader
+
     from hasten import Accelerator
     from hasten.state import AcceleratorState
 
-    with pytest.raises(ConfigError, match="fp16 on a CPU.*bf16"):
-        Accelerator(mixed_precision="fp16", deepspeed_plugin=DeepSpeedPlugin())
+    cases = [(dict(mixed_precision="fp16", deepspeed_plugin=DeepSpeedPlugin()), "fp16 on a CPU.*bf16"),
+             (dict(deepspeed_plugin=DeepSpeedPlugin(offload_optimizer_device="cpu")), "already trains on the CPU"),
+             (dict(deepspeed_plugin=DeepSpeedPlugin(zero_stage="zero2")), "zero_stage='zero2'.*0, 1, 2 or 3")]
+    for kwargs, message in cases:
+        AcceleratorState._reset_state(True)
+        accelerator = Accelerator(**kwargs)
+        assert accelerator.distributed_type == "DEEPSPEED"
+        model = torch.nn.Linear(2, 2)
+        loader = DataLoader(torch.randn(8, 2), batch_size=4)
+        with pytest.raises(ConfigError, match=message) as info:
+            accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1), loader)
+        assert "\n" not in str(info.value)
+    assert accelerator.deepspeed_plugin.deepspeed_config["fp16"]["enabled"] is False
     AcceleratorState._reset_state(True)
-    with pytest.raises(ConfigError, match="already trains on the CPU"):
-        Accelerator(deepspeed_plugin=DeepSpeedPlugin(offload_optimizer_device="cpu"))
+    assert Accelerator(mixed_precision="fp16", deepspeed_plugin=DeepSpeedPlugin()).deepspeed_config["fp16"]["enabled"]
+
+
+@needs_deepspeed
+def test_plugins_for_a_second_accelerator_are_refused_as_in_accelerate():
+    from hasten import Accelerator
+    from hasten.state import AcceleratorState
+
     AcceleratorState._reset_state(True)
     with pytest.raises(ConfigError, match="not both"):
         Accelerator(deepspeed_plugin=DeepSpeedPlugin(), deepspeed_plugins={"a": DeepSpeedPlugin()})
+    AcceleratorState._reset_state(True)
+    Accelerator(deepspeed_plugin=DeepSpeedPlugin())
+    with pytest.raises(NotImplementedError, match="when creating a second `Accelerator`"):
+        Accelerator(deepspeed_plugin=DeepSpeedPlugin(zero_stage=1))
+    AcceleratorState._reset_state(True)
 
 
 @needs_deepspeed

@@ -80,8 +80,6 @@ def test_launcher_defaults_do_not_break_fsdp2(monkeypatch):
     ({}, {"FSDP_MIN_NUM_PARAMS": "1e8x"}, "min_num_params='1e8x' (from environment variable FSDP_MIN_NUM_PARAMS)"),
     ({}, {"FSDP_OFFLOAD_PARAMS": "maybe"}, "offload_params='maybe'"),
     ({"fsdp_version": 2, "forward_prefetch": True}, {}, "FSDP1 setting"),
-    ({"fsdp_version": 2, "param_init_fn": lambda module: None}, {}, "param_init_fn is an FSDP1 setting"),
-    ({"fsdp_version": 2, "limit_all_gathers": False}, {}, "limit_all_gathers=False is an FSDP1 setting"),
     ({"activation_checkpointing_offload": True}, {}, "needs activation_checkpointing=True"),
     ({"mixed_precision_policy": "fp64"}, {}, "choose one of fp32, bf16"),
     ({"fsdp_version": 2, "mixed_precision_policy": {"buffer_dtype": torch.float16}}, {}, "allowed: ['output_dtype'"),
@@ -146,8 +144,17 @@ def test_wrap_policies_pick_blocks():
 
 
 def test_ram_efficient_loading_is_exported_for_transformers():
+    from hasten.utils.fsdp_utils import disable_fsdp_ram_efficient_loading, enable_fsdp_ram_efficient_loading
+
     FullyShardedDataParallelPlugin(fsdp_version=2, cpu_ram_efficient_loading=True)
-    assert os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] == "true"
+    assert os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] == "True"  # Accelerate's spelling, which scripts compare
+    FullyShardedDataParallelPlugin(fsdp_version=2, cpu_ram_efficient_loading=False)
+    assert os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] == "False"
+    enable_fsdp_ram_efficient_loading()
+    assert os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] == "True"
+    assert FullyShardedDataParallelPlugin().cpu_ram_efficient_loading is True
+    disable_fsdp_ram_efficient_loading()
+    assert os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] == "False"
     assert FullyShardedDataParallelPlugin(cpu_ram_efficient_loading=True).sync_module_states is True  # FSDP1 needs it
 
 
@@ -230,7 +237,7 @@ def test_accelerate_import_paths():
 def test_materialising_an_offloaded_meta_model_keeps_parameters_on_cpu():
     """Issue 22, item 4: with CPU offload the (sharded) parameters belong in CPU memory and the buffers on the
     device; the meta device stands in for the GPU here (nothing is computed)."""
-    from hasten.backends.fsdp.backend import _materialize
+    from hasten.backends.fsdp.sharding import materialize as _materialize
 
     with torch.device("meta"):
         model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
@@ -338,28 +345,128 @@ def test_fsdp_honours(honoured, check):
     assert honoured.count(f"ok {check} rank") == 2, honoured
 
 
-def test_fsdp1_only_keys_from_the_environment_warn_under_fsdp2(monkeypatch):
+def test_fsdp1_only_keys_from_the_environment_warn_under_fsdp2(monkeypatch, caplog):
+    """As Accelerate: a warning in its words on its `accelerate.utils.dataclasses` logger (hasten's
+    `hasten.utils.dataclasses`, the same logger under the alias), naming where the value came from."""
     import json
-    import warnings
 
     for name, value in {"FSDP_VERSION": "2", "FSDP_USE_ORIG_PARAMS": "true", "FSDP_BACKWARD_PREFETCH": "BACKWARD_PRE",
                         "FSDP_SYNC_MODULE_STATES": "true"}.items():
         monkeypatch.setenv(name, value)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        FullyShardedDataParallelPlugin()
-    text = " ".join(str(w.message) for w in caught)
-    for name in ("use_orig_params (from environment variable FSDP_USE_ORIG_PARAMS)", "backward_prefetch",
-                 "sync_module_states"):
-        assert name in text, text
+    with caplog.at_level("WARNING", logger="hasten.utils.dataclasses"):
+        plugin = FullyShardedDataParallelPlugin()
+    assert plugin.backward_prefetch is None
+    for words in ("backward_prefetch is not supported in FSDP2. Setting backward prefetch to None.",
+                  "use_orig_params is obsolete in FSDP2", "sync_module_states is obsolete in FSDP2",
+                  "use_orig_params from environment variable FSDP_USE_ORIG_PARAMS"):
+        assert words in caplog.text, caplog.text
     # what `hasten launch` exported as a default stays quiet; what came from a config file is named
     monkeypatch.setenv("HASTEN_CONFIG_SOURCES", json.dumps({
         "fsdp_use_orig_params": ["default", "default"], "fsdp_sync_module_states": ["default", "default"],
         "fsdp_backward_prefetch": ["file", "cfg.yaml"]}))
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="hasten.utils.dataclasses"):
         FullyShardedDataParallelPlugin()
-    assert [str(w.message).split(" is ")[0] for w in caught] == ["fsdp backward_prefetch (from file cfg.yaml)"]
+    assert [r.getMessage().split(" (")[1] for r in caplog.records] == ["fsdp backward_prefetch from file cfg.yaml; FSDP1 only: remove it, or use fsdp_version=1)"]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="hasten.utils.dataclasses"):
+        FullyShardedDataParallelPlugin(fsdp_version=2, backward_prefetch="BACKWARD_POST")
+    assert "backward_prefetch is not supported in FSDP2" in caplog.text
+
+
+def test_fsdp1_strategy_is_sharding_strategy_and_reshard_after_forward_stays_unset(monkeypatch):
+    """As Accelerate: FSDP1 from FSDP_SHARDING_STRATEGY (or the default) fills sharding_strategy only."""
+    from torch.distributed.fsdp import ShardingStrategy
+
+    assert FullyShardedDataParallelPlugin().reshard_after_forward is None
+    monkeypatch.setenv("FSDP_SHARDING_STRATEGY", "SHARD_GRAD_OP")
+    plugin = FullyShardedDataParallelPlugin()
+    assert (plugin.sharding_strategy, plugin.reshard_after_forward) == (ShardingStrategy.SHARD_GRAD_OP, None)
+    monkeypatch.setenv("FSDP_SHARDING_STRATEGY", "3")
+    assert FullyShardedDataParallelPlugin().sharding_strategy == ShardingStrategy.NO_SHARD
+    given = FullyShardedDataParallelPlugin(reshard_after_forward="NO_SHARD")  # given: kept, and it is the strategy
+    assert given.reshard_after_forward == given.sharding_strategy == ShardingStrategy.NO_SHARD
+
+
+def test_the_names_accelerates_tests_patch_are_the_code_prepare_runs():
+    """Accelerate's FSDP2 tests patch Accelerator._prepare_fsdp2 / _get_named_parameters, the accelerator module's
+    fsdp2_prepare_model / fsdp2_canonicalize_names and utils.fsdp_utils' is_compiled_module /
+    fsdp2_prepare_auto_wrap_policy: each exists and a patch of it changes what prepare() does (2 processes)."""
+    result = launch("fsdp2_patched_names.py", timeout=300)
+    assert result.stdout.count("fsdp2 patched names ok rank") == 2, result.stdout + result.stderr
+
+
+def test_fsdp2_prepare_model_works_for_an_accelerate_shaped_accelerator():
+    """fsdp2_prepare_model with something that only has Accelerate's attributes (no hasten backend) shards the
+    model itself: torch's fully_shard per unit the (patchable) policy picks, and fp32 master weights under mixed
+    precision unless the model holds 4-bit parameters, as Accelerate does."""
+    from types import SimpleNamespace
+    from unittest import mock
+
+    from hasten.utils import fsdp_utils
+
+    def stand_in(mixed_precision):
+        plugin = SimpleNamespace(reshard_after_forward=True, cpu_offload=None, mixed_precision_policy=None,
+                                 ignored_modules=None, cpu_ram_efficient_loading=False)
+        return SimpleNamespace(state=SimpleNamespace(fsdp_plugin=plugin), mixed_precision=mixed_precision,
+                               torch_device_mesh=None, device=torch.device("cpu"), is_main_process=True)
+
+    for mixed_precision, four_bit, expected in (("bf16", False, {torch.float32}), ("no", False, {torch.bfloat16, torch.float32}),
+                                                ("bf16", True, {torch.bfloat16, torch.float32})):
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+        model[0].to(torch.bfloat16)
+        if four_bit:
+            model[0].weight.__class__ = type("Params4bit", (torch.nn.Parameter,), {})
+        with mock.patch("torch.distributed.fsdp.fully_shard") as fully_shard, \
+                mock.patch.object(fsdp_utils, "fsdp2_prepare_auto_wrap_policy",
+                                  return_value=lambda m: isinstance(m, torch.nn.Linear)):
+            assert fsdp_utils.fsdp2_prepare_model(stand_in(mixed_precision), model) is model
+        assert [call.args[0] for call in fully_shard.call_args_list] == [model[0], model]
+        assert {p.dtype for p in model.parameters()} == expected, (mixed_precision, four_bit)
+
+
+def test_checks_accelerate_does_not_make_warn_and_refuse_only_under_strict(monkeypatch, caplog):
+    """FSDP2 drops param_init_fn and limit_all_gathers=False, an FSDP1 config's sharding strategy beside fsdp_version
+    2, and FSDP1 turns sync_module_states on for cpu_ram_efficient_loading: Accelerate accepts each (warning in its
+    words where it warns); hasten too, with a warning, and refuses them under its strict setting."""
+    import json
+
+    for kwargs, words in (({"param_init_fn": lambda module: None}, "param_init_fn is an FSDP1 setting"),
+                          ({"limit_all_gathers": False}, "limit_all_gathers=False is an FSDP1 setting")):
+        with pytest.warns(UserWarning, match=words):
+            FullyShardedDataParallelPlugin(fsdp_version=2, **kwargs)
+    with pytest.warns(UserWarning, match="sync_module_states cannot be False since efficient cpu ram loading enabled. "
+                                         "Setting sync_module_states to True."):
+        assert FullyShardedDataParallelPlugin(cpu_ram_efficient_loading=True, sync_module_states=False).sync_module_states
+    monkeypatch.setenv("FSDP_SHARDING_STRATEGY", "SHARD_GRAD_OP")
+    monkeypatch.setenv("HASTEN_CONFIG_SOURCES", json.dumps({"fsdp_sharding_strategy": ["file", "cfg.yaml"]}))
+    with caplog.at_level("WARNING", logger="hasten.utils.dataclasses"):
+        assert FullyShardedDataParallelPlugin(fsdp_version=2).reshard_after_forward is True
+    assert "fsdp sharding_strategy from file cfg.yaml" in caplog.text
+    monkeypatch.setenv("HASTEN_STRICT", "1")
+    with pytest.raises(ConfigError, match="sharding_strategy .from file cfg.yaml. is an FSDP1 setting.*strict"):
+        FullyShardedDataParallelPlugin(fsdp_version=2)
+    monkeypatch.delenv("FSDP_SHARDING_STRATEGY")
+    for kwargs, words in (({"fsdp_version": 2, "param_init_fn": lambda module: None}, "param_init_fn is an FSDP1"),
+                          ({"fsdp_version": 2, "limit_all_gathers": False}, "limit_all_gathers=False is an FSDP1"),
+                          ({"cpu_ram_efficient_loading": True, "sync_module_states": False}, "would keep empty")):
+        with pytest.raises(ConfigError, match=words):
+            FullyShardedDataParallelPlugin(**kwargs)
+
+
+def test_config_file_fsdp_combinations_load_and_are_refused_under_strict(tmp_path, monkeypatch):
+    from hasten.config.file import ConfigFileError, load_config_file
+
+    texts = ("distributed_type: FSDP\nfsdp_config:\n  fsdp_cpu_ram_efficient_loading: true\n"
+             "  fsdp_sync_module_states: false\n",
+             "distributed_type: FSDP\nfsdp_config:\n  fsdp_version: 2\n  fsdp_sharding_strategy: FULL_SHARD\n")
+    for i, text in enumerate(texts):
+        path = tmp_path / f"c{i}.yaml"
+        path.write_text(text)
+        assert load_config_file(str(path))["distributed_type"] == "FSDP"  # read as Accelerate reads it
+        (tmp_path / f"s{i}.yaml").write_text(text + "strict: true\n")
+        with pytest.raises(ConfigFileError, match="strict"):
+            load_config_file(str(tmp_path / f"s{i}.yaml"))
 
 
 def test_streaming_rank0_weights_into_a_mixed_device_model_keeps_its_parameters():
@@ -370,7 +477,7 @@ def test_streaming_rank0_weights_into_a_mixed_device_model_keeps_its_parameters(
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
 
-    from hasten.backends.fsdp.backend import _materialize, load_full_state_dict
+    from hasten.backends.fsdp.sharding import load_full_state_dict, materialize
     from hasten.distributed.bootstrap import init_single_process_group
 
     if not dist.is_initialized():
@@ -380,7 +487,7 @@ def test_streaming_rank0_weights_into_a_mixed_device_model_keeps_its_parameters(
     with torch.device("meta"):
         model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 2))
     fully_shard(model)
-    _materialize(model, torch.device("meta"), offload=True)  # parameters on CPU, buffers on the "GPU"
+    materialize(model, torch.device("meta"), offload=True)  # parameters on CPU, buffers on the "GPU"
     before = {name: id(p) for name, p in model.named_parameters()}
     load_full_state_dict(model, source.state_dict(), torch.device("meta"), cpu_offload=True)
     assert {name: id(p) for name, p in model.named_parameters()} == before

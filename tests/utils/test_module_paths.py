@@ -19,6 +19,7 @@ SAME_MODULE = {
     "hasten.utils.transformer_engine": "hasten.training.fp8.te",
     "hasten.utils.ao": "hasten.training.fp8.ao",
     "hasten.utils.offload": "hasten.big_model.offload",
+    "hasten.utils.fsdp_utils": "hasten.backends.fsdp.functions",
 }
 
 

@@ -15,6 +15,8 @@ one it saw before the plan existed.
 
 from __future__ import annotations
 
+import logging
+
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -209,10 +211,12 @@ def _deepspeed_plugins(deepspeed_plugin, deepspeed_plugins, fsdp_plugin):
 
     if deepspeed_plugin is None and deepspeed_plugins is None and not runtime_value("use_deepspeed").value:
         return None
-    from .deepspeed.plugin import DeepSpeedPlugin, plugins_from
+    from .deepspeed.plugin import DeepSpeedPlugin, plugins_from, refuse_plugins_for_a_second_accelerator
 
     if deepspeed_plugin is None and deepspeed_plugins is None:
         deepspeed_plugin = DeepSpeedPlugin()
+    else:
+        refuse_plugins_for_a_second_accelerator()
     if fsdp_plugin is not None:
         raise ConfigError("DeepSpeed and FSDP cannot be combined: pass one of deepspeed_plugin and fsdp_plugin")
     plugins = plugins_from(deepspeed_plugin, deepspeed_plugins)
@@ -354,10 +358,27 @@ def _deepspeed_accumulation(plugin, steps: int, source: str) -> tuple:
             "no DeepSpeedPlugin is active: pass Accelerator(deepspeed_plugin=...) or launch with --use_deepspeed"
         )
     configured = plugin.get_value("gradient_accumulation_steps")
-    if configured not in (None, AUTO) and steps == 1 and source.endswith("default"):
-        return int(configured), "the DeepSpeed config"
+    if configured not in (None, AUTO):
+        if steps == 1 and source.endswith("default"):
+            return int(configured), "the DeepSpeed config"
+        from ..config.resolve import strict
+
+        if not _same_number(configured, steps) and not strict():
+            # Accelerate warns and trains with the DeepSpeed config's value (the engine and `accumulate` both use
+            # it, so nothing runs inconsistently); hasten's strict setting refuses the mismatch (fill_auto below).
+            logging.getLogger("hasten.accelerator").warning(
+                f"Gradient accumulation steps mismatch: GradientAccumulationPlugin has {steps}, DeepSpeed config has "
+                f"{configured}. Using DeepSpeed's value.")
+            return int(configured), "the DeepSpeed config"
     plugin.fill_auto({"gradient_accumulation_steps": steps}, source)
     return steps, source
+
+
+def _same_number(a, b) -> bool:
+    try:
+        return float(a) == float(b)
+    except (TypeError, ValueError):
+        return False
 
 
 __all__ = ["Accumulation", "Cluster", "Precision", "RunPlan", "detected_cluster", "make_run_plan"]

@@ -225,13 +225,28 @@ def _check_combinations(config: dict, raw: Mapping, where) -> None:
     if config["use_cpu"] and kind not in ("NO", "MULTI_CPU", "DEEPSPEED", "MEGATRON_LM"):  # hasten runs these on CPUs too
         fail(f"use_cpu is true but distributed_type is {kind}, which needs accelerators; fix: set "
              "`distributed_type: MULTI_CPU` or `use_cpu: false`")
+    # Two FSDP combinations Accelerate reads without complaint, and settles where the plugin is built (a warning
+    # that turns sync_module_states on; FSDP2 not reading the FSDP1 strategy): refused here under `strict` only.
     fsdp = config.get("fsdp_config") or {}
+    if not (config.get("strict") or _strict_from_environment()):
+        return
     if fsdp.get("fsdp_cpu_ram_efficient_loading") and fsdp.get("fsdp_sync_module_states") is False:
         fail("fsdp_config.fsdp_cpu_ram_efficient_loading is true but fsdp_sync_module_states is false, so "
-             "ranks other than 0 would keep empty weights; fix: set `fsdp_sync_module_states: true`")
+             "ranks other than 0 would keep empty weights; fix: set `fsdp_sync_module_states: true` (an error under "
+             "hasten's strict setting)")
     if kind == "FSDP" and fsdp.get("fsdp_version") == 2 and "fsdp_sharding_strategy" in fsdp:
         fail("fsdp_config.fsdp_sharding_strategy is an FSDP1 setting but fsdp_version is 2; fix: replace it with "
-             "`fsdp_reshard_after_forward: true` (FULL_SHARD) or `false` (SHARD_GRAD_OP)")
+             "`fsdp_reshard_after_forward: true` (FULL_SHARD) or `false` (SHARD_GRAD_OP) (an error under hasten's "
+             "strict setting)")
+
+
+def _strict_from_environment() -> bool:
+    from ..distributed.cluster import parse_bool
+
+    try:
+        return parse_bool(os.environ.get("HASTEN_STRICT") or "false")
+    except ValueError:
+        return False
 
 
 def refuse_one_process_with_many(values: Mapping, source: str) -> None:

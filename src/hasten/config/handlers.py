@@ -80,9 +80,14 @@ class DistributedDataParallelKwargs(KwargsHandler):
     def __post_init__(self):
         hook = DDPCommunicationHookType(self.comm_hook)
         if self.check_reduction:
-            # torch's DDP only warns that it is deprecated: the reducer always checks its reductions.
-            raise ConfigError("DistributedDataParallelKwargs(check_reduction=True) has no effect in torch's DDP; "
-                              "fix: drop it (find_unused_parameters=True for parameters that get no gradient)")
+            # torch's DDP takes it, warns that it is deprecated and does nothing (the reducer always checks its
+            # reductions): as in Accelerate it reaches DDP, which says so; hasten's strict setting refuses it here.
+            from .resolve import strict
+
+            if strict():
+                raise ConfigError("DistributedDataParallelKwargs(check_reduction=True) has no effect in torch's DDP; "
+                                  "fix: drop it (find_unused_parameters=True for parameters that get no gradient; an "
+                                  "error under hasten's strict setting)")
         if DDPCommunicationHookType(self.comm_wrapper) != DDPCommunicationHookType.NO and \
                 hook == DDPCommunicationHookType.NO:
             raise ConfigError(f"DistributedDataParallelKwargs(comm_wrapper={self.comm_wrapper!r}) wraps a "

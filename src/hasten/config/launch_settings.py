@@ -352,9 +352,13 @@ def _check_values(values: dict) -> None:
                 "0,1 or 'all'"
             )
     if v["fsdp_cpu_ram_efficient_loading"] and v["fsdp_sync_module_states"] is False:
+        # Accelerate's launcher refuses it too (reading such a config file is fine; launching it is not)
+        fix = ("`fsdp_sync_module_states: true` in " + _where(values["fsdp_sync_module_states"])
+               if values["fsdp_sync_module_states"].source == "file" else "--fsdp_sync_module_states true")
         raise ConfigError(
-            "fsdp_cpu_ram_efficient_loading is true but fsdp_sync_module_states is false, so ranks other than 0 "
-            "would keep empty weights; fix: --fsdp_sync_module_states true"
+            "When using `--fsdp_cpu_ram_efficient_loading` set `--fsdp_sync_module_states` to `True`: "
+            f"fsdp_cpu_ram_efficient_loading is true but fsdp_sync_module_states is false, so ranks other than 0 "
+            f"would keep empty weights; fix: {fix}"
         )
 
 

@@ -165,8 +165,11 @@ SETTINGS: tuple[Setting, ...] = (
             group="General", env=("HASTEN_STRICT",), export="HASTEN_STRICT",
             help="Turn what Accelerate accepts silently or with a warning into one-line errors: a scheduler whose "
                  "optimizer was never prepared, a device map naming modules the model lacks, init_trackers called "
-                 "twice, custom checkpoint files holding pickled Python objects (read with weights_only=True) "
-                 "(hasten only; off, hasten behaves as Accelerate)."),
+                 "twice, custom checkpoint files holding pickled Python objects (read with weights_only=True), "
+                 "DeepSpeed plugin values DeepSpeed cannot run with (at construction, not at prepare), zero3_init_flag "
+                 "below ZeRO-3, DeepSpeed's and the Accelerator's accumulation steps disagreeing, enable_async_tp, "
+                 "check_reduction, FSDP1-only settings under FSDP2, sync_module_states false with "
+                 "cpu_ram_efficient_loading (hasten only; off, hasten behaves as Accelerate)."),
     Setting("data_own_rng", "bool", False, flags=("--data_own_rng",), switch=True, file_key=("data_own_rng",),
             owner="prepare_data_loader", group="General", env=("HASTEN_DATA_OWN_RNG",), export="HASTEN_DATA_OWN_RNG",
             help="Give every prepared data loader generators of its own, seeded once at prepare, so iterating never "
@@ -383,11 +386,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("deepspeed_allow_jit", "bool", False, env=("HASTEN_DEEPSPEED_ALLOW_JIT",), owner="DeepSpeedBackend",
             role="environment", help="On a CPU, let DeepSpeed compile its own Adam op on first use (minutes) instead of "
                                      "refusing it (hasten only)."),
-    _not_built("the DeepSpeed field list Accelerate's launcher hands over (CONFIG_DS_FIELDS)",
-               "unset it: hasten compares each DeepSpeed value with the DeepSpeed config itself",
-               "DeepSpeed (with --use_deepspeed)", requires="use_deepspeed")(
-        "config_ds_fields", flag=False, env=_pair("CONFIG_DS_FIELDS"),
-        help="Set by Accelerate's DeepSpeed launcher; hasten checks each value against the DeepSpeed config instead."),
+    _deepspeed("config_ds_fields", flag=False, env=_pair("CONFIG_DS_FIELDS"), owner=_DS,
+               help="The deepspeed_config keys of Accelerate's config file, as its launcher hands them over: with a "
+                    "DeepSpeed config file, DeepSpeedPlugin refuses the ones that file would override, as Accelerate "
+                    "does."),
     # -- fp8 (hasten.training.fp8; the recipe handlers in hasten.config.fp8 read these rows) -------------------------------------
     Setting("fp8_config", "dict", {}, file_key=("fp8_config",), role="file",
             help="fp8 recipe settings (the keys below), used with mixed_precision fp8."),

@@ -83,9 +83,7 @@ class DeepSpeedBackend(Backend):
         self._pending = None  # what the current prepare() call built: consumed by prepare_model & co.
         plugins = list(state.deepspeed_plugins.values() if isinstance(state.deepspeed_plugins, dict)
                        else [state.deepspeed_plugins])
-        for plugin_ in plugins:
-            self._check_device(plugin_)
-        if any(p.dschf is not None for p in plugins):
+        if any(p.dschf is not None and p.hf_ds_config.is_zero3() for p in plugins):
             # transformers may build a model partitioned (zero.Init) before prepare(): DeepSpeed's view of the
             # processes must exist by then, or zero.Init counts one process.
             self._start_deepspeed()
@@ -95,6 +93,8 @@ class DeepSpeedBackend(Backend):
 
     # -- checks that must come before DeepSpeed crashes -----------------------------------------------------
     def _check_device(self, plugin) -> None:
+        """At prepare, where DeepSpeed would start: a GPU configuration (fp16, CPU offload) still loads on a CPU
+        machine, as in Accelerate, and is refused only when it would run there."""
         if self.state.device.type != "cpu":
             return
         if plugin.mixed_precision == "fp16":
@@ -155,7 +155,9 @@ class DeepSpeedBackend(Backend):
         optimizer = optimizers[0] if optimizers else None
         scheduler = schedulers[0] if schedulers else None
         plugin = get_active_deepspeed_plugin(self.state)
+        plugin.check_usable()
         config = self._fill_config(plugin, model, optimizer, scheduler, data_loaders, split_batches, accumulation_steps)
+        self._check_device(plugin)
         self._check_cpu_optimizer(config)
         self._pending = self._initialize(plugin, config, model, optimizer, scheduler)
 
@@ -222,9 +224,11 @@ class DeepSpeedBackend(Backend):
         if hidden is None and getattr(config, "hidden_sizes", None):
             hidden = max(config.hidden_sizes)
         if hidden is None:
+            # Accelerate's words first (scripts match them), then which values need it
+            start = ("Can't find `model.config` entry" if config is None else
+                     "Can find neither `model.config.hidden_size` nor `model.config.hidden_sizes`")
             raise ConfigError(
-                f'DeepSpeed config value(s) {", ".join(autos)} are "auto", which is filled from model.config.'
-                "hidden_size, but the model has none; set numbers in the config"
+                f'{start}, which fills the "auto" DeepSpeed config value(s) {", ".join(autos)}; set numbers there'
             )
         source = f"model.config.hidden_size ({hidden})"
         put(keys[0], hidden * hidden, source)

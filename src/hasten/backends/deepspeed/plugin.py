@@ -18,6 +18,7 @@ import copy
 import json
 import math
 import os
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -195,8 +196,11 @@ def _check_field(name: str, value, source: str):
     if name == "gradient_clipping":
         return _float(value, name, source)
     if name == "zero_stage":
-        stage = _int(value, name, source)
-        if stage > 3:
+        try:
+            stage = parse_int(value, 0)
+        except ValueError:
+            stage = None
+        if stage is None or stage > 3:
             raise ConfigError(f"deepspeed zero_stage={value!r} (from {source}) must be 0, 1, 2 or 3")
         return stage
     if name in ("offload_optimizer_device", "offload_param_device"):
@@ -268,6 +272,8 @@ class DeepSpeedPlugin:
     msamp_opt_level: Optional[str] = None
     # config key -> where its concrete value came from (for error messages)
     _sources: dict = field(default_factory=dict, init=False, repr=False)
+    # field -> why its value (kept as given, as Accelerate keeps it) cannot run; refused at prepare
+    _unusable: dict = field(default_factory=dict, init=False, repr=False)
     dschf: Any = field(default=None, init=False, repr=False)  # transformers' config, while registered
 
     def __post_init__(self):
@@ -306,9 +312,29 @@ class DeepSpeedPlugin:
             if value is None:
                 value = DEFAULTS.get(name)
             if name != "hf_ds_config" and value is not None:
-                value = _check_field(name, value, given.get(name, "the default"))
+                value = self._checked(name, value, given.get(name, "the default"))
             setattr(self, name, value)
         return given
+
+    def _checked(self, name: str, value, source: str):
+        """The field's value, checked. Accelerate stores an argument as given (`zero_stage="zero2"`) and only
+        DeepSpeed trips over it; so does hasten, and `prepare` refuses it in one line before DeepSpeed starts
+        (`check_usable`). Under hasten's `strict` setting it is refused here. A variable is checked here always
+        (Accelerate converts those and fails on a bad one too)."""
+        try:
+            return _check_field(name, value, source)
+        except ConfigError as error:
+            from ...config.resolve import strict
+
+            if not source.startswith("DeepSpeedPlugin(") or strict():
+                raise
+            self._unusable[name] = str(error)
+            return value
+
+    def check_usable(self) -> None:
+        """Refuse, in one line, a field value DeepSpeed cannot run with (kept as given at construction)."""
+        for message in self._unusable.values():
+            raise ConfigError(f"{message} (hasten's strict setting refuses it when the plugin is built)")
 
     def _use_config(self, given: dict) -> None:
         given_as = self.hf_ds_config
@@ -318,12 +344,17 @@ class DeepSpeedPlugin:
             self.hf_ds_config = HfDeepSpeedConfig(self.hf_ds_config)
         config = self.hf_ds_config.config
         if "zero_optimization" not in config:
-            raise ConfigError(f'{source} has no "zero_optimization" section; add one, e.g. {{"stage": 2}}')
-        # Unlike Accelerate (which writes 1), a missing value is left for prepare() to fill from the Accelerator.
-        config.setdefault("gradient_accumulation_steps", AUTO)
+            raise ConfigError(f"Please specify the ZeRO optimization config in the DeepSpeed config. ({source} has no "
+                              '"zero_optimization" section; add one, e.g. {"stage": 2})')
+        _refuse_fields_beside_config_file()
         for key, value in _walk(config):
             if value != AUTO:
                 self._sources[key] = source
+        if "gradient_accumulation_steps" not in config:
+            # As Accelerate: a config without it trains with 1 (an Accelerator asking for more is warned at
+            # prepare and uses the config's 1, or refused under hasten's strict setting).
+            config["gradient_accumulation_steps"] = 1
+            self._sources["gradient_accumulation_steps"] = f"{source} (which lacks it: 1, as in Accelerate)"
         for name, key in PLUGIN_KEYS.items():
             if name not in given:
                 continue
@@ -368,10 +399,18 @@ class DeepSpeedPlugin:
         if self.zero3_init_flag is None:
             self.zero3_init_flag = is_zero3
         if self.zero3_init_flag and not is_zero3:
-            raise ConfigError(
-                f"deepspeed zero3_init_flag is true (from {given.get('zero3_init_flag', 'the default')}) but the ZeRO "
-                f"stage is {self.zero_stage}; it only applies to stage 3: set zero_stage=3 or drop zero3_init_flag"
-            )
+            # Accelerate warns and turns the flag off (configs in the wild carry it on every stage); nothing
+            # runs differently, so hasten does the same and refuses it only under its strict setting.
+            from ...config.resolve import strict
+
+            if strict():
+                raise ConfigError(
+                    f"deepspeed zero3_init_flag is true (from {given.get('zero3_init_flag', 'the default')}) but the "
+                    f"ZeRO stage is {self.zero_stage}; it only applies to stage 3: set zero_stage=3 or drop "
+                    "zero3_init_flag (an error under hasten's strict setting)"
+                )
+            warnings.warn("DeepSpeed Zero3 Init flag is only applicable for ZeRO Stage 3. Setting it to False.")
+            self.zero3_init_flag = False
 
     # -- filling values ------------------------------------------------------------------------------------
     def _fill(self, ds_key_long: str, value, source: str, must_match: bool = True) -> None:
@@ -408,8 +447,9 @@ class DeepSpeedPlugin:
             return
         if config.get(key) == AUTO:
             if ds_key_long not in kwargs:
-                raise ConfigError(
-                    f'DeepSpeed config value {ds_key_long} is "auto" but nothing fills it; set a number in the config'
+                raise ConfigError(  # Accelerate's words first (scripts match them)
+                    f"`{ds_key_long}` not found in kwargs. Please specify `{ds_key_long}` without `auto` (set to "
+                    "correct value) in the DeepSpeed config file or pass it in kwargs."
                 )
             config[key] = kwargs[ds_key_long]
             return
@@ -429,7 +469,9 @@ class DeepSpeedPlugin:
                 self.fill_match(prefix + key, mismatches, must_match=must_match, **kwargs)
         if top and mismatches:
             raise ConfigError(
-                "DeepSpeed config values differ from the arguments: " + "; ".join(m.lstrip("- ") for m in mismatches)
+                "Please correct the following DeepSpeed config values that mismatch kwargs values: "
+                + "; ".join(m.lstrip("- ") for m in mismatches)
+                + ". The easiest method is to set these DeepSpeed config values to 'auto'."
             )
 
     def is_auto(self, ds_key_long: str) -> bool:
@@ -461,12 +503,16 @@ class DeepSpeedPlugin:
                 raise _conflict(f"{dtype}.enabled", False, self.source_of(f"{dtype}.enabled"), True,
                                 f"{source} ({mixed_precision})")
             if on and mixed_precision not in ("no", dtype):
-                raise _conflict(f"{dtype}.enabled", True, self.source_of(f"{dtype}.enabled"), False,
-                                f"{source} ({mixed_precision})")
+                raise ConfigError(  # Accelerate's words first (scripts match them)
+                    f"`--mixed_precision` arg cannot be set to `{mixed_precision}` when `{dtype}` is set in the "
+                    f"DeepSpeed config file. ({dtype}.enabled is true in {self.source_of(f'{dtype}.enabled')}; "
+                    f"{source} asks for {mixed_precision})")
             if wanted[dtype] and not on:
                 block["enabled"] = True
         if config["fp16"]["enabled"] and config["bf16"]["enabled"]:
             raise ConfigError("DeepSpeed config enables both fp16 and bf16; enable one of them")
+        if self.dschf is not None:  # transformers holds a copy of the config: give it the filled switches
+            self.set_deepspeed_weakref()
 
     @property
     def mixed_precision(self) -> str:
@@ -483,21 +529,28 @@ class DeepSpeedPlugin:
 
     def set_deepspeed_weakref(self) -> None:
         """Let transformers' `from_pretrained` build models partitioned (ZeRO-3 init), as Accelerate does."""
-        if not self.zero3_init_flag or not _transformers_sees_accelerate():
-            # Without transformers no model is built through it (Accelerate raises here instead); without the
-            # accelerate alias (`hasten alias install`) transformers' DeepSpeed config refuses to start and its
-            # from_pretrained would not reach hasten anyway.
+        if not _transformers_sees_accelerate():
+            # Without transformers no model is built through it (Accelerate raises here when zero3_init_flag is
+            # on); without the accelerate alias (`hasten alias install`) transformers' DeepSpeed config refuses
+            # to start and its from_pretrained would not reach hasten anyway.
             return
-        from transformers.integrations import HfDeepSpeedConfig as TransformersConfig
+        if self.hf_ds_config.is_zero3() and not self.zero3_init_flag:
+            # transformers builds under zero.Init whenever its registered config is ZeRO-3; a flag turned off
+            # (zero3_init_context_manager(enable=False)) must keep it from doing so. (Accelerate registers it anyway.)
+            return
+        # As Accelerate: the selected plugin's config is transformers' DeepSpeed config, so
+        # `transformers.integrations.deepspeed_config()` shows it.
+        from transformers.integrations import HfDeepSpeedConfig as TransformersConfig, unset_hf_deepspeed_config
+
+        unset_hf_deepspeed_config()
 
         config = copy.deepcopy(self.deepspeed_config)
         steps = config.get("gradient_accumulation_steps")
         steps = steps if isinstance(steps, int) else 1
         if config.get("train_micro_batch_size_per_gpu") == AUTO:
             config["train_micro_batch_size_per_gpu"] = 1
-        if config.get("train_batch_size") == AUTO:
-            world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
-            config["train_batch_size"] = config["train_micro_batch_size_per_gpu"] * steps * world
+        if config.get("train_batch_size") == AUTO:  # as Accelerate: transformers' copy leaves it out
+            del config["train_batch_size"]
         config["gradient_accumulation_steps"] = steps
         self.dschf = TransformersConfig(config)
 
@@ -556,6 +609,28 @@ class DeepSpeedPlugin:
         self._selected = False
 
 
+# What Accelerate's launcher names in ACCELERATE_CONFIG_DS_FIELDS (the deepspeed_config keys of its config file) that
+# a DeepSpeed config file would silently override: Accelerate refuses them together, in these words.
+_FIELDS_BESIDE_CONFIG_FILE = ("gradient_accumulation_steps", "gradient_clipping", "zero_stage",
+                              "offload_optimizer_device", "offload_param_device", "offload_param_nvme_path",
+                              "offload_optimizer_nvme_path", "zero3_save_16bit_model", "mixed_precision")
+
+
+def _refuse_fields_beside_config_file() -> None:
+    from ...config.resolve import runtime_value
+
+    listed = str(runtime_value("config_ds_fields").value or "").split(",")
+    if any(name.strip() in _FIELDS_BESIDE_CONFIG_FILE for name in listed):
+        raise ConfigError(
+            f"When using `deepspeed_config_file`, the following accelerate config variables will be ignored: "
+            f"{list(_FIELDS_BESIDE_CONFIG_FILE)}. Please specify them appropriately in the DeepSpeed config file. "
+            "If you are using an accelerate config file, remove others config variables mentioned in the above "
+            "specified list. The easiest method is to create a new config following the questionnaire via "
+            "`hasten config` (`accelerate config`). It will only ask for the necessary config variables when using "
+            "`deepspeed_config_file`."
+        )
+
+
 def _transformers_sees_accelerate() -> bool:
     """transformers is installed and finds an `accelerate` distribution (hasten's alias, or a real one)."""
     import importlib.metadata
@@ -576,6 +651,17 @@ def _walk(config: dict, prefix: str = ""):
             yield from _walk(value, prefix + key + ".")
         else:
             yield prefix + key, value
+
+
+def refuse_plugins_for_a_second_accelerator() -> None:
+    """As Accelerate: the first Accelerator's DeepSpeed plugins are the process's; a second Accelerator given
+    plugins would silently train with the first one's, so it is refused (in Accelerate's words and error type)."""
+    from ...state import AcceleratorState
+
+    if AcceleratorState._shared_state and getattr(AcceleratorState(), "deepspeed_plugins", None):
+        raise NotImplementedError(
+            "You cannot pass in a `deepspeed_plugin` when creating a second `Accelerator`. Please make sure the "
+            "first `Accelerator` is initialized with all the plugins you want to use.")
 
 
 def plugins_from(deepspeed_plugin=None, deepspeed_plugins=None):

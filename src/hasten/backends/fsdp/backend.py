@@ -25,9 +25,11 @@ from ...state import GradientState
 from ..base import Backend, inner_optimizer, refuse_load_kwargs
 from ..unwrap import is_fsdp1, is_fsdp2
 from . import checkpoint as fsdp_checkpoint
+from . import sharding
+from .sharding import checkpoint_wrap_blocks, load_full_state_dict, materialize  # noqa: F401 - published here too
+from .sharding import named_tensors as _named_tensors, plain_named_parameters, state_name  # noqa: F401
 
 # what torch's CheckpointWrapper inserts into the names of the parameters below it
-_CHECKPOINT_PART = "_checkpoint_wrapped_module."
 
 
 def _ignored_modules(model, ignored) -> list:
@@ -49,6 +51,13 @@ class FSDPBackend(Backend):
     @property
     def regional_compilation_in_place(self) -> bool:
         return self.version == 2  # as Accelerate: FSDP2's hooks must stay on the call path; FSDP1 gets a new tree
+
+    @property
+    def accelerate_fsdp2_step(self) -> bool:
+        """Whether `prepare` takes Accelerate's FSDP2 step (`Accelerator._prepare_fsdp2`, sharding each model
+        through `fsdp2_prepare_model`) before `prepare_together`: plain FSDP2, not the layout backends (tensor,
+        pipeline parallel), which shard in their own way."""
+        return self.version == 2 and self.name == "fsdp"
 
     def __init__(self, state, precision=None, ddp_kwargs=None, plugin=None):
         if plugin is None:
@@ -148,11 +157,21 @@ class FSDPBackend(Backend):
     def _ignored_params(self, model) -> set:
         return {p for module in _ignored_modules(model, self.plugin.ignored_modules) for p in module.parameters()}
 
-    def _shard_fsdp2(self, model, ram_efficient: bool):
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    def prepare_fsdp2_model(self, model, wrap_policy=None, upcast=None):
+        """`prepare_model` for Accelerate's `fsdp2_prepare_model`, which hands in its own (patchable) wrap policy
+        `(plugin, model) -> predicate or None` and upcast `(model, mixed_precision, is_main_process)`."""
+        self._fsdp2_steps = (wrap_policy, upcast)
+        try:
+            return self.prepare_model(model, device_placement=True, evaluation_mode=False)
+        finally:
+            self._fsdp2_steps = (None, None)
 
+    def _shard_fsdp2(self, model, ram_efficient: bool):
+        # The steps Accelerate's fsdp2_prepare_model takes; the policy and the upcast are the ones its
+        # `utils.fsdp_utils` handed in (prepare_fsdp2_model), so a script's mock.patch of them reaches the run.
+        wrap_policy, upcast = getattr(self, "_fsdp2_steps", (None, None))
         plugin = self.plugin
-        wants_own_unit = plugin.wrap_predicate(model)
+        (upcast or sharding.upcast_for_fsdp2)(model, self.precision.mode, dist.get_rank() == 0)
         old_params = plain_named_parameters(model)
         if ram_efficient:
             # Everyone shards an empty (meta) model; rank 0 then streams its weights in tensor by tensor.
@@ -160,20 +179,13 @@ class FSDPBackend(Backend):
             model.to("meta")
         if plugin.activation_checkpointing:
             # As Accelerate's prepare (fsdp2_apply_ac): each block inside torch's CheckpointWrapper, before sharding.
-            checkpoint_wrap_blocks(model, wants_own_unit)
-        kwargs = dict(
-            mesh=self._device_mesh(),
-            reshard_after_forward=plugin.reshard_after_forward,
-            mp_policy=plugin.mixed_precision_policy or MixedPrecisionPolicy(),
-            offload_policy=plugin.cpu_offload,
-        )
+            checkpoint_wrap_blocks(model, plugin.wrap_predicate(model))
+        kwargs = sharding.shard_kwargs(plugin, self._device_mesh())
         ignored = self._ignored_params(model)
         if ignored:
             kwargs["ignored_params"] = ignored
 
-        def shard(module):
-            replaced = list(module.parameters())
-            fully_shard(module, **kwargs)
+        def free_replaced(module, replaced):
             if ram_efficient:
                 return
             # Free each whole parameter once its shard exists (the user's optimizer still holds the old
@@ -183,14 +195,10 @@ class FSDPBackend(Backend):
                 if id(old) not in still_used:
                     old.data = torch.empty(0, dtype=old.dtype, device=old.device)
 
-        if wants_own_unit is not None:
-            # Bottom-up: a block's parameters belong to the innermost unit that claims them.
-            for module in reversed(list(model.modules())):
-                if module is not model and _can_be_unit(module) and wants_own_unit(module):
-                    shard(module)
-        shard(model)
+        wants_own_unit = wrap_policy(plugin, model) if wrap_policy is not None else plugin.wrap_predicate(model)
+        sharding.shard_units(model, kwargs, wants_own_unit, can_be_unit=_can_be_unit, after_unit=free_replaced)
         if ram_efficient:
-            _materialize(model, self.state.device, offload=plugin.offloads_params)
+            materialize(model, self.state.device, offload=plugin.offloads_params)
             _stream_weights_from_rank0(model, full, self.state.device)
         new_params = plain_named_parameters(model)
         for name, old in old_params.items():
@@ -461,34 +469,7 @@ def _is_checkpoint_wrapper(module) -> bool:
     return hasattr(module, "_checkpoint_wrapped_module")
 
 
-def state_name(name: str) -> str:
-    """A parameter's state-dict name: without the `_checkpoint_wrapped_module.` that torch's CheckpointWrapper
-    inserts into `named_parameters` (its state_dict hooks, and torch.distributed.checkpoint, drop it)."""
-    return name.replace(_CHECKPOINT_PART, "")
 
-
-def plain_named_parameters(model) -> dict:
-    """`dict(model.named_parameters())` under state-dict names, the same with or without activation checkpointing."""
-    return {state_name(name): param for name, param in model.named_parameters()}
-
-
-def _named_tensors(model) -> dict:
-    """Every parameter and buffer by its state-dict name (the tensors themselves, not copies)."""
-    tensors = plain_named_parameters(model)
-    tensors.update((state_name(name), buffer) for name, buffer in model.named_buffers())
-    return tensors
-
-
-def _materialize(model, device, offload: bool) -> None:
-    """Give a sharded meta model real (uninitialised) storage: parameters where FSDP2 keeps them between uses
-    (CPU memory under CPUOffloadPolicy, else the device), buffers on the device (the forward pass reads them
-    there). Materialising everything on the device put the offloaded shards on the GPU."""
-    model.to_empty(device="cpu" if offload else device)
-    if offload and torch.device(device).type != "cpu":
-        for module in model.modules():
-            for name, buffer in module._buffers.items():
-                if buffer is not None:
-                    module._buffers[name] = buffer.to(device)
 
 
 def _stream_weights_from_rank0(model, full: dict, device=None) -> None:
@@ -503,47 +484,6 @@ def _stream_weights_from_rank0(model, full: dict, device=None) -> None:
     stream_from_rank0(_named_tensors(model), full, torch.device(device or "cpu"), consume=True)
 
 
-def load_full_state_dict(model, full_state: dict, device, cpu_offload: bool = False) -> None:
-    """Fill an FSDP2-sharded model (on the meta device or not) from a whole state dict that rank 0 holds; the
-    other ranks may pass `{}`. Each tensor is broadcast from rank 0 and every process keeps only its shard.
-    The caller's dict is read, never changed. Non-persistent buffers are in no state dict: fill them yourself.
-    """
-    from .streaming import stream_from_rank0
-
-    if any(t.is_meta for t in _named_tensors(model).values()):
-        _materialize(model, device, offload=cpu_offload)
-    stream_from_rank0(_named_tensors(model), dict(full_state) if dist.get_rank() == 0 else {}, torch.device(device))
-    if cpu_offload:
-        # FSDP2's CPUOffloadPolicy expects the sharded parameters in CPU memory between uses.
-        for param in model.parameters():
-            if param.device.type != "cpu":
-                param.data = param.data.cpu()
-    if hasattr(model, "tie_weights"):  # transformers models: materialising broke the embedding/head tie
-        model.tie_weights()
-
-
-def checkpoint_wrap_blocks(model, predicate) -> torch.nn.Module:
-    """Accelerate's activation checkpointing for FSDP2: each submodule `predicate` picks (the plugin's auto-wrap
-    policy) is replaced, in `model`, by torch's `CheckpointWrapper` around it, innermost first, so parameter
-    names gain `_checkpoint_wrapped_module.` (state_dict keys do not). A block wrapped already is left as it is.
-    Unlike Accelerate, the random state is preserved for the recomputation: dropout inside a block then draws the
-    same mask in backward as in forward, so the gradient is that of the forward that ran."""
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper, checkpoint_wrapper
-
-    from ...training.compilation import get_module_children_bottom_up
-
-    if predicate is None:
-        raise ConfigError(
-            "fsdp activation_checkpointing needs an auto_wrap_policy (TRANSFORMER_BASED_WRAP or SIZE_BASED_WRAP) to "
-            "know which blocks to recompute"
-        )
-    inside_wrapper = {id(m._checkpoint_wrapped_module) for m in model.modules() if isinstance(m, CheckpointWrapper)}
-    for name, block in get_module_children_bottom_up(model, return_fqns=True)[:-1]:
-        if isinstance(block, CheckpointWrapper) or id(block) in inside_wrapper or not predicate(block):
-            continue
-        model.set_submodule(name, checkpoint_wrapper(block))
-        inside_wrapper.add(id(block))
-    return model
 
 
 def _apply_activation_checkpointing(model, predicate, composable: bool) -> None:

@@ -7,15 +7,22 @@ collectives, so every process calls them.
 
 from __future__ import annotations
 
+import logging
 import os
 
 import torch
 
 from .plugin import get_module_class_from_name  # noqa: F401 - published here too
 from ...core.errors import ConfigError, NotSupportedYetError
-from ..base import inner_optimizer
-from . import checkpoint
+from ..base import Backend, inner_optimizer
+from ..unwrap import is_compiled as is_compiled_module
+from . import checkpoint, sharding
 from .checkpoint import merge_fsdp_weights  # noqa: F401 - published here too
+
+# This module is Accelerate's `utils.fsdp_utils` (hasten.utils.fsdp_utils is this module object): the FSDP2 path
+# looks `is_compiled_module`, `fsdp2_prepare_auto_wrap_policy`, `logger` and torch's `fully_shard` up at call time,
+# so a `mock.patch` of those names takes effect, as scripts written for Accelerate expect.
+logger = logging.getLogger("hasten.utils.fsdp_utils")
 
 # wrapper names that activation checkpointing and torch.compile insert into parameter names
 _WRAPPER_PARTS = ("_checkpoint_wrapped_module.", "_orig_mod.")
@@ -75,11 +82,11 @@ def load_fsdp_optimizer(fsdp_plugin, accelerator, optimizer, model, input_dir, o
 
 def enable_fsdp_ram_efficient_loading() -> None:
     """Ask model loaders (transformers' `from_pretrained`) to read weights on rank 0 only, under FSDP."""
-    os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] = "true"
+    os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] = "True"  # Accelerate's spelling
 
 
 def disable_fsdp_ram_efficient_loading() -> None:
-    os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] = "false"
+    os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] = "False"
 
 
 def fsdp2_canonicalize_names(named_params: dict) -> dict:
@@ -119,10 +126,9 @@ def get_fsdp2_grad_scaler(**kwargs):
 
 def _fsdp2_backend(accelerator, what: str):
     """The FSDP2 backend behind `accelerator`, or a one-line refusal."""
-    from .backend import FSDPBackend
-
     backend = getattr(accelerator, "_backend", None)
-    if not isinstance(backend, FSDPBackend) or backend.version != 2:
+    if not (isinstance(backend, Backend) and hasattr(backend, "prepare_fsdp2_model")
+            and getattr(backend, "version", None) == 2):
         raise ConfigError(f"{what} needs an Accelerator set up for FSDP2 (distributed_type FSDP, fsdp_version=2); "
                           "pass fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2) or launch with "
                           "--use_fsdp --fsdp_version 2")
@@ -133,33 +139,66 @@ def fsdp2_prepare_model(accelerator, model: torch.nn.Module) -> torch.nn.Module:
     """Shard `model` in place with FSDP2 as `accelerator`'s plugin says (wrap policy, mixed precision, offload,
     activation checkpointing, rank-0 RAM-efficient loading) and return it; an already sharded model comes back
     as is. Optimizers built earlier still hold the old parameters: pass them to `prepare` (which re-points
-    them), or use `fsdp2_switch_optimizer_parameters`."""
+    them), or use `fsdp2_switch_optimizer_parameters`.
+
+    With a hasten Accelerator set up for FSDP2 its backend shards (and remembers the model for `prepare`); with
+    anything else that has Accelerate's attributes (`state.fsdp_plugin`, `mixed_precision`, `torch_device_mesh`,
+    `is_main_process`) the model is sharded here, as Accelerate does."""
     from torch.distributed.fsdp import FSDPModule
 
-    inner = getattr(model, "_orig_mod", model)  # a torch.compile wrapper
-    if isinstance(inner, FSDPModule):
+    if isinstance(model, FSDPModule) or (is_compiled_module(model) and isinstance(model._orig_mod, FSDPModule)):
         return model
-    backend = _fsdp2_backend(accelerator, "fsdp2_prepare_model")
-    return backend.prepare_model(model, device_placement=True, evaluation_mode=False)
+    if isinstance(getattr(accelerator, "_backend", None), Backend):  # a hasten Accelerator: its backend shards,
+        # with this module's policy and upcast (looked up now: a script's patch of them takes effect)
+        backend = _fsdp2_backend(accelerator, "fsdp2_prepare_model")
+        return backend.prepare_fsdp2_model(model, wrap_policy=fsdp2_prepare_auto_wrap_policy, upcast=upcast_for_fsdp2)
+    plugin = accelerator.state.fsdp_plugin
+    fsdp_kwargs = sharding.shard_kwargs(plugin, getattr(accelerator, "torch_device_mesh", None))
+    ignored = get_parameters_from_modules(plugin.ignored_modules, model, accelerator.device)
+    if ignored:
+        fsdp_kwargs["ignored_params"] = ignored
+    upcast_for_fsdp2(model, accelerator.mixed_precision, accelerator.is_main_process)
+    shard_fsdp2_units(model, plugin, fsdp_kwargs)
+    return model
+
+
+def check_fsdp2_names(before: dict, after: dict) -> None:
+    """Every parameter name from before sharding is still there after it (both canonical), else Accelerate's
+    error: a ValueError for the usual tied-embedding names (the model's config ties weights its checkpoint keeps
+    apart), a KeyError otherwise."""
+    missing = [name for name in before if name not in after]
+    if any(name in missing for name in ("lm_head.weight", "model.embed_tokens.weight", "transformer.wte.weight")):
+        raise ValueError(f"FSDP2 mapping failed (missing: {missing}). This is likely due to tied embeddings (config "
+                         "has tie_word_embeddings=True but checkpoint has separate weights). To fix, try: Set "
+                         "`model.config.tie_word_embeddings = False` after loading the model.")
+    if missing:
+        raise KeyError(f"Parameters missing after FSDP2 wrapping: {missing}")
+
+
+def upcast_for_fsdp2(model: torch.nn.Module, mixed_precision: str, is_main_process: bool = True) -> None:
+    """fp32 master weights under mixed precision, as Accelerate (see `sharding.upcast_for_fsdp2`), logged on this
+    module's `logger`."""
+    sharding.upcast_for_fsdp2(model, mixed_precision, is_main_process, log=logger)
+
+
+def shard_fsdp2_units(model: torch.nn.Module, plugin, fsdp_kwargs: dict) -> None:
+    """`fully_shard` each block `fsdp2_prepare_auto_wrap_policy` picks, then the root (see `sharding.shard_units`)."""
+    sharding.shard_units(model, fsdp_kwargs, fsdp2_prepare_auto_wrap_policy(plugin, model))
 
 
 def fsdp2_load_full_state_dict(accelerator, model: torch.nn.Module, full_sd: dict, cpu_offload: bool = False):
     """Load a whole state dict that only rank 0 needs to hold (`{}` elsewhere) into the FSDP2-sharded `model`:
     rank 0 broadcasts tensor by tensor and each process keeps its shard. Collective: every process calls it."""
     from ...state import PartialState
-    from .backend import load_full_state_dict
-
-    load_full_state_dict(model, full_sd, PartialState().device, cpu_offload=cpu_offload)
+    sharding.load_full_state_dict(model, full_sd, PartialState().device, cpu_offload=cpu_offload)
 
 
 def fsdp2_apply_ac(accelerator, model: torch.nn.Module) -> torch.nn.Module:
     """Activation checkpointing on the blocks `accelerator`'s FSDP plugin wraps (its auto_wrap_policy), as
     Accelerate applies it: each block goes inside torch's `CheckpointWrapper`, so parameter names gain
     `_checkpoint_wrapped_module.` (state_dict keys do not). Call it before sharding; returns `model`."""
-    from .backend import checkpoint_wrap_blocks
-
     plugin = _fsdp2_backend(accelerator, "fsdp2_apply_ac").plugin
-    return checkpoint_wrap_blocks(model, plugin.wrap_predicate(model))
+    return sharding.checkpoint_wrap_blocks(model, plugin.wrap_predicate(model))
 
 
 def ensure_weights_retied(param_init_fn, model: torch.nn.Module, device: torch.device):

@@ -9,6 +9,7 @@ allowed values. The backend (`hasten.backends.fsdp.backend`) only reads the reso
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import re
 import warnings
@@ -26,6 +27,17 @@ from ...config.settings import SETTINGS
 
 _AUTO_WRAP_NAMES = tuple(name.lower() for name in FSDP_AUTO_WRAP_POLICY)
 
+
+# Accelerate logs what FSDP2 drops on its `utils.dataclasses` logger, in these words (scripts and tests match
+# them); `logging.getLogger("accelerate.utils.dataclasses")` is this logger under the accelerate alias.
+_ACCELERATE_LOGGER = logging.getLogger("hasten.utils.dataclasses")
+_FSDP2_DROPPED = {
+    "backward_prefetch": "backward_prefetch is not supported in FSDP2. Setting backward prefetch to None.",
+    "use_orig_params": "use_orig_params is obsolete in FSDP2, as FSDP2 always uses the original parameters.",
+    "sync_module_states": "sync_module_states is obsolete in FSDP2, as it is not needed anymore."
+                          "Setting sync_module_states to None.",
+    "sharding_strategy": "sharding_strategy is an FSDP1 setting; FSDP2 reads reshard_after_forward.",  # (hasten's)
+}
 
 _ROWS = {row.env[0][len("FSDP_"):].lower(): row for row in SETTINGS if row.owner == "FullyShardedDataParallelPlugin"}
 
@@ -136,15 +148,23 @@ class FullyShardedDataParallelPlugin:
 
     def _refuse_v1_only_arguments(self) -> None:
         # FSDP2 (fully_shard) has neither knob: it always bounds in-flight all-gathers, and it never calls an init
-        # function on meta modules (cpu_ram_efficient_loading materialises them). Dropping them would be silent.
+        # function on meta modules (cpu_ram_efficient_loading materialises them). Accelerate accepts and drops them;
+        # hasten says so in a warning, and refuses them under its strict setting.
         if self.fsdp_version != 2:
             return
+        from ...config.resolve import strict
+
+        dropped = []
         if self.param_init_fn is not None:
-            raise ConfigError("fsdp param_init_fn is an FSDP1 setting that FSDP2 never calls; fix: use "
-                              "cpu_ram_efficient_loading=True to materialise a meta model, or fsdp_version=1")
+            dropped.append("fsdp param_init_fn is an FSDP1 setting that FSDP2 never calls; fix: use "
+                           "cpu_ram_efficient_loading=True to materialise a meta model, or fsdp_version=1")
         if self.limit_all_gathers is False:
-            raise ConfigError("fsdp limit_all_gathers=False is an FSDP1 setting; FSDP2 always limits all-gathers, "
-                              "fix: leave it at True, or use fsdp_version=1")
+            dropped.append("fsdp limit_all_gathers=False is an FSDP1 setting; FSDP2 always limits all-gathers, "
+                           "fix: leave it at True, or use fsdp_version=1")
+        for message in dropped:
+            if strict():
+                raise ConfigError(f"{message} (an error under hasten's strict setting)")
+            warnings.warn(f"{message} (ignored, as Accelerate ignores it)", stacklevel=4)
 
     # -- resolution: argument > FSDP_* variable > default -------------------------------------------------
     def _pick(self, field_name: str, default, env_name: Optional[str] = None):
@@ -161,18 +181,25 @@ class FullyShardedDataParallelPlugin:
         return default, None
 
     def _warn_v1_only(self, name: str, variable: Optional[str]) -> None:
-        """An FSDP1-only value from a variable, a config file or a launch flag is dropped under FSDP2: say so,
-        naming where it came from. Not for the values `hasten launch` exports by default (as Accelerate does)."""
+        """An FSDP1-only value is dropped under FSDP2: say so as Accelerate does (its words, on its logger
+        `accelerate.utils.dataclasses`), then where the value came from. Not for the values `hasten launch`
+        exports by default (Accelerate's launcher exports them too, and FSDP2 never reads them there)."""
         from ...config.resolve import recorded_sources
 
         if variable is None:
-            return
-        source, origin = recorded_sources(os.environ).get(_ROWS[name].name, ("environment", variable))
-        if source == "default":
-            return
-        where = f"environment variable {variable}" if source == "environment" else f"{source} {origin}"
-        warnings.warn(f"fsdp {name} (from {where}) is an FSDP1 setting and is ignored with fsdp_version=2; fix: "
-                      f"remove it, or use fsdp_version=1", stacklevel=5)
+            where = "FullyShardedDataParallelPlugin(...)"
+        else:
+            source, origin = recorded_sources(os.environ).get(_ROWS[name].name, ("environment", variable))
+            if source == "default":
+                return
+            where = f"environment variable {variable}" if source == "environment" else f"{source} {origin}"
+        from ...config.resolve import strict
+
+        if strict():
+            raise ConfigError(f"fsdp {name} (from {where}) is an FSDP1 setting that FSDP2 ignores; fix: remove it, or "
+                              "use fsdp_version=1 (an error under hasten's strict setting)")
+        _ACCELERATE_LOGGER.warning("%s (fsdp %s from %s; FSDP1 only: remove it, or use fsdp_version=1)",
+                                   _FSDP2_DROPPED[name], name, where)
 
     def _resolve_version(self):
         value, variable = self._pick("fsdp_version", 1, "version")
@@ -209,6 +236,13 @@ class FullyShardedDataParallelPlugin:
                     text, variable = strategy, strategy_variable
             source = f"environment variable {variable}" if variable else "default"
             default = True if self.fsdp_version == 2 else "FULL_SHARD"
+            if self.fsdp_version == 1:
+                # As in Accelerate: FSDP1's strategy lives in sharding_strategy; reshard_after_forward stays None
+                # (scripts compare it), unless the script gave it.
+                self.sharding_strategy = _enum(ShardingStrategy, default if text is None else text,
+                                               "sharding_strategy", variable)
+                self.sources["sharding_strategy"] = source
+                return
             self.reshard_after_forward = default if text is None else text
             self.sources["reshard_after_forward"] = source
         else:
@@ -216,6 +250,9 @@ class FullyShardedDataParallelPlugin:
             self.sources.setdefault("reshard_after_forward", "argument")
         value = self.reshard_after_forward
         if self.fsdp_version == 2:
+            strategy, strategy_variable = _env("sharding_strategy")
+            if strategy is not None:  # e.g. an FSDP1 config file's fsdp_sharding_strategy beside fsdp_version: 2
+                self._warn_v1_only("sharding_strategy", strategy_variable)
             if isinstance(value, ShardingStrategy) or (
                 isinstance(value, str) and value.strip().upper() in ShardingStrategy.__members__
             ):
@@ -246,7 +283,7 @@ class FullyShardedDataParallelPlugin:
                             "fsdp forward_prefetch is an FSDP1 setting; FSDP2 prefetches on its own, so leave it unset "
                             "with fsdp_version=2"
                         )
-                    warnings.warn(f"fsdp {name} is an FSDP1 setting and is ignored with fsdp_version=2", stacklevel=4)
+                    self._warn_v1_only(name, None)
                 elif value:
                     self._warn_v1_only(name, variable)
                 value = None  # FSDP2 has no such knob; values from an FSDP1 config file must not be errors
@@ -264,11 +301,21 @@ class FullyShardedDataParallelPlugin:
                 "are on a CPU run and which hasten does not implement yet; set it to false"
             )
         if self.fsdp_version == 1 and self.cpu_ram_efficient_loading and not self.sync_module_states:
-            # Accelerate forces this on too: the other ranks start from empty weights and need rank 0's.
+            # As Accelerate (its words): the other ranks start from empty weights and need rank 0's. A false value
+            # the user set is refused under hasten's strict setting.
+            from ...config.resolve import strict
+
+            if strict() and self.sources.get("sync_module_states") != "default":
+                raise ConfigError(f"fsdp cpu_ram_efficient_loading is true but sync_module_states is false (from "
+                                  f"{self.sources['sync_module_states']}), so ranks other than 0 would keep empty "
+                                  "weights; fix: set sync_module_states to true (an error under hasten's strict setting)")
+            warnings.warn("sync_module_states cannot be False since efficient cpu ram loading enabled. Setting "
+                          "sync_module_states to True.", stacklevel=4)
             self.sync_module_states = True
         if self.sources.get("cpu_ram_efficient_loading") == "argument":
-            # transformers' from_pretrained reads this variable to build the model on the meta device.
-            os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] = str(self.cpu_ram_efficient_loading).lower()
+            # transformers' from_pretrained reads this variable to build the model on the meta device; Accelerate
+            # writes Python's spelling ("True"/"False"), which scripts compare.
+            os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] = str(self.cpu_ram_efficient_loading)
 
     def _resolve_auto_wrap(self):
         value, variable = self._pick("auto_wrap_policy", "no_wrap")
@@ -311,11 +358,7 @@ class FullyShardedDataParallelPlugin:
         if value is not None:
             value = _enum(BackwardPrefetch, value, "backward_prefetch", variable)
             if self.fsdp_version == 2:
-                if self.sources["backward_prefetch"] == "argument":
-                    warnings.warn("fsdp backward_prefetch is ignored with fsdp_version=2 (FSDP2 prefetches itself)",
-                                  stacklevel=4)
-                else:
-                    self._warn_v1_only("backward_prefetch", variable)
+                self._warn_v1_only("backward_prefetch", variable)
                 value = None
         self.backward_prefetch = value
 
@@ -470,6 +513,19 @@ class FullyShardedDataParallelPlugin:
         self.cpu_offload = self._offload_policy(self.cpu_offload)
 
     # -- which submodules form their own shard group --------------------------------------------------------
+    def set_auto_wrap_policy(self, model: torch.nn.Module) -> None:
+        """Accelerate's step before sharding `model`: TRANSFORMER_BASED_WRAP without class names takes the model's
+        `_no_split_modules`, and each name must be a class in the model (Accelerate's words). The policy itself
+        stays a name here; `wrap_predicate(model)` is the test a module passes to get its own unit."""
+        if self.auto_wrap_policy != "transformer_based_wrap":
+            return
+        if self.transformer_cls_names_to_wrap is None:
+            self.transformer_cls_names_to_wrap = list(getattr(model, "_no_split_modules", None) or [])
+        for name in self.transformer_cls_names_to_wrap:
+            if get_module_class_from_name(model, name) is None:
+                raise ConfigError(f"Could not find the transformer layer class {name} in the model. (fsdp "
+                                  f"transformer_cls_names_to_wrap names {name!r}; fix the name or the model)")
+
     def wrap_predicate(self, model: torch.nn.Module) -> Optional[Callable[[torch.nn.Module], bool]]:
         """`module -> bool`: whether a submodule gets its own FSDP unit; None when only the root is wrapped."""
         policy = self.auto_wrap_policy
