@@ -211,12 +211,12 @@ def _deepspeed_plugins(deepspeed_plugin, deepspeed_plugins, fsdp_plugin):
 
     if deepspeed_plugin is None and deepspeed_plugins is None and not runtime_value("use_deepspeed").value:
         return None
-    from .deepspeed.plugin import DeepSpeedPlugin, plugins_from, refuse_plugins_for_a_second_accelerator
+    from .deepspeed.plugin import DeepSpeedPlugin, plugins_from
 
     if deepspeed_plugin is None and deepspeed_plugins is None:
         deepspeed_plugin = DeepSpeedPlugin()
     else:
-        refuse_plugins_for_a_second_accelerator()
+        _refuse_plugins_for_a_second_accelerator()
     if fsdp_plugin is not None:
         raise ConfigError("DeepSpeed and FSDP cannot be combined: pass one of deepspeed_plugin and fsdp_plugin")
     plugins = plugins_from(deepspeed_plugin, deepspeed_plugins)
@@ -225,6 +225,17 @@ def _deepspeed_plugins(deepspeed_plugin, deepspeed_plugins, fsdp_plugin):
     if not is_deepspeed_available():
         raise ImportError('DeepSpeed is not installed: pip install "hasten[deepspeed]"')
     return plugins
+
+
+def _refuse_plugins_for_a_second_accelerator() -> None:
+    """As Accelerate: the first Accelerator's DeepSpeed plugins are the process's; a second Accelerator given
+    plugins would silently train with the first one's, so it is refused (in Accelerate's words and error type)."""
+    from ..state import AcceleratorState
+
+    if AcceleratorState._shared_state and getattr(AcceleratorState(), "deepspeed_plugins", None):
+        raise NotImplementedError(
+            "You cannot pass in a `deepspeed_plugin` when creating a second `Accelerator`. Please make sure the "
+            "first `Accelerator` is initialized with all the plugins you want to use.")
 
 
 def _megatron_plugin(plugin):

@@ -241,7 +241,7 @@ def _check_combinations(config: dict, raw: Mapping, where) -> None:
 
 
 def _strict_from_environment() -> bool:
-    from ..distributed.cluster import parse_bool
+    from ..core.env import parse_bool
 
     try:
         return parse_bool(os.environ.get("HASTEN_STRICT") or "false")

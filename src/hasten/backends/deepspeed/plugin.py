@@ -653,17 +653,6 @@ def _walk(config: dict, prefix: str = ""):
             yield prefix + key, value
 
 
-def refuse_plugins_for_a_second_accelerator() -> None:
-    """As Accelerate: the first Accelerator's DeepSpeed plugins are the process's; a second Accelerator given
-    plugins would silently train with the first one's, so it is refused (in Accelerate's words and error type)."""
-    from ...state import AcceleratorState
-
-    if AcceleratorState._shared_state and getattr(AcceleratorState(), "deepspeed_plugins", None):
-        raise NotImplementedError(
-            "You cannot pass in a `deepspeed_plugin` when creating a second `Accelerator`. Please make sure the "
-            "first `Accelerator` is initialized with all the plugins you want to use.")
-
-
 def plugins_from(deepspeed_plugin=None, deepspeed_plugins=None):
     """Accelerator's two spellings → None or {name: plugin} with the first one selected."""
     if deepspeed_plugin is not None and deepspeed_plugins is not None:
