@@ -9,21 +9,20 @@ from __future__ import annotations
 
 import argparse
 import copy
-import os
 import sys
 
-from ..core.errors import ConfigError, LaunchError
+from ..core.errors import ConfigError, LaunchError, PortInUseError  # noqa: F401 - PortInUseError: importable here
 from ..distributed.cluster import parse_bool, parse_int
 from ..launch.machine import get_free_port  # noqa: F401 - importable here, as before
 from ..launch.plan import (  # noqa: F401 - defined in launch/plan.py, importable here
     PORT_IN_USE_WARNING,
     LaunchPlan,
-    PortInUseError,
     _port_in_use,
     _resolve_port,
     _script_command,
     _target_command,
     _with_launch_defaults,
+    flag_default,
     plan_launch,
 )
 from ..launch.run import (  # noqa: F401 - defined in launch/run.py; Accelerate's launchers at its path
@@ -37,6 +36,7 @@ from ..launch.run import (  # noqa: F401 - defined in launch/run.py; Accelerate'
     _run_mpirun,
     deepspeed_launcher,
     multi_gpu_launcher,
+    run,
     simple_launcher,
 )
 
@@ -177,16 +177,12 @@ def add_launch_arguments(parser) -> None:
             if title not in groups:
                 groups[title] = parser.add_argument_group(title)
             target = groups[title]
-        kwargs = {"dest": row.flag_dest, "help": argparse.SUPPRESS if row.hidden else row.help}
-        if row.role == "option":
-            kwargs["default"] = row.default
-        else:
-            kwargs["default"] = table.PARSER_DEFAULTS.get(row.name)  # None: "not typed"
+        # None, False for a switch (Accelerate's parser: code tests `args.multi_gpu is False`), or a launcher
+        # option's default; the resolver reads the first two as "not typed", so the file and environment still apply
+        kwargs = {"dest": row.flag_dest, "help": argparse.SUPPRESS if row.hidden else row.help,
+                  "default": flag_default(row)}
         if row.switch:
-            # an untyped switch reads False, as in Accelerate's parser (code tests `args.multi_gpu is False`);
-            # the resolver reads False from a switch as "not typed", so the file and the environment still apply
             kwargs["action"] = "store_true"
-            kwargs["default"] = False
         elif row.append:
             kwargs["action"] = "append"
         elif row.choices and row.built and row.kind == "str":
@@ -233,24 +229,8 @@ def _validate_launch_command(args: argparse.Namespace):
 
 
 def launch_command(args: argparse.Namespace) -> int:
-    plan = plan_launch(args)
-    if not args.no_python and not args.module and not os.path.exists(args.training_script):
-        # Checked before torch is imported: the answer should not wait for it.
-        raise LaunchError(f"training script {args.training_script!r} does not exist")
-    if plan.settings["mpirun_hostfile"]:
-        return _run_mpirun(args, plan)
-    # The run's variables go into this process's environment (the script runs in place, or torchrun's workers
-    # inherit them); afterwards the caller's environment and argv are back, as after Accelerate's child process.
-    saved_env, saved_argv = dict(os.environ), list(sys.argv)
-    try:
-        if plan.num_processes == 1 and plan.num_machines == 1 and not plan.max_restarts:
-            return _run_in_place(args, plan)
-        return _run_distributed(args, plan)
-    finally:
-        if dict(os.environ) != saved_env:
-            os.environ.clear()
-            os.environ.update(saved_env)
-        sys.argv = saved_argv
+    """Run a parsed `hasten launch` command line: resolve its plan, start the processes, return the exit code."""
+    return run(args, plan_launch(args))
 
 
 def main(argv=None) -> int:

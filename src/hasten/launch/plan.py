@@ -8,8 +8,9 @@ import socket
 import sys
 from dataclasses import dataclass, field
 
-from ..core.errors import LaunchError
+from ..core.errors import PortInUseError
 from .machine import get_free_port
+
 
 @dataclass
 class LaunchPlan:
@@ -94,10 +95,6 @@ def _resolve_port(plan: LaunchPlan) -> int:
     )
 
 
-class PortInUseError(LaunchError, ConnectionError):
-    """The rendezvous port is taken (a ConnectionError, as Accelerate's launcher raises there)."""
-
-
 def _target_command(args) -> tuple[str, list[str]]:
     if args.no_python:
         return args.training_script, list(args.training_script_args)
@@ -111,13 +108,32 @@ def _script_command(args) -> list:
     return [*command, args.training_script, *args.training_script_args]
 
 
+def flag_default(row):
+    """The value a `hasten launch` flag reads when it is not typed: False for a switch, the row's default for a
+    launcher option (`--tee`, `--role`, ...), else None or the parser default Accelerate gives it (a
+    `ParserDefault`); the resolver reads each of those as "not typed". The parser (`commands/launch.py`) and
+    `launch_defaults` both take it from here."""
+    from ..config import settings as table
+
+    if row.switch:
+        return False
+    if row.role == "option":
+        return row.default
+    return table.PARSER_DEFAULTS.get(row.name)
+
+
+def launch_defaults() -> dict:
+    """{argparse destination: value} of a `hasten launch` command line that names only a script."""
+    from ..config import settings as table
+
+    defaults = {row.flag_dest: flag_default(row) for row in table.SETTINGS if row.flags}
+    return {**defaults, "training_script": "script.py", "training_script_args": []}
+
+
 def _with_launch_defaults(args):
     """`args` with every `hasten launch` option it lacks set to the parser's default (callers, like Accelerate's
     own tests, build the Namespace by hand with Accelerate's fields only)."""
-    from ..commands.launch import launch_command_parser
-
-    defaults = vars(launch_command_parser().parse_args(["script.py"]))
-    for name, value in defaults.items():
+    for name, value in launch_defaults().items():
         if not hasattr(args, name):
             setattr(args, name, value)
         elif value is None and getattr(args, name) is False:

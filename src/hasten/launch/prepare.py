@@ -1,6 +1,6 @@
 """Accelerate's launch helpers (`accelerate.utils.launch`): the command and environment a launch would use.
 
-They resolve a parsed `hasten launch` command line exactly as `hasten launch` does (`commands.launch.plan_launch`:
+They resolve a parsed `hasten launch` command line exactly as `hasten launch` does (`launch.plan.plan_launch`:
 flags, then environment, then config file), so what they return is what the launcher runs.
 """
 

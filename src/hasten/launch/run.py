@@ -17,6 +17,30 @@ import time
 from ..core.errors import LaunchError
 from .plan import LaunchPlan, _resolve_port, _script_command, _target_command, _with_launch_defaults, plan_launch
 
+def run(args, plan: LaunchPlan) -> int:
+    """Start what `plan` describes for the script in `args` and wait for it; returns the exit code.
+
+    One process runs the script in this interpreter; more go through torchrun's elastic agent, or through mpirun
+    when the plan names a hostfile. The run's variables go into this process's environment (the script runs in
+    place, or torchrun's workers inherit them); afterwards the caller's environment and argv are back, as after
+    Accelerate's child process."""
+    if not args.no_python and not args.module and not os.path.exists(args.training_script):
+        # Checked before torch is imported: the answer should not wait for it.
+        raise LaunchError(f"training script {args.training_script!r} does not exist")
+    if plan.settings["mpirun_hostfile"]:
+        return _run_mpirun(args, plan)
+    saved_env, saved_argv = dict(os.environ), list(sys.argv)
+    try:
+        if plan.num_processes == 1 and plan.num_machines == 1 and not plan.max_restarts:
+            return _run_in_place(args, plan)
+        return _run_distributed(args, plan)
+    finally:
+        if dict(os.environ) != saved_env:
+            os.environ.clear()
+            os.environ.update(saved_env)
+        sys.argv = saved_argv
+
+
 def _run_in_place(args, plan: LaunchPlan) -> int:
     """One process: run the script in this interpreter (torch is already imported; no second start-up)."""
     os.environ.update(plan.env)
@@ -38,6 +62,136 @@ def _run_in_place(args, plan: LaunchPlan) -> int:
     return 0
 
 
+def _run_mpirun(args, plan: LaunchPlan) -> int:
+    """An mpirun hostfile was given: mpirun starts the processes, each reads its rank from MPI's variables."""
+    import subprocess
+
+    from ..launch.mpirun import mpirun_env, mpirun_prefix
+
+    command = mpirun_prefix(plan) + _script_command(args)
+    return subprocess.call(command, env={**os.environ, **plan.env, **mpirun_env(plan)})
+
+
+def _run_distributed(args, plan: LaunchPlan) -> int:
+    import logging
+    import uuid
+
+    from torch.distributed.elastic.multiprocessing import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig
+
+    from ..resilience import requeue
+
+    if not args.debug:
+        # The agent's chatter (and its guess at the failed rank, often wrong) buries the user's own output;
+        # the one-line summary below replaces it.
+        # torch gives each of its modules' loggers an explicit level, so setting the parent is not enough.
+        for name in ["torch.distributed.elastic", *logging.root.manager.loggerDict]:
+            if name.startswith(("torch.distributed.elastic", "torch.distributed.launcher")):
+                logging.getLogger(name).setLevel(logging.CRITICAL)
+    if not args.no_python and not args.module and not os.path.exists(args.training_script):
+        raise LaunchError(f"training script {args.training_script!r} does not exist")
+    port = _resolve_port(plan)
+    # hasten's side of preemption (exit codes 75 / 128+n, SIGUSR1 passed on, SLURM requeue) is opt-in; off, the
+    # launcher behaves as Accelerate's: torch's agent handles its default signals and a stopped run exits 1.
+    preemption = bool(plan.settings is not None and plan.settings.values["handle_preemption"].value)
+    os.environ.update(plan.env)
+    rdzv_configs = dict(plan.rdzv_conf)
+    if plan.rdzv_backend == "static":
+        rdzv_configs["rank"] = plan.machine_rank
+    config = LaunchConfig(
+        min_nodes=plan.num_machines,
+        max_nodes=plan.num_machines,
+        nproc_per_node=plan.nproc_per_node,
+        run_id=rdzv_configs.pop("id", None) or ("none" if plan.num_machines > 1 else str(uuid.uuid4())),
+        role=args.role,
+        rdzv_endpoint=f"{plan.main_process_ip}:{port}",
+        rdzv_backend=plan.rdzv_backend,
+        rdzv_configs=rdzv_configs,
+        max_restarts=plan.max_restarts,
+        monitor_interval=plan.monitor_interval,
+        start_method="spawn",
+        logs_specs=_logs_specs(args),
+        **(_agent_signals() if preemption else {}),
+    )
+    entrypoint, entry_args = _target_command(args)
+    # Debug mode's hang doctor leaves its report in the workers' error files for the launcher to print, once.
+    from ..resilience.hang_doctor import LAUNCHER_VARIABLE
+
+    os.environ[LAUNCHER_VARIABLE] = "1"
+    started = time.monotonic()
+    try:
+        _start_workers(config, entrypoint, entry_args)
+    except SignalException as error:
+        if not preemption:
+            print(f"hasten launch: stopped by {error.sigval.name} after {time.monotonic() - started:.1f}s; exit code 1 "
+                  "(--handle_preemption: exit 75 after a preemption signal, to start the run again)", file=sys.stderr)
+            return 1
+        code = requeue.exit_code_for_signal(error.sigval)
+        hint = " (preempted: start the run again to resume)" if code == requeue.PREEMPTED_EXIT_CODE else ""
+        print(f"hasten launch: stopped by {error.sigval.name} after {time.monotonic() - started:.1f}s; exit code "
+              f"{code}{hint}", file=sys.stderr)
+        if error.sigval == signal.SIGUSR1:  # SLURM's warning ahead of the time limit: put the job back in the queue
+            requeue.requeue_slurm_job(plan.machine_rank)
+        return code
+    except ChildFailedError as error:
+        if preemption and requeue.all_preempted(f.exitcode for f in (getattr(error, "failures", {}) or {}).values()):
+            print(f"hasten launch: the workers checkpointed and stopped after a preemption signal; exit code "
+                  f"{requeue.PREEMPTED_EXIT_CODE} (start the run again to resume)", file=sys.stderr)
+            return requeue.PREEMPTED_EXIT_CODE
+        if not args.quiet:
+            elapsed = time.monotonic() - started
+            print(
+                f"hasten launch: {_describe_failures(error)} (after {elapsed:.1f}s; the failing process's own "
+                "error is printed above)",
+                file=sys.stderr,
+            )
+            report = _hang_report(error)
+            if report:
+                print(report, file=sys.stderr, flush=True)
+        return 1
+    except Exception as error:  # noqa: BLE001 - rendezvous/agent errors: one line, not the agent's traceback
+        if args.debug:
+            raise
+        text = (str(error).strip().splitlines() or [""])[0]
+        print(f"hasten launch: error: the launcher's agent failed: {type(error).__name__}: {text} "
+              "(run with --debug for the full trace)", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _start_workers(config, entrypoint: str, entry_args: list) -> None:
+    """Start the worker processes through torchrun's elastic agent and watch them until they all finish: the one
+    place processes are started for a launch (raises what the agent raises: ChildFailedError, SignalException)."""
+    from torch.distributed.launcher.api import elastic_launch
+
+    elastic_launch(config, entrypoint)(*entry_args)
+
+
+def _logs_specs(args):
+    if not args.log_dir and args.tee in (None, "0"):
+        return None
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+
+    return DefaultLogsSpecs(log_dir=args.log_dir, tee=Std.from_str(args.tee))
+
+
+def _agent_signals() -> dict:
+    """With `handle_preemption`: the agent passes these signals (its defaults and SIGUSR1) on to the workers,
+    waits up to TORCH_ELASTIC_SHUTDOWN_TIMEOUT (30 s) for them to checkpoint and leave, then raises SignalException
+    here (docs/fault_tolerance.md). Older torch (2.6) has no such field: its agent forwards
+    SIGTERM/SIGINT/SIGHUP/SIGQUIT only (not SIGUSR1)."""
+    import dataclasses
+
+    from torch.distributed.launcher.api import LaunchConfig
+
+    from ..resilience import requeue
+
+    names = {f.name for f in dataclasses.fields(LaunchConfig)}
+    return {"signals_to_handle": requeue.AGENT_SIGNALS} if "signals_to_handle" in names else {}
+
+
+# -- the one-line failure report ------------------------------------------------------------------------------------
 def _failure_facts(failure) -> tuple[int, float, str]:
     """(how likely this failure is the root cause: lower first, when it happened, what happened)."""
     extra = {}
@@ -113,117 +267,7 @@ def _hang_report(error) -> str | None:
     return min(reports)[2] if reports else None
 
 
-def _logs_specs(args):
-    if not args.log_dir and args.tee in (None, "0"):
-        return None
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
-
-    return DefaultLogsSpecs(log_dir=args.log_dir, tee=Std.from_str(args.tee))
-
-
-def _agent_signals() -> dict:
-    """With `handle_preemption`: the agent passes these signals (its defaults and SIGUSR1) on to the workers,
-    waits up to TORCH_ELASTIC_SHUTDOWN_TIMEOUT (30 s) for them to checkpoint and leave, then raises SignalException
-    here (docs/fault_tolerance.md). Older torch (2.6) has no such field: its agent forwards
-    SIGTERM/SIGINT/SIGHUP/SIGQUIT only (not SIGUSR1)."""
-    import dataclasses
-
-    from torch.distributed.launcher.api import LaunchConfig
-
-    from ..resilience import requeue
-
-    names = {f.name for f in dataclasses.fields(LaunchConfig)}
-    return {"signals_to_handle": requeue.AGENT_SIGNALS} if "signals_to_handle" in names else {}
-
-
-def _run_distributed(args, plan: LaunchPlan) -> int:
-    import logging
-    import uuid
-
-    from torch.distributed.elastic.multiprocessing import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
-    from ..resilience import requeue
-
-    if not args.debug:
-        # The agent's chatter (and its guess at the failed rank, often wrong) buries the user's own output;
-        # the one-line summary below replaces it.
-        # torch gives each of its modules' loggers an explicit level, so setting the parent is not enough.
-        for name in ["torch.distributed.elastic", *logging.root.manager.loggerDict]:
-            if name.startswith(("torch.distributed.elastic", "torch.distributed.launcher")):
-                logging.getLogger(name).setLevel(logging.CRITICAL)
-    if not args.no_python and not args.module and not os.path.exists(args.training_script):
-        raise LaunchError(f"training script {args.training_script!r} does not exist")
-    port = _resolve_port(plan)
-    # hasten's side of preemption (exit codes 75 / 128+n, SIGUSR1 passed on, SLURM requeue) is opt-in; off, the
-    # launcher behaves as Accelerate's: torch's agent handles its default signals and a stopped run exits 1.
-    preemption = bool(plan.settings is not None and plan.settings.values["handle_preemption"].value)
-    os.environ.update(plan.env)
-    rdzv_configs = dict(plan.rdzv_conf)
-    if plan.rdzv_backend == "static":
-        rdzv_configs["rank"] = plan.machine_rank
-    config = LaunchConfig(
-        min_nodes=plan.num_machines,
-        max_nodes=plan.num_machines,
-        nproc_per_node=plan.nproc_per_node,
-        run_id=rdzv_configs.pop("id", None) or ("none" if plan.num_machines > 1 else str(uuid.uuid4())),
-        role=args.role,
-        rdzv_endpoint=f"{plan.main_process_ip}:{port}",
-        rdzv_backend=plan.rdzv_backend,
-        rdzv_configs=rdzv_configs,
-        max_restarts=plan.max_restarts,
-        monitor_interval=plan.monitor_interval,
-        start_method="spawn",
-        logs_specs=_logs_specs(args),
-        **(_agent_signals() if preemption else {}),
-    )
-    entrypoint, entry_args = _target_command(args)
-    # Debug mode's hang doctor leaves its report in the workers' error files for the launcher to print, once.
-    from ..resilience.hang_doctor import LAUNCHER_VARIABLE
-
-    os.environ[LAUNCHER_VARIABLE] = "1"
-    started = time.monotonic()
-    try:
-        elastic_launch(config, entrypoint)(*entry_args)
-    except SignalException as error:
-        if not preemption:
-            print(f"hasten launch: stopped by {error.sigval.name} after {time.monotonic() - started:.1f}s; exit code 1 "
-                  "(--handle_preemption: exit 75 after a preemption signal, to start the run again)", file=sys.stderr)
-            return 1
-        code = requeue.exit_code_for_signal(error.sigval)
-        hint = " (preempted: start the run again to resume)" if code == requeue.PREEMPTED_EXIT_CODE else ""
-        print(f"hasten launch: stopped by {error.sigval.name} after {time.monotonic() - started:.1f}s; exit code "
-              f"{code}{hint}", file=sys.stderr)
-        if error.sigval == signal.SIGUSR1:  # SLURM's warning ahead of the time limit: put the job back in the queue
-            requeue.requeue_slurm_job(plan.machine_rank)
-        return code
-    except ChildFailedError as error:
-        if preemption and requeue.all_preempted(f.exitcode for f in (getattr(error, "failures", {}) or {}).values()):
-            print(f"hasten launch: the workers checkpointed and stopped after a preemption signal; exit code "
-                  f"{requeue.PREEMPTED_EXIT_CODE} (start the run again to resume)", file=sys.stderr)
-            return requeue.PREEMPTED_EXIT_CODE
-        if not args.quiet:
-            elapsed = time.monotonic() - started
-            print(
-                f"hasten launch: {_describe_failures(error)} (after {elapsed:.1f}s; the failing process's own "
-                "error is printed above)",
-                file=sys.stderr,
-            )
-            report = _hang_report(error)
-            if report:
-                print(report, file=sys.stderr, flush=True)
-        return 1
-    except Exception as error:  # noqa: BLE001 - rendezvous/agent errors: one line, not the agent's traceback
-        if args.debug:
-            raise
-        text = (str(error).strip().splitlines() or [""])[0]
-        print(f"hasten launch: error: the launcher's agent failed: {type(error).__name__}: {text} "
-              "(run with --debug for the full trace)", file=sys.stderr)
-        return 1
-    return 0
-
-
+# -- Accelerate's launchers (`accelerate.commands.launch.*_launcher`) -----------------------------------------------
 def simple_launcher(args: argparse.Namespace) -> None:
     """Accelerate's one-process launcher: run the script as a child process with the launch's environment
     (`prepare_simple_launcher_cmd_env`). A non-zero exit raises `subprocess.CalledProcessError` (with `--quiet`:
@@ -257,13 +301,3 @@ def deepspeed_launcher(args: argparse.Namespace) -> None:
     `use_deepspeed` on; DeepSpeed's own pdsh/hostfile launchers are refused when the launch is resolved."""
     args.use_deepspeed = True
     multi_gpu_launcher(args)
-
-
-def _run_mpirun(args, plan: LaunchPlan) -> int:
-    """An mpirun hostfile was given: mpirun starts the processes, each reads its rank from MPI's variables."""
-    import subprocess
-
-    from ..launch.mpirun import mpirun_env, mpirun_prefix
-
-    command = mpirun_prefix(plan) + _script_command(args)
-    return subprocess.call(command, env={**os.environ, **plan.env, **mpirun_env(plan)})
