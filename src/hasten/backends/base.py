@@ -51,11 +51,6 @@ def _state_files(folder: str, num_models: int, num_optimizers: int) -> list:
     return paths + [os.path.join(folder, numbered(OPTIMIZER_NAME, i, ".bin")) for i in range(num_optimizers)]
 
 
-
-def inner_optimizer(optimizer):
-    """The torch optimizer inside hasten's `AcceleratedOptimizer` (or the optimizer itself, when given one)."""
-    return getattr(optimizer, "optimizer", optimizer)
-
 def refuse_load_kwargs(backend, load_model_func_kwargs: dict, accepted: tuple) -> None:
     """One line naming the load_state() keywords this backend has nowhere to pass (Accelerate drops them)."""
     unknown = sorted(set(load_model_func_kwargs) - set(accepted))

@@ -13,7 +13,7 @@ import torch
 
 from .plugin import get_module_class_from_name  # noqa: F401 - published here too
 from ...core.errors import ConfigError, NotSupportedYetError
-from ..base import inner_optimizer
+from ...optimizer import inner_optimizer
 from . import checkpoint
 from .checkpoint import merge_fsdp_weights  # noqa: F401 - published here too
 
