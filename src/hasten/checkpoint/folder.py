@@ -17,13 +17,13 @@ import re
 import time
 
 from ..core.errors import CheckpointError, ConfigError
-from . import durable
+from . import durable, files
 from . import marker as markers
 
 logger = logging.getLogger(__name__)
 
 # Accelerate writes no marker; a folder with its first RNG file is taken for one of its checkpoints.
-ACCELERATE_SIGNATURE = "random_states_0.pkl"
+ACCELERATE_SIGNATURE = files.rng_name(0)
 
 
 # -- where checkpoints live -------------------------------------------------------------------------------------
