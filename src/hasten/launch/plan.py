@@ -14,7 +14,7 @@ from .machine import get_free_port
 
 @dataclass
 class LaunchPlan:
-    """Everything needed to start the processes, resolved from flags (and, later, the config file)."""
+    """Everything needed to start the processes, resolved from flags, the environment and the config file."""
 
     num_processes: int = 1
     num_machines: int = 1
