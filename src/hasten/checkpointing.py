@@ -17,7 +17,7 @@ import torch
 from .checkpoint import async_save as background
 from .checkpoint import durable, files, state_dicts
 from .core.constants import DL_STATE_NAME, SAMPLER_NAME, SCALER_NAME
-from .distributed.rng import restore_rng_states
+from .distributed.rng import capture_rng_states, restore_rng_states
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ def save_accelerator_state(output_dir: str, model_states: list, optimizers: list
                 plan.append(files.object_file(files.loader_name(stem, i), state_dict()))
         if scaler is not None:
             plan.append(files.scaler_file(scaler))
-    plan.append(files.rng_file(process_index, step))
+    plan.append(files.rng_file(process_index, step, capture_rng_states()))
     for name, write in plan:
         durable.atomic_write(os.path.join(output_dir, name), write)
     logger.info("saved state to %s", output_dir)

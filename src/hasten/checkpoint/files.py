@@ -125,11 +125,10 @@ def custom_object_files(objects: list, stage=_as_is) -> list:
     return [object_file(custom_name(i), obj.state_dict(), stage) for i, obj in enumerate(objects)]
 
 
-def rng_file(rank: int, step: int, stage=_as_is) -> tuple:
-    """This process's `random_states_<rank>.pkl`: the step counter and every RNG state (`distributed/rng.py`)."""
-    from ..distributed.rng import capture_rng_states
-
-    return object_file(rng_name(rank), {"step": int(step), **capture_rng_states()}, stage)
+def rng_file(rank: int, step: int, rng_states: dict, stage=_as_is) -> tuple:
+    """This process's `random_states_<rank>.pkl`: the step counter and every RNG state (the caller captures them
+    with `distributed.rng.capture_rng_states`: this storage floor stays below the process group's)."""
+    return object_file(rng_name(rank), {"step": int(step), **rng_states}, stage)
 
 
 # -- readers ----------------------------------------------------------------------------------------------------

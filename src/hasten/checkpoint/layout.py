@@ -21,7 +21,7 @@ import torch
 from ..core.constants import DL_STATE_NAME, MODEL_NAME, SAFE_MODEL_NAME, SAMPLER_NAME, SCALER_NAME
 from ..core.errors import CheckpointError, ConfigError
 from ..distributed import control
-from ..distributed.rng import restore_rng_states
+from ..distributed.rng import capture_rng_states, restore_rng_states
 from . import async_save as background
 from . import durable, fast_io, files, state_dicts
 from . import folder as folders
@@ -139,7 +139,7 @@ def _plan_files(contents: CheckpointContents, stage=None) -> list:
             grads.update({f"{i}.{name}": g for name, g in _gradients(model).items()})
     if grads:
         plan.append(files.tensors_file(f"{GRADIENTS_NAME}_{contents.rank}.safetensors", grads, stage))
-    plan.append(files.rng_file(contents.rank, contents.step, stage))
+    plan.append(files.rng_file(contents.rank, contents.step, capture_rng_states(), stage))
     return plan
 
 
