@@ -23,12 +23,10 @@ import os
 import re
 
 from ..core.constants import (
-    DL_STATE_NAME,
     MODEL_NAME,
     OPTIMIZER_NAME,
     RNG_STATE_NAME,
     SAFE_MODEL_NAME,
-    SAMPLER_NAME,
     SCALER_NAME,
     SCHEDULER_NAME,
 )
