@@ -62,13 +62,6 @@ UPWARD_IMPORTS = {
         "load_and_quantize_model ends in Accelerate's dispatch_model/init_empty_weights, whose home is big_modeling.py",
     ("hasten.config.megatron", "hasten.parallelism_config"):
         "MegatronLMPlugin's sizes become a ParallelismConfig (hasten runs Megatron layouts on its own TP/PP/FSDP)",
-    ("hasten.checkpoint.layout", "hasten.backends.base"):
-        "`numbered` (Accelerate's file names) lives in backends/base.py until the one checkpoint-files home "
-        "(issue 29 item 4)",
-    ("hasten.training.lomo", "hasten.backends.base"):
-        "`inner_optimizer` lives in backends/base.py until it moves to optimizer.py (issue 29 item 4)",
-    ("hasten.launch.prepare", "hasten.commands.launch"):
-        "the launch plan and command builders live in commands/launch.py until launch/plan.py (issue 29 item 3)",
 }
 
 

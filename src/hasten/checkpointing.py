@@ -14,19 +14,9 @@ import os
 
 import torch
 
-from .backends.base import numbered
 from .checkpoint import async_save as background
-from .checkpoint import durable, fast_io, state_dicts
-from .core.constants import (
-    DL_STATE_NAME,
-    MODEL_NAME,
-    OPTIMIZER_NAME,
-    RNG_STATE_NAME,
-    SAFE_MODEL_NAME,
-    SAMPLER_NAME,
-    SCALER_NAME,
-    SCHEDULER_NAME,
-)
+from .checkpoint import durable, files, state_dicts
+from .core.constants import DL_STATE_NAME, SAMPLER_NAME, SCALER_NAME
 from .distributed.rng import capture_rng_states, restore_rng_states
 
 logger = logging.getLogger(__name__)
@@ -58,15 +48,6 @@ def clean_state_dict_for_safetensors(state_dict: dict) -> dict:
     return cleaned
 
 
-def _write(path: str, writer) -> None:
-    durable.atomic_write(path, writer)
-
-
-def _rng_payload(step: int) -> dict:
-    """Accelerate's `random_states_<rank>.pkl` content: the step and every RNG state (hasten.distributed.rng's capture)."""
-    return {"step": int(step), **capture_rng_states()}
-
-
 def save_accelerator_state(output_dir: str, model_states: list, optimizers: list, schedulers: list, dataloaders: list,
                            process_index: int, step: int, scaler=None, save_on_each_node: bool = False,
                            safe_serialization: bool = True) -> str:
@@ -78,37 +59,28 @@ def save_accelerator_state(output_dir: str, model_states: list, optimizers: list
     """
     output_dir = os.fspath(output_dir)
     os.makedirs(output_dir, exist_ok=True)
-    path = lambda name: os.path.join(output_dir, name)  # noqa: E731
+    plan = []
     if _is_writer(save_on_each_node):
-        for i, state in enumerate(model_states):
-            if safe_serialization:
-                tensors = clean_state_dict_for_safetensors(state)
-                _write(path(numbered(SAFE_MODEL_NAME, i, ".safetensors")), lambda p, t=tensors: fast_io.save_tensors(t, p))
-            else:
-                _write(path(numbered(MODEL_NAME, i, ".bin")), lambda p, s=state: durable.save_object(s, p))
-        for stem, objects in ((OPTIMIZER_NAME, optimizers), (SCHEDULER_NAME, schedulers)):
-            for i, obj in enumerate(objects):
-                _write(path(numbered(stem, i, ".bin")), lambda p, s=obj.state_dict(): durable.save_object(s, p))
+        plan += files.model_files(model_states, safe_serialization, for_safetensors=clean_state_dict_for_safetensors)
+        plan += files.optimizer_files(optimizers) + files.scheduler_files(schedulers)
         for i, loader in enumerate(dataloaders):
             state_dict = getattr(loader, "state_dict", None)
             stem = DL_STATE_NAME if getattr(loader, "use_stateful_dataloader", False) else SAMPLER_NAME
             if callable(state_dict):
-                _write(path(numbered(stem, i, ".bin")), lambda p, s=state_dict(): durable.save_object(s, p))
+                plan.append(files.object_file(files.loader_name(stem, i), state_dict()))
         if scaler is not None:
-            _write(path(SCALER_NAME), lambda p: durable.save_object(scaler.state_dict(), p))
-    _write(path(f"{RNG_STATE_NAME}_{process_index}.pkl"), lambda p: durable.save_object(_rng_payload(step), p))
+            plan.append(files.scaler_file(scaler))
+    plan.append(files.rng_file(process_index, step, capture_rng_states()))
+    for name, write in plan:
+        durable.atomic_write(os.path.join(output_dir, name), write)
     logger.info("saved state to %s", output_dir)
     return output_dir
 
 
-def _map_location(map_location):
-    if map_location not in (None, "cpu", "on_device"):
-        raise TypeError(f"map_location must be None, 'cpu' or 'on_device', got {map_location!r}")
-    if map_location == "on_device":
-        from .state import PartialState
+def _device():
+    from .state import PartialState
 
-        return PartialState().device
-    return "cpu"
+    return PartialState().device
 
 
 def load_accelerator_state(input_dir: str, models: list, optimizers: list, schedulers: list, dataloaders: list,
@@ -122,35 +94,30 @@ def load_accelerator_state(input_dir: str, models: list, optimizers: list, sched
     """
     input_dir = os.fspath(input_dir)
     background.wait_for_staging()  # an async save_state may still be copying these parameters
-    location = _map_location(map_location)
+    location = files.resolve_map_location(map_location, _device)
     load_kwargs = dict(load_kwargs or {})
-    path = lambda name: os.path.join(input_dir, name)  # noqa: E731
     for i, model in enumerate(models):
-        safe = path(numbered(SAFE_MODEL_NAME, i, ".safetensors"))
-        if os.path.isfile(safe):
-            state = state_dicts.fill_aliases(model, fast_io.load_tensors(safe, device=location))
-        else:
-            state = fast_io.load_object(path(numbered(MODEL_NAME, i, ".bin")), load_kwargs, map_location=location)
-        model.load_state_dict(state, **load_model_func_kwargs)
+        model.load_state_dict(files.read_model(input_dir, i, model, location, load_kwargs), **load_model_func_kwargs)
     for i, optimizer in enumerate(optimizers):
-        optimizer.load_state_dict(fast_io.load_object(path(numbered(OPTIMIZER_NAME, i, ".bin")), load_kwargs, map_location=location))
+        optimizer.load_state_dict(files.read(input_dir, files.optimizer_name(i), load_kwargs, map_location=location))
     for i, scheduler in enumerate(schedulers):
-        scheduler.load_state_dict(fast_io.load_object(path(numbered(SCHEDULER_NAME, i, ".bin")), load_kwargs))
+        scheduler.load_state_dict(files.read(input_dir, files.scheduler_name(i), load_kwargs))
     for i, loader in enumerate(dataloaders):
         # As in Accelerate, only a use_stateful_dataloader loader is moved; a plain one starts its pass afresh
         # (scripts that skip batches by hand after loading would otherwise skip twice).
         if not getattr(loader, "use_stateful_dataloader", False):
             continue
-        file = path(numbered(DL_STATE_NAME, i, ".bin"))
-        if os.path.isfile(file) and callable(getattr(loader, "load_state_dict", None)):
-            loader.load_state_dict(fast_io.load_object(file, load_kwargs))
+        if not callable(getattr(loader, "load_state_dict", None)):
+            continue
+        state = files.read_if_present(input_dir, files.loader_name(DL_STATE_NAME, i), load_kwargs)
+        if state is not None:
+            loader.load_state_dict(state)
     if scaler is not None:
-        scaler.load_state_dict(fast_io.load_object(path(SCALER_NAME), load_kwargs))
+        scaler.load_state_dict(files.read(input_dir, SCALER_NAME, load_kwargs))
     overrides = {}
-    rng_file = path(f"{RNG_STATE_NAME}_{process_index}.pkl")
-    if os.path.isfile(rng_file):
-        # A missing file is allowed (a checkpoint from fewer processes); a corrupt one is an error, not a shrug.
-        payload = fast_io.load_object(rng_file, load_kwargs)
+    # A missing file is allowed (a checkpoint from fewer processes); a corrupt one is an error, not a shrug.
+    payload = files.read_if_present(input_dir, files.rng_name(process_index), load_kwargs)
+    if payload is not None:
         if "step" in payload:
             overrides["step"] = payload["step"]
         restore_rng_states(payload)
@@ -162,8 +129,8 @@ def load_accelerator_state(input_dir: str, models: list, optimizers: list, sched
 def save_custom_state(obj, path: str, index: int = 0, save_on_each_node: bool = False) -> None:
     """Write `obj.state_dict()` to `path/custom_checkpoint_<index>.pkl` (main process, or each node's local main)."""
     if _is_writer(save_on_each_node):
-        target = os.path.join(os.fspath(path), f"custom_checkpoint_{index}.pkl")
-        _write(target, lambda p: durable.save_object(obj.state_dict(), p))
+        name, write = files.object_file(files.custom_name(index), obj.state_dict())
+        durable.atomic_write(os.path.join(os.fspath(path), name), write)
 
 
 def load_custom_state(obj, path: str, index: int = 0, load_kwargs: dict | None = None) -> None:
@@ -179,5 +146,4 @@ def load_custom_state(obj, path: str, index: int = 0, load_kwargs: dict | None =
     kwargs = dict(load_kwargs or {})
     if not strict():
         kwargs.setdefault("weights_only", False)
-    file = os.path.join(os.fspath(path), f"custom_checkpoint_{index}.pkl")
-    obj.load_state_dict(fast_io.load_object(file, kwargs, map_location="cpu"))
+    obj.load_state_dict(files.read(os.fspath(path), files.custom_name(index), kwargs))

@@ -128,7 +128,7 @@ def _launch_function(function, args, nproc, env, *, master_addr, port, node_rank
     try:
         return elastic_launch(config, body or _run_forked)(record_dir.name, function, *args)
     except ChildFailedError as error:
-        from .commands.launch import _describe_failures
+        from .launch.run import _describe_failures
 
         described = _describe_recorded_failures(record_dir.name) or _describe_failures(error)
         raise LaunchError(f"launched function failed: {described}") from None

@@ -182,4 +182,9 @@ def patch_optimizer_step(accelerated_optimizer: AcceleratedOptimizer, method):
     return patched_step
 
 
+def inner_optimizer(optimizer):
+    """The torch optimizer inside hasten's `AcceleratedOptimizer` (or the optimizer itself, when given one)."""
+    return getattr(optimizer, "optimizer", optimizer)
+
+
 __all__ = ["AcceleratedOptimizer", "move_to_device", "patch_optimizer_step", "send_to_device"]

@@ -68,7 +68,7 @@ def test_busy_port_on_one_machine_warns_and_moves_on_and_strict_refuses_it():
 
 
 def test_port_is_29500_unless_given_and_busy_across_machines_is_a_connection_error(monkeypatch):
-    import hasten.commands.launch as launch_module
+    import hasten.launch.plan as launch_module
     from hasten.commands.launch import PORT_IN_USE_WARNING, LaunchPlan, _resolve_port
 
     monkeypatch.setattr(launch_module, "_port_in_use", lambda host, port: False)

@@ -84,7 +84,7 @@ def test_multi_gpu_launcher_starts_the_processes_through_torchrun(tmp_path):
 
 
 def test_deepspeed_launcher_is_the_torchrun_launch_with_deepspeed_on(monkeypatch):
-    import hasten.commands.launch as launch
+    import hasten.launch.run as launch
 
     seen = []
     monkeypatch.setattr(launch, "multi_gpu_launcher", lambda args: seen.append(args.use_deepspeed))

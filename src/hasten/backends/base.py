@@ -27,34 +27,13 @@ import os
 
 import torch
 
-from ..checkpoint import durable, fast_io, state_dicts
+from ..checkpoint import durable, fast_io, files
 from ..config.resolve import strict
-from ..core.constants import MODEL_NAME, OPTIMIZER_NAME, SAFE_MODEL_NAME
 from ..core.errors import CheckpointError, ConfigError
 from ..optimizer import AcceleratedOptimizer
 from ..scheduler import AcceleratedScheduler
 from ..training.precision import PrecisionPolicy
 from .unwrap import unwrap_model
-
-_WRAPPER_PREFIXES = ("module.", "_orig_mod.")
-
-
-def numbered(prefix: str, index: int, suffix: str) -> str:
-    """Accelerate's file name for the index-th object of a kind in a `save_state` folder (i > 0 adds `_<i>`)."""
-    return f"{prefix}{'' if index == 0 else f'_{index}'}{suffix}"
-
-
-def _state_files(folder: str, num_models: int, num_optimizers: int) -> list:
-    """The files a load reads into new memory (safetensors weights are read into the model itself)."""
-    paths = [os.path.join(folder, numbered(MODEL_NAME, i, ".bin")) for i in range(num_models)
-             if not os.path.isfile(os.path.join(folder, numbered(SAFE_MODEL_NAME, i, ".safetensors")))]
-    return paths + [os.path.join(folder, numbered(OPTIMIZER_NAME, i, ".bin")) for i in range(num_optimizers)]
-
-
-
-def inner_optimizer(optimizer):
-    """The torch optimizer inside hasten's `AcceleratedOptimizer` (or the optimizer itself, when given one)."""
-    return getattr(optimizer, "optimizer", optimizer)
 
 def refuse_load_kwargs(backend, load_model_func_kwargs: dict, accepted: tuple) -> None:
     """One line naming the load_state() keywords this backend has nowhere to pass (Accelerate drops them)."""
@@ -178,10 +157,10 @@ class Backend:
         machine's with save_on_each_node). The caller makes the returned names durable before the commit.
         Here: `model[_i].safetensors` (or `pytorch_model[_i].bin`) and `optimizer[_i].bin`, Accelerate's layout.
         """
-        files = self._model_and_optimizer_files(models, optimizers, writer, safe_serialization, before_write)
-        for name, write in files:
+        written = self._model_and_optimizer_files(models, optimizers, writer, safe_serialization, before_write)
+        for name, write in written:
             durable.write_file(os.path.join(folder, name), write, rank, sync=False)
-        return [name for name, _ in files]
+        return [name for name, _ in written]
 
     def stage_model_and_optimizer(self, folder: str, models: list, optimizers: list, *, writer: bool = True,
                                   rank: int = 0, safe_serialization: bool = True, before_write=None, stage=None,
@@ -207,25 +186,12 @@ class Backend:
     def _model_and_optimizer_files(self, models, optimizers, writer, safe_serialization, before_write,
                                    stage=None) -> list:
         """[(name, write(path))] in Accelerate's layout; `stage` copies what the writes will read (async)."""
-        stage = stage or (lambda obj, key="": obj)
         weights = [model.state_dict() for model in models]  # wrapper prefixes kept, as Accelerate does
         if before_write is not None:
             before_write(weights)
         if not writer:
             return []
-        files = []
-        for i, state_dict in enumerate(weights):
-            if safe_serialization:
-                name = numbered(SAFE_MODEL_NAME, i, ".safetensors")
-                tensors = stage(state_dicts.drop_aliases(state_dict), name)
-                files.append((name, lambda p, t=tensors: fast_io.save_tensors(t, p)))
-            else:
-                name = numbered(MODEL_NAME, i, ".bin")
-                files.append((name, lambda p, s=stage(state_dict, name): durable.save_object(s, p)))
-        for i, optimizer in enumerate(optimizers):
-            name = numbered(OPTIMIZER_NAME, i, ".bin")
-            files.append((name, lambda p, s=stage(optimizer.state_dict(), name): durable.save_object(s, p)))
-        return files
+        return files.model_files(weights, safe_serialization, stage) + files.optimizer_files(optimizers, stage)
 
     def load_model_and_optimizer(self, folder: str, models: list, optimizers: list, *, map_location="cpu",
                                  load_kwargs: dict | None = None, strict: bool = True,
@@ -236,23 +202,17 @@ class Backend:
         user opted out); `strict` and `assign` (the other keyword `load_state_dict` takes) to `load_state_dict`."""
         refuse_load_kwargs(self, load_model_func_kwargs, accepted=("assign",))
         # Held until this returns: the optimizer (and .bin model) files are read while the models load.
-        queued = fast_io.prefetch(_state_files(folder, len(models), len(optimizers)), load_kwargs, map_location)  # noqa: F841
+        paths = files.model_and_optimizer_paths(folder, len(models), len(optimizers))
+        queued = fast_io.prefetch(paths, load_kwargs, map_location)  # noqa: F841
         for i, model in enumerate(models):
-            safe_path = os.path.join(folder, numbered(SAFE_MODEL_NAME, i, ".safetensors"))
-            bin_path = os.path.join(folder, numbered(MODEL_NAME, i, ".bin"))
-            if os.path.isfile(safe_path):
-                state_dict = state_dicts.fill_aliases(model, fast_io.load_tensors(safe_path, map_location, into=model.state_dict()))
-            elif os.path.isfile(bin_path):
-                state_dict = fast_io.load_object(bin_path, map_location=map_location)
-            else:
-                raise CheckpointError(f"checkpoint file {safe_path} is missing (nor is there {os.path.basename(bin_path)})")
+            state_dict = files.read_model(folder, i, model, map_location, into=model.state_dict())
             try:
-                model.load_state_dict(_match_wrapper_prefixes(model, state_dict), strict=strict, **load_model_func_kwargs)
+                state_dict = files.match_wrapper_prefixes(model, state_dict)
+                model.load_state_dict(state_dict, strict=strict, **load_model_func_kwargs)
             except RuntimeError as error:
-                raise CheckpointError(f"cannot load {os.path.basename(safe_path)} into model {i}: {error}") from None
+                raise CheckpointError(f"cannot load {files.model_name(i)} into model {i}: {error}") from None
         for i, optimizer in enumerate(optimizers):
-            path = os.path.join(folder, numbered(OPTIMIZER_NAME, i, ".bin"))
-            optimizer.load_state_dict(fast_io.load_object(path, load_kwargs, map_location))
+            optimizer.load_state_dict(files.read(folder, files.optimizer_name(i), load_kwargs, map_location))
 
     def full_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict:
         """A complete, unsharded state dict for `save_model` / `get_state_dict`. Weights that big-model hooks
@@ -267,20 +227,3 @@ class Backend:
     # -- unwrapping -----------------------------------------------------------------------------------------
     def unwrap_model(self, model, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True):
         return unwrap_model(model, keep_fp32_wrapper=keep_fp32_wrapper, keep_torch_compile=keep_torch_compile)
-
-
-def _bare_name(key: str) -> str:
-    while key.startswith(_WRAPPER_PREFIXES):
-        key = key.split(".", 1)[1]
-    # regional compilation (compile_regions) puts `_orig_mod.` inside each compiled block's names
-    return key.replace("._orig_mod.", ".")
-
-
-def _match_wrapper_prefixes(model, state_dict: dict) -> dict:
-    """Rename keys saved with other wrapper prefixes (`module.` from DDP, `_orig_mod.` from compile) than the
-    model has now, so a checkpoint from 2 processes loads into 1 and back."""
-    expected = model.state_dict().keys()
-    if all(key in expected for key in state_dict):
-        return state_dict
-    by_bare = {_bare_name(key): key for key in expected}
-    return {by_bare.get(_bare_name(key), key): value for key, value in state_dict.items()}

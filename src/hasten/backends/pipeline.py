@@ -25,8 +25,8 @@ import torch
 import torch.distributed as dist
 
 from ..core.errors import CheckpointError, ConfigError, PipelineCallError
+from ..optimizer import inner_optimizer as _plain
 from .base import Backend, refuse_load_kwargs
-from .base import inner_optimizer as _plain
 from .fsdp import checkpoint as fsdp_checkpoint
 from .tensor_parallel import LayoutBackend
 

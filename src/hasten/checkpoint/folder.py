@@ -19,11 +19,12 @@ import time
 from ..core.errors import CheckpointError, ConfigError
 from . import durable
 from . import marker as markers
+from .files import rng_name
 
 logger = logging.getLogger(__name__)
 
 # Accelerate writes no marker; a folder with its first RNG file is taken for one of its checkpoints.
-ACCELERATE_SIGNATURE = "random_states_0.pkl"
+ACCELERATE_SIGNATURE = rng_name(0)
 
 
 # -- where checkpoints live -------------------------------------------------------------------------------------

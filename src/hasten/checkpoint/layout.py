@@ -18,28 +18,18 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..backends.base import numbered
-from ..core.constants import (
-    DL_STATE_NAME,
-    MODEL_NAME,
-    RNG_STATE_NAME,
-    SAFE_MODEL_NAME,
-    SAMPLER_NAME,
-    SCALER_NAME,
-    SCHEDULER_NAME,
-)
+from ..core.constants import DL_STATE_NAME, MODEL_NAME, SAFE_MODEL_NAME, SAMPLER_NAME, SCALER_NAME
 from ..core.errors import CheckpointError, ConfigError
 from ..distributed import control
 from ..distributed.rng import capture_rng_states, restore_rng_states
 from . import async_save as background
-from . import durable, fast_io, state_dicts
+from . import durable, fast_io, files, state_dicts
 from . import folder as folders
 from . import marker as markers
 
 logger = logging.getLogger(__name__)
 
 GRADIENTS_NAME = "gradients"  # hasten only: gradients accumulated so far, when saved mid-window
-CUSTOM_PATTERN = re.compile(r"^custom_checkpoint_(\d+)\.pkl$")
 
 # Kept importable from here: callers look for checkpoint folders through this module.
 list_checkpoints, newest_checkpoint = folders.list_checkpoints, folders.newest_checkpoint
@@ -134,36 +124,26 @@ def _loader_states(loader) -> dict:
     return states
 
 
-def _as_is(obj, key: str = ""):
-    return obj
-
-
-def _plan_files(contents: CheckpointContents, stage=_as_is) -> list:
+def _plan_files(contents: CheckpointContents, stage=None) -> list:
     """(file name, write function) for everything this process writes besides the model and optimizer files.
     `stage(obj, name)` copies what a write will read, for a save that writes in the background."""
     plan = []
-
-    def add(name, write, payload):
-        plan.append((name, lambda p, s=stage(payload, name): write(s, p)))
-
     if contents.writer:
-        for i, scheduler in enumerate(contents.schedulers):
-            add(numbered(SCHEDULER_NAME, i, ".bin"), durable.save_object, scheduler.state_dict())
+        plan += files.scheduler_files(contents.schedulers, stage)
         if contents.scaler is not None:
-            add(SCALER_NAME, durable.save_object, contents.scaler.state_dict())
-        for i, obj in enumerate(contents.custom_objects):
-            add(f"custom_checkpoint_{i}.pkl", durable.save_object, obj.state_dict())
+            plan.append(files.scaler_file(contents.scaler, stage))
+        plan += files.custom_object_files(contents.custom_objects, stage)
     grads = {}
     if _window_open():  # after a finished window the gradients were applied: nothing to carry over
         for i, model in enumerate(contents.models):
             grads.update({f"{i}.{name}": g for name, g in _gradients(model).items()})
     if grads:
-        add(f"{GRADIENTS_NAME}_{contents.rank}.safetensors", fast_io.save_tensors, grads)
-    add(f"{RNG_STATE_NAME}_{contents.rank}.pkl", durable.save_object, {"step": int(contents.step), **capture_rng_states()})
+        plan.append(files.tensors_file(f"{GRADIENTS_NAME}_{contents.rank}.safetensors", grads, stage))
+    plan.append(files.rng_file(contents.rank, contents.step, capture_rng_states(), stage))
     return plan
 
 
-def _loader_files(contents: CheckpointContents, stage=_as_is) -> list:
+def _loader_files(contents: CheckpointContents, stage=None) -> list:
     """Loader positions: gathered from every process, written once (as one state when all agree)."""
     plan = []
     for i, loader in enumerate(contents.dataloaders):
@@ -172,11 +152,10 @@ def _loader_files(contents: CheckpointContents, stage=_as_is) -> list:
             continue
         for stem in gathered[0]:
             states = [g.get(stem) for g in gathered]
-            name = numbered(stem, i, ".bin")
             # A dispatcher's position is process 0's (the only one that reads the data).
             one = all(s == states[0] for s in states) or getattr(loader, "position_on_main_only", False)
-            payload = stage(states[0] if one else {"hasten_per_process": states}, name)
-            plan.append((name, lambda p, s=payload: durable.save_object(s, p)))
+            payload = states[0] if one else {"hasten_per_process": states}
+            plan.append(files.object_file(files.loader_name(stem, i), payload, stage))
     return plan
 
 
@@ -372,14 +351,6 @@ def _save_in_background(contents: CheckpointContents, commit: _Commit, safe_seri
 
 
 # -- load_state -------------------------------------------------------------------------------------------------
-def _map_location(contents: CheckpointContents, value):
-    if value == "on_device":
-        return contents.state.device
-    if value in (None, "cpu"):
-        return "cpu"
-    raise TypeError(f"map_location must be None, 'cpu' or 'on_device', got {value!r}")
-
-
 def _resolve_input(contents: CheckpointContents, input_dir) -> str:
     project = contents.project
     if input_dir is None:
@@ -428,10 +399,8 @@ def _load_gradients(contents: CheckpointContents, folder: str) -> None:
 
 
 def _read_loader_file(contents: CheckpointContents, folder: str, name: str, load_kwargs):
-    path = os.path.join(folder, name)
-    if not os.path.isfile(path):
-        return None  # not saved (an Accelerate checkpoint of a plain loader): the loader starts afresh
-    payload = fast_io.load_object(path, load_kwargs)
+    # None when not saved (an Accelerate checkpoint of a plain loader): the loader starts afresh
+    payload = files.read_if_present(folder, name, load_kwargs)
     if isinstance(payload, dict) and "hasten_per_process" in payload:
         per_process = payload["hasten_per_process"]
         payload = per_process[min(contents.rank, len(per_process) - 1)]
@@ -444,21 +413,21 @@ def _load_loaders(contents: CheckpointContents, folder: str, load_kwargs) -> Non
     use_stateful_dataloader loader continues where torchdata's state says (Accelerate does the same)."""
     for i, loader in enumerate(contents.dataloaders):
         stateful = getattr(loader, "use_stateful_dataloader", False)
-        position = _read_loader_file(contents, folder, numbered(SAMPLER_NAME, i, ".bin"), load_kwargs)
+        position = _read_loader_file(contents, folder, files.loader_name(SAMPLER_NAME, i), load_kwargs)
         if position is not None:
             if callable(getattr(loader, "_load_position", None)):
                 loader._load_position(position, within_epoch=contents.loader_positions and not stateful)
             elif contents.loader_positions and not stateful and callable(getattr(loader, "load_state_dict", None)):
                 loader.load_state_dict(position)
         if stateful:
-            state = _read_loader_file(contents, folder, numbered(DL_STATE_NAME, i, ".bin"), load_kwargs)
+            state = _read_loader_file(contents, folder, files.loader_name(DL_STATE_NAME, i), load_kwargs)
             if state is not None:
                 loader.load_state_dict(state)
 
 
 def _load_rng(contents: CheckpointContents, folder: str, load_kwargs):
     """Restore this process's random states; returns the saved step counter (None when there is none)."""
-    path = os.path.join(folder, f"{RNG_STATE_NAME}_{contents.rank}.pkl")
+    path = os.path.join(folder, files.rng_name(contents.rank))
     if not os.path.isfile(path):
         logger.warning("no %s: random states were not restored (resuming on more processes?)", path)
         return _step_of_another_rank(folder, load_kwargs)
@@ -476,11 +445,10 @@ def _step_of_another_rank(folder: str, load_kwargs):
     """The step counter every rank saved (the same number in each RNG file), read from the lowest-numbered
     file there is, so that a rank without its own file syncs on the same micro-steps as the others; None
     (the counter stays as it is, on every rank alike) when the folder has no RNG file at all."""
-    pattern = re.compile(rf"{re.escape(RNG_STATE_NAME)}_(\d+)\.pkl$")
-    ranks = sorted(int(m.group(1)) for n in os.listdir(folder) if (m := pattern.match(n)))
+    ranks = files.ranks_with_rng(folder)
     if not ranks:
         return None
-    payload = fast_io.load_object(os.path.join(folder, f"{RNG_STATE_NAME}_{ranks[0]}.pkl"), load_kwargs)
+    payload = files.read(folder, files.rng_name(ranks[0]), load_kwargs)
     return int(payload.get("step", 0)) if isinstance(payload, dict) else None
 
 
@@ -510,7 +478,8 @@ def load_state(contents: CheckpointContents, input_dir=None, load_kwargs=None, *
     marker = markers.read_marker(folder)
     if marker is not None:
         markers.verify_files(folder, marker)
-    map_location = _map_location(contents, load_model_func_kwargs.pop("map_location", None))
+    map_location = files.resolve_map_location(load_model_func_kwargs.pop("map_location", None),
+                                             lambda: contents.state.device)
     load_kwargs = dict(load_kwargs or {})
     models = list(contents.models)
     for hook in contents.load_hooks:
@@ -521,15 +490,14 @@ def load_state(contents: CheckpointContents, input_dir=None, load_kwargs=None, *
         **load_model_func_kwargs,
     )
     for i, scheduler in enumerate(contents.schedulers):
-        scheduler.load_state_dict(fast_io.load_object(os.path.join(folder, numbered(SCHEDULER_NAME, i, ".bin")), load_kwargs))
+        scheduler.load_state_dict(files.read(folder, files.scheduler_name(i), load_kwargs))
     _load_loaders(contents, folder, load_kwargs)
-    scaler_path = os.path.join(folder, SCALER_NAME)
-    if contents.scaler is not None and os.path.isfile(scaler_path):
-        contents.scaler.load_state_dict(fast_io.load_object(scaler_path, load_kwargs))
+    if contents.scaler is not None and os.path.isfile(os.path.join(folder, SCALER_NAME)):
+        contents.scaler.load_state_dict(files.read(folder, SCALER_NAME, load_kwargs))
     _load_gradients(contents, folder)
     step = _load_rng(contents, folder, load_kwargs)
 
-    custom_files = sorted((int(m.group(1)), n) for n in os.listdir(folder) if (m := CUSTOM_PATTERN.match(n)))
+    custom_files = files.custom_files(folder)
     if len(custom_files) != len(contents.custom_objects):
         raise CheckpointError(
             f"{folder} holds {len(custom_files)} custom_checkpoint_*.pkl file(s) but {len(contents.custom_objects)} "
@@ -537,7 +505,7 @@ def load_state(contents: CheckpointContents, input_dir=None, load_kwargs=None, *
         )
     custom_kwargs = _custom_load_kwargs(load_kwargs)
     for index, obj in enumerate(contents.custom_objects):
-        obj.load_state_dict(fast_io.load_object(os.path.join(folder, f"custom_checkpoint_{index}.pkl"), custom_kwargs))
+        obj.load_state_dict(files.read(folder, files.custom_name(index), custom_kwargs))
     _next_iteration(contents.project, folder, marker)
     return step
 

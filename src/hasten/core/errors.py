@@ -13,6 +13,10 @@ class LaunchError(HastenError, RuntimeError):
     """`hasten launch` could not start the processes, or one of them failed."""
 
 
+class PortInUseError(LaunchError, ConnectionError):
+    """The rendezvous port is taken (a ConnectionError, as Accelerate's launcher raises there)."""
+
+
 class DistributedOperationException(HastenError, RuntimeError):
     """A collective was called with inputs that differ across ranks (found in debug mode)."""
 

@@ -1,6 +1,6 @@
 """Accelerate's launch helpers (`accelerate.utils.launch`): the command and environment a launch would use.
 
-They resolve a parsed `hasten launch` command line exactly as `hasten launch` does (`commands.launch.plan_launch`:
+They resolve a parsed `hasten launch` command line exactly as `hasten launch` does (`launch.plan.plan_launch`:
 flags, then environment, then config file), so what they return is what the launcher runs.
 """
 
@@ -23,7 +23,7 @@ _RANKED_TYPES = (
 
 
 def _plan(args):
-    from ..commands.launch import _with_launch_defaults, plan_launch
+    from .plan import _with_launch_defaults, plan_launch
 
     args = _with_launch_defaults(args)
     if getattr(args, "no_python", False) and getattr(args, "module", False):
@@ -44,7 +44,7 @@ def prepare_simple_launcher_cmd_env(args) -> tuple:
     With an mpirun hostfile (`--mpirun_hostfile`, or `mpirun_config.mpirun_hostfile` in the file) the command
     starts with `mpirun -f HOSTFILE -ppn N -n TOTAL` (Open MPI: `--hostfile ... --npernode ... --bind-to socket`)
     and the environment names the main process (MASTER_ADDR, MASTER_PORT)."""
-    from ..commands.launch import _script_command
+    from .plan import _script_command
 
     plan = _plan(args)
     prefix = mpirun.mpirun_prefix(plan, which)
@@ -62,7 +62,7 @@ def prepare_multi_gpu_env(args) -> dict:
     one; a port already in use on a single machine is a warning and a free port, on several machines a
     `ConnectionError`.
     """
-    from ..commands.launch import _resolve_port
+    from .plan import _resolve_port
 
     plan = _plan(args)
     port = _resolve_port(plan)  # as `hasten launch`: 29500 by default, 0 picks a free port

@@ -16,6 +16,7 @@ import logging
 import os
 import re
 
+from ..checkpoint import files
 from ..checkpoint import folder as folders
 from ..core.errors import ConfigError
 
@@ -29,7 +30,7 @@ _KINDS = {
     "optimizers": re.compile(r"^optimizer(?:_(\d+))?(?:\.bin)?$"),
     "schedulers": re.compile(r"^scheduler(?:_(\d+))?\.bin$"),
     "dataloaders": re.compile(r"^(?:sampler|dl_state_dict)(?:_(\d+))?\.bin$"),
-    "custom_objects": re.compile(r"^custom_checkpoint_(\d+)\.pkl$"),
+    "custom_objects": files.CUSTOM_PATTERN,
 }
 
 

@@ -6,7 +6,7 @@ Accelerate does. The class is recognised by its module, so nothing is imported w
 
 from __future__ import annotations
 
-from ..backends.base import inner_optimizer
+from ..optimizer import inner_optimizer
 
 
 def is_lomo_optimizer(optimizer) -> bool:

@@ -25,9 +25,10 @@ from . import ulysses
 from .plugin import AUTO, DummyOptim, DummyScheduler, _walk, get_active_deepspeed_plugin
 from ...core.errors import CheckpointError, ConfigError, NotSupportedYetError
 from ...distributed.bootstrap import collective_timeout
+from ...optimizer import inner_optimizer
 from ...state import GradientState
 from ...training.precision import PrecisionPolicy
-from ..base import Backend, inner_optimizer
+from ..base import Backend
 from .wrappers import DeepSpeedEngineWrapper, DeepSpeedOptimizerWrapper, DeepSpeedSchedulerWrapper
 
 INSTALL_HINT = 'DeepSpeed is not installed: pip install "hasten[deepspeed]"'

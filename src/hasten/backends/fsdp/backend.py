@@ -21,8 +21,9 @@ from torch.utils.weak import WeakIdKeyDictionary
 from ...core.errors import CheckpointError, ConfigError
 from ...distributed.bootstrap import init_single_process_group
 from ...distributed.grad_norm import clip_grad_norm_sharded_
+from ...optimizer import inner_optimizer
 from ...state import GradientState
-from ..base import Backend, inner_optimizer, refuse_load_kwargs
+from ..base import Backend, refuse_load_kwargs
 from ..unwrap import is_fsdp1, is_fsdp2
 from . import checkpoint as fsdp_checkpoint
 from . import sharding

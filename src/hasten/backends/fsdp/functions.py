@@ -14,7 +14,8 @@ import torch
 
 from .plugin import get_module_class_from_name  # noqa: F401 - published here too
 from ...core.errors import ConfigError, NotSupportedYetError
-from ..base import Backend, inner_optimizer
+from ...optimizer import inner_optimizer
+from ..base import Backend
 from ..unwrap import is_compiled as is_compiled_module
 from . import checkpoint, sharding
 from .checkpoint import merge_fsdp_weights  # noqa: F401 - published here too
