@@ -20,10 +20,12 @@ REGISTRY = {
     "deepspeed": ("hasten.backends.deepspeed.backend", "DeepSpeedBackend"),
     "tensor_parallel": ("hasten.backends.tensor_parallel", "TensorParallelBackend"),
     "pipeline": ("hasten.backends.pipeline", "PipelineBackend"),
+    "xla": ("hasten.backends.xla.backend", "XLABackend"),
 }
 
 # Which backend serves each distributed type (absent: not supported yet).
-_FOR_TYPE = {DistributedType.NO: "single", DistributedType.FSDP: "fsdp", DistributedType.DEEPSPEED: "deepspeed"}
+_FOR_TYPE = {DistributedType.NO: "single", DistributedType.FSDP: "fsdp", DistributedType.DEEPSPEED: "deepspeed",
+             DistributedType.XLA: "xla"}
 
 
 def backend_name_for(distributed_type: DistributedType, num_processes: int, parallelism_config=None) -> str:
