@@ -278,7 +278,7 @@ MAP = {
     'setting:tracker_errors': 'tests/tracking/test_tracking.py::test_a_failing_tracker_warns_once_and_training_goes_on',
     'setting:tensorboard_one_run': 'tests/tracking/test_tracking.py::test_tensorboard_layout_is_accelerates_unless_one_run_is_asked',
     'setting:use_cpu': 'tests/backends/test_deepspeed.py::test_hasten_config_asks_the_deepspeed_questions',
-    'setting:tpu': 'tests/commands/test_tpu.py::test_it_runs_gcloud_and_a_tpu_training_config_still_only_launches_with_a_refusal',
+    'setting:tpu': 'tests/commands/test_tpu.py::test_it_runs_gcloud_and_a_tpu_training_config_goes_to_the_tpu_launcher',
     'setting:mixed_precision': 'tests/backends/test_ddp.py::test_ddp_training_matches_one_process_and_accumulates',
     'setting:num_processes': 'tests/backends/test_contract.py::test_backend_keeps_the_contract',
     'setting:num_machines': 'tests/backends/test_deepspeed.py::test_launch_flags_become_the_plugins_variables',

@@ -92,7 +92,7 @@ def test_mistakes_are_one_line(home, capsys):
     assert "unrecognized arguments" in capsys.readouterr().err
 
 
-def test_it_runs_gcloud_and_a_tpu_training_config_still_only_launches_with_a_refusal(home, capsys, monkeypatch):
+def test_it_runs_gcloud_and_a_tpu_training_config_goes_to_the_tpu_launcher(home, capsys, monkeypatch):
     bin_dir = home / "bin"
     bin_dir.mkdir()
     record = home / "argv.txt"
@@ -107,12 +107,12 @@ def test_it_runs_gcloud_and_a_tpu_training_config_still_only_launches_with_a_ref
     assert record.read_text().splitlines() == [
         "compute", "tpus", "tpu-vm", "ssh", "pod", "--zone", "z", "--command", "cd /usr/share; ls -l; date",
         "--worker", "all"]
-    # ... while training on TPUs stays refused in one line
+    # ... and training on TPUs goes to the TPU launcher, which says in one line what it needs here
     script = home / "train.py"
-    script.write_text("print('RAN')\n")
-    assert cli.main(["launch", "--config_file", path, str(script)]) == 2
+    script.write_text("def main():\n    print('RAN')\n")
+    assert cli.main(["launch", "--config_file", path, str(script)]) == 1
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "TPU (distributed_type XLA) is not built" in err
+    assert len(err.splitlines()) == 1 and "hasten launch --tpu needs torch_xla" in err
     # a gcloud that fails: its exit code, in one line
     fake.write_text(f"#!{sys.executable}\nimport sys\nsys.exit(3)\n")
     assert cli.main(["tpu-config", "--config_file", path]) == 3

@@ -584,6 +584,16 @@ def launch_command(args: argparse.Namespace) -> int:
         raise LaunchError(f"training script {args.training_script!r} does not exist")
     if plan.settings["mpirun_hostfile"]:
         return _run_mpirun(args, plan)
+    if plan.settings["tpu"]:  # xmp.spawn on this host, or gcloud on every worker of a pod (launch/tpu.py)
+        from ..launch import tpu
+
+        saved_env, saved_argv = dict(os.environ), list(sys.argv)
+        try:
+            return tpu.launch(args, plan)
+        finally:
+            os.environ.clear()
+            os.environ.update(saved_env)
+            sys.argv = saved_argv
     # The run's variables go into this process's environment (the script runs in place, or torchrun's workers
     # inherit them); afterwards the caller's environment and argv are back, as after Accelerate's child process.
     saved_env, saved_argv = dict(os.environ), list(sys.argv)
@@ -609,7 +619,7 @@ def main(argv=None) -> int:
 
 
 
-# Accelerate's launchers for TPU hosts, TPU pods and SageMaker jobs, at its path; each refuses in one line.
+# Accelerate's launchers for TPU hosts and TPU pods (launch/tpu.py) and SageMaker jobs (refused in one line), at its path.
 from ..launch.tpu import sagemaker_launcher, tpu_launcher, tpu_pod_launcher  # noqa: E402,F401
 
 if __name__ == "__main__":

@@ -258,17 +258,25 @@ def detect_cluster(env: Mapping[str, str] | None = None) -> ClusterInfo:
 
 
 def _torch_has(device_type: str) -> bool:
+    """Accelerate's availability check for one device kind (vendor packages are imported only if installed)."""
     import torch
+
+    from ..core import availability
 
     if device_type == "cuda":
         return torch.cuda.is_available()
-    if device_type == "mps":
-        return hasattr(torch.backends, "mps") and torch.backends.mps.is_available()
+    if device_type == "hpu":
+        return availability.is_hpu_available()
+    probe = getattr(availability, f"is_{device_type}_available", None)
+    if probe is not None:
+        return bool(probe())
     module = getattr(torch, device_type, None)
     return bool(module is not None and hasattr(module, "is_available") and module.is_available())
 
 
-DEVICE_ORDER = ("cuda", "xpu", "mps", "npu")
+# Accelerate's order: MPS first (a Mac has nothing else), the vendor devices before CUDA (NPU's transfer_to_npu
+# makes CUDA calls answer for NPUs), XPU and Neuron after it.
+DEVICE_ORDER = ("mps", "mlu", "sdaa", "musa", "npu", "hpu", "cuda", "xpu", "neuron")
 
 
 def detect_device_type(
@@ -276,7 +284,7 @@ def detect_device_type(
     env: Mapping[str, str] | None = None,
     available: Callable[[str], bool] = _torch_has,
 ) -> str:
-    """The accelerator kind to use: the first of CUDA, XPU, MPS, NPU that is present, else CPU."""
+    """The accelerator kind to use: the first present in `DEVICE_ORDER`, else CPU (only when none is present)."""
     env = os.environ if env is None else env
     if cpu or env_flag("USE_CPU", env=env):
         return "cpu"
@@ -289,14 +297,19 @@ def detect_device_type(
     return "cpu"
 
 
-_BACKEND_FOR_DEVICE = {"cuda": "nccl", "xpu": "xccl", "npu": "hccl", "cpu": "gloo", "mps": "gloo"}
+# The process-group backend of each device kind, as Accelerate names it.
+_BACKEND_FOR_DEVICE = {"cuda": "nccl", "xpu": "xccl", "npu": "hccl", "hpu": "hccl", "mlu": "cncl", "musa": "mccl",
+                       "sdaa": "tccl", "neuron": "neuron", "cpu": "gloo", "mps": "gloo"}
 
 
 def choose_backend(device_type: str, requested: str | None = None) -> str:
     """The collective backend for a device kind: NCCL for CUDA, gloo for CPU, or what the user asked for."""
     if requested:
         return requested
-    return _BACKEND_FOR_DEVICE.get(device_type, "gloo")
+    if device_type not in _BACKEND_FOR_DEVICE:
+        raise ConfigError(f"hasten does not know the process-group backend of the {device_type!r} device; pass "
+                          "Accelerator(kwargs_handlers=[InitProcessGroupKwargs(backend=...)]) or PartialState(backend=...)")
+    return _BACKEND_FOR_DEVICE[device_type]
 
 
 def distributed_type_for(device_type: str, world_size: int, launched: bool):
@@ -305,13 +318,16 @@ def distributed_type_for(device_type: str, world_size: int, launched: bool):
 
     if world_size <= 1 and not launched:
         return DistributedType.NO
-    return {
-        "cuda": DistributedType.MULTI_GPU,
-        "xpu": DistributedType.MULTI_XPU,
-        "npu": DistributedType.MULTI_NPU,
-        "mps": DistributedType.MULTI_CPU,
-        "cpu": DistributedType.MULTI_CPU,
-    }.get(device_type, DistributedType.MULTI_GPU)
+    known = {
+        "cuda": DistributedType.MULTI_GPU, "xpu": DistributedType.MULTI_XPU, "npu": DistributedType.MULTI_NPU,
+        "hpu": DistributedType.MULTI_HPU, "mlu": DistributedType.MULTI_MLU, "musa": DistributedType.MULTI_MUSA,
+        "sdaa": DistributedType.MULTI_SDAA, "neuron": DistributedType.MULTI_NEURON,
+        "mps": DistributedType.MULTI_CPU, "cpu": DistributedType.MULTI_CPU,
+    }
+    if device_type not in known:
+        raise ConfigError(f"several processes on the {device_type!r} device: hasten knows no distributed type for it "
+                          f"(known: {', '.join(sorted(known))})")
+    return known[device_type]
 
 
 # -- NUMA affinity (`--enable_cpu_affinity`) ------------------------------------------------------------------------

@@ -22,7 +22,7 @@ def set_seed(seed: int, device_specific: bool = False, deterministic: bool = Fal
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)  # also seeds every CUDA/XPU device that is initialised
-    for name in _DEVICE_RNG_TYPES[1:]:
+    for name in (*_DEVICE_RNG_TYPES[1:], "neuron"):
         module = getattr(torch, name, None)
         if module is not None and hasattr(module, "manual_seed_all") and getattr(module, "is_available", lambda: False)():
             module.manual_seed_all(seed)
