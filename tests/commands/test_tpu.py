@@ -130,3 +130,32 @@ def test_a_config_with_tpu_config_keys_beside_a_cpu_run_loads_and_launches(home,
     script.write_text("print('RAN')\n")
     assert cli.main(["launch", "--config_file", path, str(script)]) == 0
     assert "RAN" in capsys.readouterr().out
+
+
+def test_a_pod_launch_runs_hasten_launch_tpu_on_every_worker_through_gcloud(home, capsys, monkeypatch):
+    """`--tpu_cluster` (tpu_use_cluster) composes Accelerate's per-worker command: `hasten launch --tpu
+    --no_tpu_cluster ...` with the script, its arguments, --env variables and ACCELERATE_IN_TPU_POD=1."""
+    bin_dir = home / "bin"
+    bin_dir.mkdir()
+    record = home / "argv.txt"
+    fake = bin_dir / "gcloud"
+    fake.write_text(f"#!{sys.executable}\nimport sys\nopen({str(record)!r}, 'w').write('\\n'.join(sys.argv[1:]))\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    path = config(home, distributed_type="XLA", tpu_name="pod", tpu_zone="z", tpu_use_cluster=True,
+                  tpu_use_sudo=True, num_processes=8, main_training_function="train")
+    script = home / "train.py"
+    script.write_text("def train():\n    pass\n")
+    assert cli.main(["launch", "--config_file", path, "--env", "A=1", str(script), "--lr", "3"]) == 0
+    argv = record.read_text().splitlines()
+    assert argv[:7] == ["compute", "tpus", "tpu-vm", "ssh", "pod", "--zone", "z"]
+    assert argv[-2:] == ["--worker", "all"]
+    remote = argv[argv.index("--command") + 1]
+    assert remote.startswith(f"cd {os.getcwd()}; sudo env ")
+    assert "A=1" in remote and "ACCELERATE_IN_TPU_POD=1" in remote
+    assert ("hasten launch --tpu --no_tpu_cluster --num_machines 1 --mixed_precision no --dynamo_backend no "
+            f"--num_processes 8 --main_training_function train {script} --lr 3") in remote
+    # without the pod's name and zone: one line saying which keys to set
+    path = config(home, distributed_type="XLA", tpu_use_cluster=True, num_processes=8)
+    assert cli.main(["launch", "--config_file", path, str(script)]) == 2
+    assert "set tpu_name and tpu_zone" in capsys.readouterr().err

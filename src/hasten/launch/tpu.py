@@ -132,14 +132,24 @@ _ARGS_FROM_SETTINGS = ("num_processes", "mixed_precision", "downcast_bf16", "deb
                        "tpu_use_sudo", "env", "tpu_name", "tpu_zone")
 
 
+def _config_file_keys(path: str) -> dict:
+    from ..config import file as config_file
+
+    return config_file.validate(config_file.read_raw(path), path, fill_defaults=False, refuse_unbuilt=False)
+
+
 def launch(args, plan) -> int:
     """`hasten launch --tpu`: the resolved settings onto `args` (as Accelerate's launcher reads them), then one
     host or the pod."""
+    file_values = None
     for name in _ARGS_FROM_SETTINGS:
         try:
             setattr(args, name, plan.settings[name])
-        except KeyError:
-            pass
+        except KeyError:  # tpu_name/tpu_zone: keys of the config file that `hasten tpu-config` reads too
+            if file_values is None:
+                path = getattr(plan.settings, "config_path", None)
+                file_values = _config_file_keys(path) if path else {}
+            setattr(args, name, file_values.get(name))
     os.environ.update(plan.env)
     if plan.settings["tpu_use_cluster"] and not plan.settings["no_tpu_cluster"]:
         tpu_pod_launcher(args)
