@@ -143,7 +143,7 @@ def test_a_pod_launch_runs_hasten_launch_tpu_on_every_worker_through_gcloud(home
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     path = config(home, distributed_type="XLA", tpu_name="pod", tpu_zone="z", tpu_use_cluster=True,
-                  tpu_use_sudo=True, num_processes=8, main_training_function="train")
+                  tpu_use_sudo=True, num_processes=8, main_training_function="train", tpu_env=["B=2"])
     script = home / "train.py"
     script.write_text("def train():\n    pass\n")
     assert cli.main(["launch", "--config_file", path, "--env", "A=1", str(script), "--lr", "3"]) == 0
@@ -152,10 +152,30 @@ def test_a_pod_launch_runs_hasten_launch_tpu_on_every_worker_through_gcloud(home
     assert argv[-2:] == ["--worker", "all"]
     remote = argv[argv.index("--command") + 1]
     assert remote.startswith(f"cd {os.getcwd()}; sudo env ")
-    assert "A=1" in remote and "ACCELERATE_IN_TPU_POD=1" in remote
+    assert "A=1" in remote and "B=2" in remote and "ACCELERATE_IN_TPU_POD=1" in remote  # --env, tpu_env
     assert ("hasten launch --tpu --no_tpu_cluster --num_machines 1 --mixed_precision no --dynamo_backend no "
             f"--num_processes 8 --main_training_function train {script} --lr 3") in remote
+    # --no_tpu_cluster: this host only (which needs torch_xla, absent here: one line)
+    record.unlink()
+    assert cli.main(["launch", "--config_file", path, "--no_tpu_cluster", str(script)]) == 1
+    assert "hasten launch --tpu needs torch_xla" in capsys.readouterr().err and not record.exists()
     # without the pod's name and zone: one line saying which keys to set
     path = config(home, distributed_type="XLA", tpu_use_cluster=True, num_processes=8)
     assert cli.main(["launch", "--config_file", path, str(script)]) == 2
     assert "set tpu_name and tpu_zone" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("downcast, variable", [(False, "XLA_USE_BF16"), (True, "XLA_DOWNCAST_BF16")])
+def test_prepare_tpu_sets_the_xla_bf16_variable_on_a_tpu(downcast, variable, monkeypatch):
+    """`--mixed_precision bf16` on a TPU: XLA_USE_BF16=1, or XLA_DOWNCAST_BF16=1 with --downcast_bf16 (downcast_bf16);
+    off a TPU nothing; --debug turns on debug mode in the replicas."""
+    import argparse
+
+    from hasten.core import availability
+    from hasten.launch.tpu import prepare_tpu
+
+    args = argparse.Namespace(mixed_precision="bf16", downcast_bf16=downcast, debug=True)
+    monkeypatch.setattr(availability, "is_torch_xla_available", lambda check_is_tpu=False, check_is_gpu=False: True)
+    assert prepare_tpu(args, {})[1] == {variable: "1", "ACCELERATE_DEBUG_MODE": "true"}
+    monkeypatch.setattr(availability, "is_torch_xla_available", lambda check_is_tpu=False, check_is_gpu=False: not check_is_tpu)
+    assert prepare_tpu(args, {})[1] == {"ACCELERATE_DEBUG_MODE": "true"}

@@ -101,7 +101,8 @@ def tpu_pod_command(args, current_env: dict) -> list:
         raise ConfigError("a TPU pod launch (--tpu_cluster) needs the pod's name and zone: set tpu_name and tpu_zone "
                           "in the config file (`hasten config`)")
     variables = {**current_env, "ACCELERATE_IN_TPU_POD": "1"}
-    for item in getattr(args, "env", None) or []:
+    tpu_env = getattr(args, "tpu_env", None) or []
+    for item in [*(tpu_env if isinstance(tpu_env, list) else [tpu_env]), *(getattr(args, "env", None) or [])]:
         key, sep, value = item.partition("=")
         if not sep:
             raise ConfigError(f"--env {item!r} is not KEY=VALUE")
@@ -129,7 +130,7 @@ def tpu_pod_launcher(args):
 
 
 _ARGS_FROM_SETTINGS = ("num_processes", "mixed_precision", "downcast_bf16", "debug", "main_training_function",
-                       "tpu_use_sudo", "env", "tpu_name", "tpu_zone")
+                       "tpu_use_sudo", "env", "tpu_env", "tpu_name", "tpu_zone")
 
 
 def _config_file_keys(path: str) -> dict:

@@ -81,6 +81,18 @@ class XLABackend(Backend):
         super().__init__(*args, **kwargs)
         self._optimizers = []
         self._prepared_optimizers = []
+        self._bf16_on_tpu()
+
+    def _bf16_on_tpu(self) -> None:
+        """bf16 on a TPU is torch_xla's XLA_USE_BF16, or XLA_DOWNCAST_BF16 with downcast_bf16 (as Accelerate)."""
+        from ...core.availability import is_torch_xla_available
+        from ...distributed.cluster import env_flag
+
+        if getattr(self.state, "mixed_precision", None) != "bf16" or not is_torch_xla_available(check_is_tpu=True):
+            return
+        downcast = env_flag("DOWNCAST_BF16")
+        os.environ["XLA_USE_BF16"], os.environ["XLA_DOWNCAST_BF16"] = ("0", "1") if downcast else ("1", "0")
+        self.state.downcast_bfloat = downcast
 
     def prepare_together(self, models, optimizers, schedulers=(), data_loaders=(), split_batches=False,
                          accumulation_steps: int = 1) -> None:
