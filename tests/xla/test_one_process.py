@@ -12,3 +12,11 @@ from xla_runs import CASE_TIMEOUT, HERE, run  # noqa: E402
 def test_whole_loop_collectives_checkpoint_and_metrics_on_xla0():
     output = run([HERE / "workers" / "one_process.py"], replicas=1, timeout=max(300, CASE_TIMEOUT))
     assert "OK" in output
+
+
+def test_use_torch_xla_0_keeps_an_installed_torch_xla_out_of_the_run():
+    probe = ("from hasten import Accelerator; a = Accelerator(); "
+             "print('RUN', a.device, a.distributed_type.value, a._backend.name)")
+    slow = max(300, CASE_TIMEOUT)  # one process: no hang to guard against, only a slow start on a busy machine
+    assert "RUN cpu NO single" in run(["-c", probe], timeout=slow, USE_TORCH_XLA="0")
+    assert "RUN xla:0 XLA xla" in run(["-c", probe], timeout=slow)
