@@ -91,7 +91,7 @@ def _simulate(tmp_path: Path, name: str) -> dict:
         (folder / "__init__.py").write_text(STAND_IN.format(name=name))
         env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])
     code = PROBE.format(name=name, activate=textwrap.indent(activate, "") if activate else "")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=240)
+    done = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, env=env, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 

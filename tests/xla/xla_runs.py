@@ -28,7 +28,7 @@ def run(args, replicas: int = 1, timeout: float = CASE_TIMEOUT, cwd=None, **extr
     on the timeout, with the output."""
     command = list(args) if str(args[0]).endswith(("hasten", "python")) else [sys.executable, *map(str, args)]
     try:
-        done = subprocess.run(command, env=xla_env(replicas, **extra), cwd=cwd, capture_output=True, text=True,
+        done = subprocess.run(command, check=False, env=xla_env(replicas, **extra), cwd=cwd, capture_output=True, text=True,
                               timeout=timeout)
     except subprocess.TimeoutExpired as expired:
         out = (expired.stdout or b"").decode() if isinstance(expired.stdout, bytes) else (expired.stdout or "")

@@ -11,8 +11,15 @@ from safetensors.torch import load_file
 from torch.utils.data import DataLoader, TensorDataset
 
 from hasten import Accelerator
-from hasten.utils import (broadcast, broadcast_object_list, gather, gather_object, pad_across_processes, reduce,
-                          set_seed)
+from hasten.utils import (
+    broadcast,
+    broadcast_object_list,
+    gather,
+    gather_object,
+    pad_across_processes,
+    reduce,
+    set_seed,
+)
 
 
 def make(accelerator, n=10, batch_size=4):
@@ -54,7 +61,7 @@ def main():
     first = [p.detach().cpu().clone() for p in model.parameters()]
     # the optimizer follows the parameters onto the device
     assert all(p.device.type == "xla" for group in optimizer.param_groups for p in group["params"])
-    losses, steps = epoch(accelerator, model, optimizer, loader)
+    _, steps = epoch(accelerator, model, optimizer, loader)
     assert steps == 2, steps  # 3 batches, accumulation 2: a step after batch 2 and one at the end of the loader
     assert any(not torch.equal(a, b.detach().cpu()) for a, b in zip(first, model.parameters())), "no training"
 

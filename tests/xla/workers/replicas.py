@@ -66,7 +66,14 @@ def train(index):
 
 
 def collectives(index):
-    from hasten.utils import (broadcast, broadcast_object_list, gather, gather_object, pad_across_processes, reduce)
+    from hasten.utils import (
+        broadcast,
+        broadcast_object_list,
+        gather,
+        gather_object,
+        pad_across_processes,
+        reduce,
+    )
 
     accelerator, *_ = setup()
     device = accelerator.device
