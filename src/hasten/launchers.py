@@ -207,8 +207,7 @@ def _on_xla_device() -> bool:
 def _launch_xla(function, args, num_processes, env):
     import importlib
 
-    from .launch.prepare import PrepareForLaunch
-    from .launch.tpu import spawn
+    from .launch.tpu import Replica, spawn
     from .state import AcceleratorState
 
     if AcceleratorState._shared_state:
@@ -218,7 +217,7 @@ def _launch_xla(function, args, num_processes, env):
         )
     print("Launching a training on TPU cores.")
     xmp = importlib.import_module("torch_xla.distributed.xla_multiprocessing")
-    return spawn(xmp, PrepareForLaunch(function, distributed_type="XLA"), tuple(args), num_processes, env,
+    return spawn(xmp, Replica(function), tuple(args), num_processes, env,
                  start_method="fork")
 
 

@@ -257,19 +257,29 @@ def detect_cluster(env: Mapping[str, str] | None = None) -> ClusterInfo:
     return info
 
 
-def _torch_has(device_type: str) -> bool:
-    """Accelerate's availability check for one device kind (vendor packages are imported only if installed)."""
-    import torch
+# Devices whose torch module comes from a vendor package (imported only when installed, as Accelerate does).
+_VENDOR_PACKAGE = {"npu": "torch_npu", "mlu": "torch_mlu", "musa": "torch_musa", "sdaa": "torch_sdaa",
+                   "neuron": "torch_neuronx", "hpu": "habana_frameworks.torch"}
 
-    from ..core import availability
+
+def _torch_has(device_type: str) -> bool:
+    """Accelerate's availability check for one device kind (the same checks as core.availability's
+    `is_<device>_available`, which imports this module: so not called from here)."""
+    import importlib
+    import importlib.util
+
+    import torch
 
     if device_type == "cuda":
         return torch.cuda.is_available()
-    if device_type == "hpu":
-        return availability.is_hpu_available()
-    probe = getattr(availability, f"is_{device_type}_available", None)
-    if probe is not None:
-        return bool(probe())
+    if device_type == "mps":
+        backend = getattr(torch.backends, "mps", None)
+        return bool(backend is not None and backend.is_available() and backend.is_built())
+    package = _VENDOR_PACKAGE.get(device_type)
+    if package is not None:
+        if importlib.util.find_spec(package.split(".")[0]) is None or importlib.util.find_spec(package) is None:
+            return False
+        importlib.import_module(package)
     module = getattr(torch, device_type, None)
     return bool(module is not None and hasattr(module, "is_available") and module.is_available())
 

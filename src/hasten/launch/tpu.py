@@ -70,8 +70,6 @@ def _main_function(args):
 
 def tpu_launcher(args):
     """Start `--num_processes` replicas of the script's main function on this host with `xmp.spawn`."""
-    from .prepare import PrepareForLaunch
-
     try:
         xmp = importlib.import_module("torch_xla.distributed.xla_multiprocessing")
     except ImportError:
@@ -79,7 +77,19 @@ def tpu_launcher(args):
                                    "(on a TPU VM: `pip install torch_xla[tpu]`)") from None
     args, current_env = prepare_tpu(args, {})
     main_function = _main_function(args)
-    spawn(xmp, PrepareForLaunch(main_function), (), getattr(args, "num_processes", None), current_env)
+    spawn(xmp, Replica(main_function), (), getattr(args, "num_processes", None), current_env)
+
+
+class Replica:
+    """`function` as xmp.spawn calls it, `(index, *args)`: marked fork-launched (the process group is not the
+    replica's to destroy), then `function(*args)`. Accelerate's PrepareForLaunch does the same for XLA."""
+
+    def __init__(self, function):
+        self.function = function
+
+    def __call__(self, index: int, *args):
+        os.environ["FORK_LAUNCHED"] = "1"
+        return self.function(*args)
 
 
 def spawn(xmp, launcher, args, replicas, env: dict, start_method: str = "spawn"):
