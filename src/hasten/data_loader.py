@@ -19,7 +19,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
 from .config.resolve import data_own_rng
-from .core.enums import RNGType
+from .core.enums import DistributedType, RNGType
 from .core.errors import ConfigError
 from .data.dispatcher import DataLoaderDispatcher
 from .data.metrics import gather_for_metrics
@@ -177,11 +177,16 @@ def prepare_data_loader(dataloader, device=None, num_processes=None, process_ind
                                     _non_blocking=non_blocking, slice_fn=slice_fn_for_dispatch,
                                     use_stateful_dataloader=use_stateful_dataloader, **kwargs)
     else:
-        loader = DataLoaderShard(new_dataset, device=device if put_on_device else None, rng_types=rng_types,
+        on_xla = state.distributed_type == DistributedType.XLA  # MpDeviceLoader uploads the batches there
+        loader = DataLoaderShard(new_dataset, device=device if put_on_device and not on_xla else None, rng_types=rng_types,
                                  synchronized_generator=synchronized_generator, _drop_last=dataloader.drop_last,
                                  _non_blocking=non_blocking, use_stateful_dataloader=use_stateful_dataloader,
                                  **kwargs)
     loader._global_draws = not own_rng
+    if state.distributed_type == DistributedType.XLA:  # as Accelerate: every prepared loader uploads through MpDeviceLoader
+        from .data.xla_loader import XLADeviceLoader
+
+        return XLADeviceLoader(loader, device if device is not None else state.device)
     return loader
 
 

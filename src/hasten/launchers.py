@@ -161,6 +161,8 @@ def notebook_launcher(function, args=(), num_processes=None, mixed_precision="no
         raise ConfigError(f"node_rank {node_rank} must be below num_nodes {num_nodes}")
     # Unlike Accelerate 1.15 (which exported an unread MIXED_PRECISION), the choice reaches the processes.
     env = {"HASTEN_MIXED_PRECISION": str(mixed_precision).lower()}
+    if _on_xla_device():
+        return _launch_xla(function, args, num_processes, env)
     if num_processes == 1:
         saved = os.environ.get("HASTEN_MIXED_PRECISION")
         os.environ.update(env)
@@ -192,6 +194,31 @@ def notebook_launcher(function, args=(), num_processes=None, mixed_precision="no
         rdzv_id=rdzv_id, max_restarts=max_restarts, monitor_interval=monitor_interval,
         log_line_prefix_template=log_line_prefix_template,
     )
+
+
+def _on_xla_device() -> bool:
+    """A notebook on an XLA device (PJRT_DEVICE set, torch_xla installed). Accelerate asks for Colab or Kaggle
+    too, and elsewhere starts torch processes that are each an XLA world of their own."""
+    from .core.availability import is_torch_xla_available
+
+    return bool(os.environ.get("PJRT_DEVICE") or os.environ.get("TPU_NAME")) and is_torch_xla_available()
+
+
+def _launch_xla(function, args, num_processes, env):
+    import importlib
+
+    from .launch.tpu import Replica, spawn
+    from .state import AcceleratorState
+
+    if AcceleratorState._shared_state:
+        raise LaunchError(
+            "To train on TPU in Colab or Kaggle Kernel, the `Accelerator` should only be initialized inside your "
+            "training function. Restart your notebook and make sure no cells initializes an `Accelerator`."
+        )
+    print("Launching a training on TPU cores.")
+    xmp = importlib.import_module("torch_xla.distributed.xla_multiprocessing")
+    return spawn(xmp, Replica(function), tuple(args), num_processes, env,
+                 start_method="fork")
 
 
 def debug_launcher(function, args=(), num_processes=2):

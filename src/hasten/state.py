@@ -37,8 +37,9 @@ _no_op = do_nothing
 class ThreadLocalSharedDict(threading.local):
     """A class attribute (descriptor) holding one dict per thread, shared by every instance in that thread.
 
-    Accelerate uses it for the Borg state under torch_xla's multithreaded PJRT; hasten has no TPU backend, so
-    `SharedDict` is a plain `dict`, and this class is here for code that names it. Replace the stored dict
+    Accelerate uses it for the Borg state under torch_xla's multithreaded PJRT, and so does hasten: where torch_xla
+    is installed (and USE_TORCH_XLA is not 0), replicas started as threads by `xmp.spawn` each see their own
+    state. Elsewhere `SharedDict` is a plain `dict`. Replace the stored dict
     through an instance (`obj.attr = {...}`) or mutate it in place: assigning on the class replaces the
     descriptor itself.
     """
@@ -53,8 +54,14 @@ class ThreadLocalSharedDict(threading.local):
         self._storage = value
 
 
-# The Borg states share one process-wide dict (no per-thread state: hasten runs no XLA threads).
-SharedDict = dict
+def _xla_installed() -> bool:
+    from .core.availability import is_torch_xla_available
+
+    return is_torch_xla_available()
+
+
+# The Borg states share one dict per process, or per thread where XLA replicas may be threads of one process.
+SharedDict = ThreadLocalSharedDict if _xla_installed() else dict
 
 
 class _SharedState:
@@ -65,7 +72,7 @@ class _SharedState:
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        cls._shared_state = {}
+        cls._shared_state = SharedDict()
 
     def __getattr__(self, name):
         # Only reached when normal lookup failed: after a reset, say why instead of a bare AttributeError.
@@ -107,6 +114,9 @@ class PartialState(_SharedState):
         kwargs.pop("_use_sagemaker_dp", None)
         cpu = bool(_setting("use_cpu", bool(cpu), env))
         cluster = environment.detect_cluster(env)
+        if not cpu and _xla_installed():  # as Accelerate: an installed torch_xla makes the run an XLA one
+            self._initialize_xla(cluster, requested_backend, kwargs, env)
+            return
         device_type = environment.detect_device_type(cpu, env)
         # Under torchrun even one process joins a group (its agent hosts the store, and scripts expect one);
         # a lone `srun -n1` / `mpirun -n 1` task stays single instead of opening a port for itself.
@@ -151,6 +161,26 @@ class PartialState(_SharedState):
 
             numa.pin_to_numa_node(self.device.type, numa.pci_bus_id(self.device), self.local_process_index)
 
+    def _initialize_xla(self, cluster, requested_backend, kwargs: dict, env) -> None:
+        """One XLA replica (of `xr.world_size()`): its ordinals come from torch_xla, not torch.distributed."""
+        from .distributed import xla
+
+        if requested_backend not in (None, "xla"):
+            raise ConfigError(f"Your assigned backend {requested_backend} is not available, please use xla "
+                              "(torch_xla is installed; set USE_TORCH_XLA=0 to run without it)")
+        xla.ACTIVE = True
+        self._cpu = False
+        self.debug = bool(_setting("debug", None, env))
+        self.collective_timeout = collective_timeout(kwargs.get("timeout"), None)
+        self.cluster = cluster
+        self.distributed_type = DistributedType.XLA
+        self.backend = "xla"
+        self.device = xla.device()
+        self.num_processes = xla.world_size()
+        self.process_index = xla.global_ordinal()
+        # torch_xla knows the local ordinal off a TPU host too (Accelerate gives -1 there).
+        self.local_process_index = xla.local_ordinal()
+
     def _pick_device(self, device_type: str) -> torch.device:
         forced = env_value("TORCH_DEVICE")
         if forced:
@@ -185,7 +215,7 @@ class PartialState(_SharedState):
         return torch.device(environment.detect_device_type(False))
 
     def set_device(self) -> None:
-        if self.device.type not in ("cpu", "mps", "meta") and self.device.index is not None:
+        if self.device.type not in ("cpu", "mps", "meta", "xla") and self.device.index is not None:
             getattr(torch, self.device.type).set_device(self.device)
 
     def __repr__(self) -> str:
@@ -205,7 +235,8 @@ class PartialState(_SharedState):
     # -- synchronisation ----------------------------------------------------------------------------------
     def wait_for_everyone(self) -> None:
         """Block until every process reaches this point (no-op in a single process)."""
-        if self.distributed_type in TORCH_DISTRIBUTED_TYPES and self.num_processes > 1:
+        if self.num_processes > 1 and (self.distributed_type in TORCH_DISTRIBUTED_TYPES
+                                       or self.distributed_type == DistributedType.XLA):
             from .distributed import control
 
             # A control-plane barrier (gloo): it involves no device, so it cannot name the wrong GPU.

@@ -92,7 +92,7 @@ def test_mistakes_are_one_line(home, capsys):
     assert "unrecognized arguments" in capsys.readouterr().err
 
 
-def test_it_runs_gcloud_and_a_tpu_training_config_still_only_launches_with_a_refusal(home, capsys, monkeypatch):
+def test_it_runs_gcloud_and_a_tpu_training_config_goes_to_the_tpu_launcher(home, capsys, monkeypatch):
     bin_dir = home / "bin"
     bin_dir.mkdir()
     record = home / "argv.txt"
@@ -107,12 +107,12 @@ def test_it_runs_gcloud_and_a_tpu_training_config_still_only_launches_with_a_ref
     assert record.read_text().splitlines() == [
         "compute", "tpus", "tpu-vm", "ssh", "pod", "--zone", "z", "--command", "cd /usr/share; ls -l; date",
         "--worker", "all"]
-    # ... while training on TPUs stays refused in one line
+    # ... and training on TPUs goes to the TPU launcher, which says in one line what it needs here
     script = home / "train.py"
-    script.write_text("print('RAN')\n")
-    assert cli.main(["launch", "--config_file", path, str(script)]) == 2
+    script.write_text("def main():\n    print('RAN')\n")
+    assert cli.main(["launch", "--config_file", path, str(script)]) == 1
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "TPU (distributed_type XLA) is not built" in err
+    assert len(err.splitlines()) == 1 and "hasten launch --tpu needs torch_xla" in err
     # a gcloud that fails: its exit code, in one line
     fake.write_text(f"#!{sys.executable}\nimport sys\nsys.exit(3)\n")
     assert cli.main(["tpu-config", "--config_file", path]) == 3
@@ -130,3 +130,52 @@ def test_a_config_with_tpu_config_keys_beside_a_cpu_run_loads_and_launches(home,
     script.write_text("print('RAN')\n")
     assert cli.main(["launch", "--config_file", path, str(script)]) == 0
     assert "RAN" in capsys.readouterr().out
+
+
+def test_a_pod_launch_runs_hasten_launch_tpu_on_every_worker_through_gcloud(home, capsys, monkeypatch):
+    """`--tpu_cluster` (tpu_use_cluster) composes Accelerate's per-worker command: `hasten launch --tpu
+    --no_tpu_cluster ...` with the script, its arguments, --env variables and ACCELERATE_IN_TPU_POD=1."""
+    bin_dir = home / "bin"
+    bin_dir.mkdir()
+    record = home / "argv.txt"
+    fake = bin_dir / "gcloud"
+    fake.write_text(f"#!{sys.executable}\nimport sys\nopen({str(record)!r}, 'w').write('\\n'.join(sys.argv[1:]))\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    path = config(home, distributed_type="XLA", tpu_name="pod", tpu_zone="z", tpu_use_cluster=True,
+                  tpu_use_sudo=True, num_processes=8, main_training_function="train", tpu_env=["B=2"])
+    script = home / "train.py"
+    script.write_text("def train():\n    pass\n")
+    assert cli.main(["launch", "--config_file", path, "--env", "A=1", str(script), "--lr", "3"]) == 0
+    argv = record.read_text().splitlines()
+    assert argv[:7] == ["compute", "tpus", "tpu-vm", "ssh", "pod", "--zone", "z"]
+    assert argv[-2:] == ["--worker", "all"]
+    remote = argv[argv.index("--command") + 1]
+    assert remote.startswith(f"cd {os.getcwd()}; sudo env ")
+    assert "A=1" in remote and "B=2" in remote and "ACCELERATE_IN_TPU_POD=1" in remote  # --env, tpu_env
+    assert ("hasten launch --tpu --no_tpu_cluster --num_machines 1 --mixed_precision no --dynamo_backend no "
+            f"--num_processes 8 --main_training_function train {script} --lr 3") in remote
+    # --no_tpu_cluster: this host only (which needs torch_xla, absent here: one line)
+    record.unlink()
+    assert cli.main(["launch", "--config_file", path, "--no_tpu_cluster", str(script)]) == 1
+    assert "hasten launch --tpu needs torch_xla" in capsys.readouterr().err and not record.exists()
+    # without the pod's name and zone: one line saying which keys to set
+    path = config(home, distributed_type="XLA", tpu_use_cluster=True, num_processes=8)
+    assert cli.main(["launch", "--config_file", path, str(script)]) == 2
+    assert "set tpu_name and tpu_zone" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("downcast, variable", [(False, "XLA_USE_BF16"), (True, "XLA_DOWNCAST_BF16")])
+def test_prepare_tpu_sets_the_xla_bf16_variable_on_a_tpu(downcast, variable, monkeypatch):
+    """`--mixed_precision bf16` on a TPU: XLA_USE_BF16=1, or XLA_DOWNCAST_BF16=1 with --downcast_bf16 (downcast_bf16);
+    off a TPU nothing; --debug turns on debug mode in the replicas."""
+    import argparse
+
+    from hasten.core import availability
+    from hasten.launch.tpu import prepare_tpu
+
+    args = argparse.Namespace(mixed_precision="bf16", downcast_bf16=downcast, debug=True)
+    monkeypatch.setattr(availability, "is_torch_xla_available", lambda check_is_tpu=False, check_is_gpu=False: True)
+    assert prepare_tpu(args, {})[1] == {variable: "1", "ACCELERATE_DEBUG_MODE": "true"}
+    monkeypatch.setattr(availability, "is_torch_xla_available", lambda check_is_tpu=False, check_is_gpu=False: not check_is_tpu)
+    assert prepare_tpu(args, {})[1] == {"ACCELERATE_DEBUG_MODE": "true"}

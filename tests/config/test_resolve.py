@@ -236,9 +236,9 @@ def test_slurm_step_needs_no_flags(home, monkeypatch):
 
 def test_paradigm_flag_replaces_the_files_distributed_type(home):
     write_config(home, "distributed_type: XLA\n")
-    with pytest.raises(ValueError, match="TPU"):
-        plan()
+    assert plan().settings["tpu"] is True
     launch = plan("--cpu")
+    assert launch.settings["tpu"] is not True
     assert launch.env["HASTEN_USE_CPU"] == "true"
     write_config(home, "distributed_type: DEEPSPEED\nnum_processes: 2\ndeepspeed_config:\n  zero_stage: 3\n")
     launch = plan()

@@ -337,7 +337,7 @@ def test_docs_settings_page_is_generated_from_the_table():
 
 # The TPU and SageMaker rows that only Accelerate's own launchers set: each route a row has (flag, file key,
 # variable) is refused in one line that names the row's feature.
-LAUNCHER_ONLY_UNBUILT = ("no_tpu_cluster", "vm", "tpu_vm", "in_tpu_pod",
+LAUNCHER_ONLY_UNBUILT = ("vm", "tpu_vm",
                          "aws_access_key_id", "aws_secret_access_key", "use_sagemaker", "sagemaker_distributed_type")
 
 

@@ -189,10 +189,10 @@ def _only(*present):
 
 @pytest.mark.parametrize(
     ("present", "expected"),
-    [((), "cpu"), (("npu",), "npu"), (("mps", "npu"), "mps"), (("xpu", "mps"), "xpu"),
-     (("cuda", "xpu", "mps", "npu"), "cuda")],
+    [((), "cpu"), (("npu",), "npu"), (("mps", "npu"), "mps"), (("xpu", "mps"), "mps"), (("cuda", "xpu"), "cuda"),
+     (("cuda", "xpu", "npu"), "npu"), (("cuda", "neuron"), "cuda"), (("mlu", "sdaa", "musa"), "mlu")],
 )
-def test_device_order_cuda_xpu_mps_npu_cpu(present, expected):
+def test_device_order_is_accelerates(present, expected):
     assert detect_device_type(env={}, available=_only(*present)) == expected
 
 

@@ -20,6 +20,7 @@ REGISTRY = {
     "deepspeed": ("hasten.backends.deepspeed.backend", "DeepSpeedBackend"),
     "tensor_parallel": ("hasten.backends.tensor_parallel", "TensorParallelBackend"),
     "pipeline": ("hasten.backends.pipeline", "PipelineBackend"),
+    "xla": ("hasten.backends.xla.backend", "XLABackend"),
 }
 
 

@@ -24,7 +24,8 @@ from ..core.enums import DistributedType
 from ..core.errors import ConfigError, NotSupportedYetError
 
 # The backend a distributed type runs on when no layout asks for another (absent: DDP on many processes).
-_FOR_TYPE = {DistributedType.NO: "single", DistributedType.FSDP: "fsdp", DistributedType.DEEPSPEED: "deepspeed"}
+_FOR_TYPE = {DistributedType.NO: "single", DistributedType.FSDP: "fsdp", DistributedType.DEEPSPEED: "deepspeed",
+             DistributedType.XLA: "xla"}
 # Layout backends that run whatever the distributed type says; they shard the data dimensions with FSDP2.
 _LAYOUT_BACKENDS = ("pipeline", "tensor_parallel")
 

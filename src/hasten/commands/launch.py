@@ -243,7 +243,7 @@ def main(argv=None) -> int:
         return 2 if isinstance(error, ConfigError) else 1
 
 
-# Accelerate's launchers for TPU hosts, TPU pods and SageMaker jobs, at its path; each refuses in one line.
+# Accelerate's launchers for TPU hosts and TPU pods (launch/tpu.py) and SageMaker jobs (refused in one line), at its path.
 from ..launch.tpu import sagemaker_launcher, tpu_launcher, tpu_pod_launcher  # noqa: E402,F401
 
 if __name__ == "__main__":

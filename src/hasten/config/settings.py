@@ -68,7 +68,8 @@ _MEGATRON_ONLY_FIX = ("hasten trains your own nn.Module with its own TP/PP/FSDP:
 _MEGATRON_SP = ("Megatron-LM sequence parallelism (megatron_lm_sequence_parallelism)",
                 "split norms and dropouts with your own tp_plan: ParallelismConfig(tp_handler=TorchTensorParallelConfig("
                 "tp_plan={...: 'sequence_parallel', ...}))")
-_TPU_FIX = "run on GPUs or CPUs, or run this job with Accelerate"
+_TPU_FIX = ("hasten's pod launcher reaches every worker through `gcloud compute tpus tpu-vm ssh ... --worker all` "
+            "(xla_dist's VM list is gone from torch_xla 2.x): drop the VM names")
 _ND_FIX = "use --use_fsdp (data-parallel sharding), or run this job with Accelerate"
 _SM_FIX = "run on a LOCAL_MACHINE (`hasten config`), or run this job with Accelerate"
 
@@ -87,7 +88,7 @@ def _megatron_row(name, kind, default, text, **kwargs) -> Setting:
     return Setting(full, kind, default, flags=(f"--{full}",), env=(full.upper(),), export=full.upper(),
                    file_key=("megatron_lm_config", full), owner="MegatronLMPlugin", code=name,
                    requires="use_megatron_lm", group=_MEGATRON_GROUP, help=text, **kwargs)
-_tpu = _not_built("TPU (XLA)", _TPU_FIX, "TPU")
+_tpu = _not_built("TPU (XLA)", _TPU_FIX, "TPU", built=True)  # backends/xla, launch/tpu.py
 
 
 def _tpu_config(name, kind="str", **kwargs) -> Setting:
@@ -122,10 +123,7 @@ def _dynamo(name, kind, code, **kwargs) -> Setting:
                    group="Resource selection", **_exported(full.upper()), **kwargs)
 
 
-_TYPE_UNBUILT = {
-    "XLA": ("TPU (distributed_type XLA)", "set `distributed_type: MULTI_GPU` or `FSDP` in the file, or pass "
-            "--multi_gpu/--use_fsdp/--cpu"),
-}
+_TYPE_UNBUILT: dict = {}  # every distributed_type is built (XLA: backends/xla/, launch/tpu.py)
 _SAGEMAKER_UNBUILT = {"AMAZON_SAGEMAKER": ("Amazon SageMaker (compute_environment AMAZON_SAGEMAKER)",
                                            "set `compute_environment: LOCAL_MACHINE`")}
 
@@ -514,14 +512,14 @@ SETTINGS: tuple[Setting, ...] = (
             ("use_rotary_position_embeddings", "bool"),
         )
     ),
-    # -- TPU (not built; Accelerate writes the defaults of these keys into every file) ---------------------------------
+    # -- TPU (torch_xla: backends/xla/, launch/tpu.py) -------------------------------------------------------------
     _tpu("tpu_use_cluster", "bool", default=False, flags=("--tpu_cluster",), switch=True,
          file_key=("tpu_use_cluster",), help="Use a TPU pod."),
     _tpu("no_tpu_cluster", "bool", switch=True, help="Do not use a TPU pod."),
     _tpu("tpu_use_sudo", "bool", default=False, switch=True, file_key=("tpu_use_sudo",), help="sudo on TPU workers."),
-    _tpu("vm", "list", append=True, help="TPU VM names."),
+    _tpu("vm", "list", append=True, built=False, help="TPU VM names."),
     _tpu("env", "list", append=True, help="Environment variables for TPU workers."),
-    _tpu("tpu_vm", "str_or_list", flag=False, file_key=("tpu_vm",), help="TPU VM names."),
+    _tpu("tpu_vm", "str_or_list", flag=False, file_key=("tpu_vm",), built=False, help="TPU VM names."),
     _tpu("tpu_env", "str_or_list", flag=False, file_key=("tpu_env",), help="TPU environment."),
     _tpu("main_training_function", default="main", file_key=("main_training_function",),
          help="Function a TPU launch calls."),

@@ -69,6 +69,13 @@ def skip_first_batches(dataloader, num_batches: int = 0):
     drop them. A prepared loader gives the same kind of prepared loader, with the same device, RNG
     synchronisation, generator and epoch.
     """
+    from .xla_loader import XLADeviceLoader
+
+    if isinstance(dataloader, XLADeviceLoader):  # skip in the loader it uploads from; upload the rest the same way
+        skipped = XLADeviceLoader(skip_first_batches(dataloader.dataloader, num_batches), dataloader.device,
+                                  **dataloader._loader_kwargs)
+        skipped._rng_types = dataloader._rng_types
+        return skipped
     dataset = dataloader.dataset
     is_stream = isinstance(dataset, IterableDataset)
     kwargs = carried_kwargs(dataloader)

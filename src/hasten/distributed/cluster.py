@@ -140,18 +140,36 @@ def detect_cluster(env: Mapping[str, str] | None = None) -> ClusterInfo:
     return info
 
 
+# Devices whose torch module comes from a vendor package (imported only when installed, as Accelerate does).
+_VENDOR_PACKAGE = {"npu": "torch_npu", "mlu": "torch_mlu", "musa": "torch_musa", "sdaa": "torch_sdaa",
+                   "neuron": "torch_neuronx", "hpu": "habana_frameworks.torch"}
+
+
 def _torch_has(device_type: str) -> bool:
+    """Accelerate's availability check for one device kind (the same checks as core.availability's
+    `is_<device>_available`, which imports this module: so not called from here)."""
+    import importlib
+    import importlib.util
+
     import torch
 
     if device_type == "cuda":
         return torch.cuda.is_available()
     if device_type == "mps":
-        return hasattr(torch.backends, "mps") and torch.backends.mps.is_available()
+        backend = getattr(torch.backends, "mps", None)
+        return bool(backend is not None and backend.is_available() and backend.is_built())
+    package = _VENDOR_PACKAGE.get(device_type)
+    if package is not None:
+        if importlib.util.find_spec(package.split(".")[0]) is None or importlib.util.find_spec(package) is None:
+            return False
+        importlib.import_module(package)
     module = getattr(torch, device_type, None)
     return bool(module is not None and hasattr(module, "is_available") and module.is_available())
 
 
-DEVICE_ORDER = ("cuda", "xpu", "mps", "npu")
+# Accelerate's order: MPS first (a Mac has nothing else), the vendor devices before CUDA (NPU's transfer_to_npu
+# makes CUDA calls answer for NPUs), XPU and Neuron after it.
+DEVICE_ORDER = ("mps", "mlu", "sdaa", "musa", "npu", "hpu", "cuda", "xpu", "neuron")
 
 
 def detect_device_type(
@@ -159,7 +177,7 @@ def detect_device_type(
     env: Mapping[str, str] | None = None,
     available: Callable[[str], bool] = _torch_has,
 ) -> str:
-    """The accelerator kind to use: the first of CUDA, XPU, MPS, NPU that is present, else CPU."""
+    """The accelerator kind to use: the first present in `DEVICE_ORDER`, else CPU (only when none is present)."""
     env = os.environ if env is None else env
     if cpu or env_flag("USE_CPU", env=env):
         return "cpu"
@@ -172,7 +190,9 @@ def detect_device_type(
     return "cpu"
 
 
-_BACKEND_FOR_DEVICE = {"cuda": "nccl", "xpu": "xccl", "npu": "hccl", "cpu": "gloo", "mps": "gloo"}
+# The process-group backend of each device kind, as Accelerate names it.
+_BACKEND_FOR_DEVICE = {"cuda": "nccl", "xpu": "xccl", "npu": "hccl", "hpu": "hccl", "mlu": "cncl", "musa": "mccl",
+                       "sdaa": "tccl", "neuron": "neuron", "cpu": "gloo", "mps": "gloo"}
 
 
 def choose_backend(device_type: str, requested: str | None = None, env: Mapping[str, str] | None = None) -> str:
@@ -186,7 +206,10 @@ def choose_backend(device_type: str, requested: str | None = None, env: Mapping[
     """
     if requested:
         return requested
-    backend = _BACKEND_FOR_DEVICE.get(device_type, "gloo")
+    if device_type not in _BACKEND_FOR_DEVICE:
+        raise ConfigError(f"hasten does not know the process-group backend of the {device_type!r} device; pass "
+                          "Accelerator(kwargs_handlers=[InitProcessGroupKwargs(backend=...)]) or PartialState(backend=...)")
+    backend = _BACKEND_FOR_DEVICE[device_type]
     if backend in ("nccl", "xccl") and env_flag("USE_FSDP", env=env) and _fsdp_meets_cpu_tensors(env):
         return f"{device_type}:{backend},cpu:gloo"
     return backend
@@ -212,10 +235,14 @@ def distributed_type_for(device_type: str, world_size: int, launched: bool):
 
     if world_size <= 1 and not launched:
         return DistributedType.NO
-    return {
-        "cuda": DistributedType.MULTI_GPU,
-        "xpu": DistributedType.MULTI_XPU,
-        "npu": DistributedType.MULTI_NPU,
-        "mps": DistributedType.MULTI_CPU,
-        "cpu": DistributedType.MULTI_CPU,
-    }.get(device_type, DistributedType.MULTI_GPU)
+    known = {
+        "cuda": DistributedType.MULTI_GPU, "xpu": DistributedType.MULTI_XPU, "npu": DistributedType.MULTI_NPU,
+        "hpu": DistributedType.MULTI_HPU, "mlu": DistributedType.MULTI_MLU, "musa": DistributedType.MULTI_MUSA,
+        "sdaa": DistributedType.MULTI_SDAA, "neuron": DistributedType.MULTI_NEURON,
+        "mps": DistributedType.MULTI_CPU, "cpu": DistributedType.MULTI_CPU,
+    }
+    if device_type not in known:
+        raise ConfigError(f"several processes on the {device_type!r} device: hasten knows no distributed type for it "
+                          f"(known: {', '.join(sorted(known))})")
+    return known[device_type]
+

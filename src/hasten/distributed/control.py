@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from . import xla
+
 __all__ = ["any_rank", "all_gather_objects", "barrier", "broadcast_object", "control_group", "max_across", "several_processes",
            "reset"]
 
@@ -72,6 +74,8 @@ def reset() -> None:
 def several_processes() -> bool:
     import torch.distributed as dist
 
+    if xla.ACTIVE:  # XLA replicas share decisions through torch_xla (no torch.distributed group exists)
+        return xla.replicated()
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
@@ -79,6 +83,8 @@ def max_across(value: int) -> int:
     """The largest of every rank's integer (the value itself in one process)."""
     if not several_processes():
         return int(value)
+    if xla.ACTIVE:
+        return max(int(v) for v in xla.all_gather_objects(int(value)))
     import torch.distributed as dist
 
     tensor = torch.tensor([int(value)], dtype=torch.int64, device="cpu")
@@ -95,6 +101,8 @@ def all_gather_objects(value: Any) -> list:
     """Every rank's picklable `value`, in rank order (`[value]` in one process)."""
     if not several_processes():
         return [value]
+    if xla.ACTIVE:
+        return xla.all_gather_objects(value)
     import torch.distributed as dist
 
     values = [None] * dist.get_world_size()
@@ -106,6 +114,8 @@ def broadcast_object(value: Any, src: int = 0) -> Any:
     """Rank `src`'s picklable `value` on every rank."""
     if not several_processes():
         return value
+    if xla.ACTIVE:
+        return xla.broadcast_object(value, src)
     import torch.distributed as dist
 
     box = [value]
@@ -115,7 +125,9 @@ def broadcast_object(value: Any, src: int = 0) -> Any:
 
 def barrier() -> None:
     """Wait until every process reaches this point, on the control group (no device is involved)."""
-    if several_processes():
+    if several_processes() and xla.ACTIVE:
+        xla.rendezvous("hasten.control.barrier")
+    elif several_processes():
         import torch.distributed as dist
 
         dist.barrier(group=control_group())

@@ -45,6 +45,7 @@ from ..core.nested import (  # noqa: F401 - re-exported: Accelerate keeps these 
     split_for_process,
 )
 from ..state import PartialState
+from . import xla
 
 
 class CannotPadNestedTensorWarning(UserWarning):
@@ -55,6 +56,11 @@ class CannotPadNestedTensorWarning(UserWarning):
 
 def _runs_distributed(state: PartialState) -> bool:
     return state.distributed_type in TORCH_DISTRIBUTED_TYPES and state.num_processes > 1
+
+
+def _on_xla(state: PartialState) -> bool:
+    """Several XLA replicas: the collectives below go through torch_xla (distributed/xla.py)."""
+    return state.distributed_type == DistributedType.XLA and state.num_processes > 1
 
 
 def _describe(data) -> list:
@@ -224,7 +230,10 @@ def _gather_one(tensor: torch.Tensor) -> torch.Tensor:
 @_verify("gather")
 def gather(tensor):
     """All-gather every tensor leaf and concatenate along the first dimension (identity in one process)."""
-    if not _runs_distributed(PartialState()):
+    state = PartialState()
+    if _on_xla(state):
+        return recursively_apply(xla.all_gather, tensor, error_on_other_type=True)
+    if not _runs_distributed(state):
         return tensor
     return recursively_apply(_gather_one, tensor, error_on_other_type=True)
 
@@ -234,6 +243,8 @@ def gather_object(object: Any):
     import torch.distributed as dist
 
     state = PartialState()
+    if _on_xla(state):  # Accelerate raises NotImplementedError here
+        return [item for per_rank in xla.all_gather_objects(object) for item in per_rank]
     if not _runs_distributed(state):
         return object
     gathered = [None] * state.num_processes
@@ -251,7 +262,10 @@ def _broadcast_one(tensor: torch.Tensor, src: int) -> torch.Tensor:
 @_verify("broadcast")
 def broadcast(tensor, from_process: int = 0):
     """Broadcast every tensor leaf in place from `from_process`; returns the structure."""
-    if not _runs_distributed(PartialState()):
+    state = PartialState()
+    if _on_xla(state):
+        return recursively_apply(xla.broadcast_, tensor, src=from_process, error_on_other_type=True)
+    if not _runs_distributed(state):
         return tensor
     return recursively_apply(_broadcast_one, tensor, src=from_process, error_on_other_type=True)
 
@@ -260,7 +274,10 @@ def broadcast_object_list(object_list: list, from_process: int = 0) -> list:
     """Broadcast a list of picklable objects in place from `from_process`."""
     import torch.distributed as dist
 
-    if _runs_distributed(PartialState()):
+    state = PartialState()
+    if _on_xla(state):
+        object_list[:] = xla.broadcast_object(list(object_list), from_process)
+    elif _runs_distributed(state):
         dist.broadcast_object_list(object_list, src=from_process)
     return object_list
 
@@ -273,6 +290,8 @@ def reduce(tensor, reduction: str = "mean", scale: float = 1.0):
     state = PartialState()
 
     def _reduce_one(t):
+        if _on_xla(state):
+            return xla.all_reduce(t, reduction, scale)
         out = t.clone()
         if not _runs_distributed(state):
             return out
@@ -312,7 +331,8 @@ def pad_across_processes(tensor, dim: int = 0, pad_index: int = 0, pad_first: bo
         warnings.warn("pad_across_processes cannot pad a nested tensor; it is returned unchanged (pad its components, "
                       "or convert it with `torch.nested.to_padded_tensor`, first)", CannotPadNestedTensorWarning,
                       stacklevel=3)
-    if not _runs_distributed(PartialState()):
+    state = PartialState()
+    if not (_runs_distributed(state) or _on_xla(state)):
         return tensor
     return recursively_apply(_pad_one, tensor, error_on_other_type=True)
 
@@ -330,7 +350,7 @@ def _has_nested_tensor(data) -> bool:
 def copy_tensor_to_devices(tensor=None):
     """Share a tensor that exists on exactly one rank (others pass None) with every rank."""
     state = PartialState()
-    if not _runs_distributed(state):
+    if not (_runs_distributed(state) or _on_xla(state)):
         return tensor
     descriptions = gather_object([None if tensor is None else (tuple(tensor.shape), tensor.dtype)])
     owners = [i for i, d in enumerate(descriptions) if d is not None]

@@ -7,9 +7,10 @@ import random
 import numpy as np
 import torch
 
-from ..core.enums import RNGType
+from ..core.enums import DistributedType, RNGType
 from ..core.errors import ConfigError
 from ..state import PartialState
+from . import xla
 
 _DEVICE_RNG_TYPES = ("cuda", "xpu", "npu", "mlu", "musa", "sdaa", "hpu")
 
@@ -21,10 +22,12 @@ def set_seed(seed: int, device_specific: bool = False, deterministic: bool = Fal
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)  # also seeds every CUDA/XPU device that is initialised
-    for name in _DEVICE_RNG_TYPES[1:]:
+    for name in (*_DEVICE_RNG_TYPES[1:], "neuron"):
         module = getattr(torch, name, None)
         if module is not None and hasattr(module, "manual_seed_all") and getattr(module, "is_available", lambda: False)():
             module.manual_seed_all(seed)
+    if xla.ACTIVE:  # the XLA device's own generator (Accelerate seeds it whenever torch_xla is installed)
+        xla.modules()[1].set_rng_state(seed)
     if deterministic:
         torch.use_deterministic_algorithms(True)
 
@@ -38,8 +41,6 @@ def _rng_type(value) -> RNGType:
 
 def synchronize_rng_state(rng_type=None, generator: torch.Generator | None = None) -> None:
     """Make this process's `rng_type` state equal to rank 0's."""
-    import torch.distributed as dist
-
     rng_type = _rng_type(rng_type) if rng_type is not None else RNGType.TORCH
     state = PartialState()
     if not state.use_distributed:
@@ -55,18 +56,35 @@ def synchronize_rng_state(rng_type=None, generator: torch.Generator | None = Non
         if not module.is_available():
             return
         rng_state = module.get_rng_state()
+    elif rng_type == RNGType.XLA:
+        if not xla.ACTIVE:
+            raise ConfigError("rng_types contains 'xla', but this run is not on the XLA device")
+        seed = xla.modules()[1].get_rng_state()  # an unsigned 64-bit seed: carried as its signed twin
+        rng_state = torch.tensor([seed - 2**64 if seed >= 2**63 else seed], dtype=torch.int64)
     else:
         return
-    on_device = state.backend not in (None, "gloo", "mpi")
-    buffer = rng_state.to(state.device) if on_device else rng_state.clone()
-    dist.broadcast(buffer, src=0)
-    buffer = buffer.cpu()
+    if state.distributed_type == DistributedType.XLA:
+        buffer = xla.broadcast_(rng_state.to(state.device), 0).cpu()
+        if rng_type == RNGType.XLA:
+            xla.modules()[1].set_rng_state(int(buffer.item()) % 2**64)
+            return
+    else:
+        buffer = _broadcast_from_first(rng_state, state)
     if rng_type == RNGType.TORCH:
         torch.set_rng_state(buffer)
     elif rng_type == RNGType.GENERATOR:
         generator.set_state(buffer)
     else:
         getattr(torch, rng_type.value).set_rng_state(buffer)
+
+
+def _broadcast_from_first(rng_state: torch.Tensor, state) -> torch.Tensor:
+    import torch.distributed as dist
+
+    on_device = state.backend not in (None, "gloo", "mpi")
+    buffer = rng_state.to(state.device) if on_device else rng_state.clone()
+    dist.broadcast(buffer, src=0)
+    return buffer.cpu()
 
 
 def synchronize_rng_states(rng_types, generator: torch.Generator | None = None) -> None:
@@ -93,6 +111,8 @@ def capture_rng_states() -> dict:
     }
     for name, module in _device_rng_modules():
         states[f"torch_{name}_manual_seed"] = module.get_rng_state_all()
+    if xla.ACTIVE:  # Accelerate's key for the XLA generator's seed
+        states["xm_seed"] = int(xla.modules()[1].get_rng_state())  # unsigned 64-bit: no int64 tensor holds it
     return states
 
 
@@ -108,3 +128,5 @@ def restore_rng_states(states: dict) -> None:
         if saved is not None:
             saved = saved if isinstance(saved, (list, tuple)) else [saved]
             module.set_rng_state_all([torch.as_tensor(s, dtype=torch.uint8).cpu() for s in saved])
+    if xla.ACTIVE and "xm_seed" in states:
+        xla.modules()[1].set_rng_state(int(states["xm_seed"]) % 2**64)

@@ -30,6 +30,15 @@ def run(args, plan: LaunchPlan) -> int:
     if plan.settings["mpirun_hostfile"]:
         return _run_mpirun(args, plan)
     saved_env, saved_argv = dict(os.environ), list(sys.argv)
+    if plan.settings["tpu"]:  # xmp.spawn on this host, or gcloud on every worker of a pod (launch/tpu.py)
+        from . import tpu
+
+        try:
+            return tpu.launch(args, plan)
+        finally:
+            os.environ.clear()
+            os.environ.update(saved_env)
+            sys.argv = saved_argv
     try:
         if plan.num_processes == 1 and plan.num_machines == 1 and not plan.max_restarts:
             return _run_in_place(args, plan)

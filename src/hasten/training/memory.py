@@ -20,7 +20,8 @@ _OOM_MARKERS = (
 def clear_device_cache(garbage_collection: bool = False) -> None:
     if garbage_collection:
         gc.collect()
-    for name in ("xpu", "npu", "mps", "cuda"):
+    # Accelerate's order; HPU keeps all its memory for the process (nothing to empty)
+    for name in ("xpu", "mlu", "sdaa", "musa", "npu", "mps", "cuda", "neuron"):
         module = getattr(torch, name, None)
         available = getattr(module, "is_available", lambda: False) if module is not None else (lambda: False)
         if available():

@@ -1,0 +1,34 @@
+"""`hasten launch --tpu` on torch_xla's CPU device: the script's --main_training_function in every replica
+(`xmp.spawn`), one replica and two (with the test-only shim)."""
+
+import sys
+
+import pytest
+
+pytest.importorskip("torch_xla", reason="no torch_xla here: scripts/test.sh runs tests/xla in the side environment "
+                                        "scripts/xla_env.sh builds")
+
+from xla_runs import CASE_TIMEOUT, HERE, run  # noqa: E402
+
+SCRIPT = HERE / "workers" / "launched.py"
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_hasten_launch_tpu_calls_the_main_function_in_every_replica(replicas):
+    output = run([sys.executable, "-m", "hasten.commands.launch", "--tpu", "--num_processes", str(replicas),
+                  "--main_training_function", "main", SCRIPT, "--flag", "value"], replicas=replicas,
+                 timeout=max(CASE_TIMEOUT, 120 if replicas == 1 else CASE_TIMEOUT))
+    lines = sorted(line for line in output.splitlines() if line.startswith("LAUNCHED"))
+    assert lines == [f"LAUNCHED {i} {replicas} 10" for i in range(replicas)], output[-3000:]
+
+
+def test_a_missing_main_function_is_one_line():
+    with pytest.raises(AssertionError, match="should have a function named train"):
+        run([sys.executable, "-m", "hasten.commands.launch", "--tpu", "--main_training_function", "train", SCRIPT])
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_notebook_launcher_spawns_replicas_on_the_xla_device(replicas):
+    output = run([HERE / "workers" / "notebook.py", replicas], replicas=replicas)
+    lines = sorted(line for line in output.splitlines() if line.startswith("CELL"))
+    assert lines == [f"CELL {i} {replicas} hi" for i in range(replicas)], output[-3000:]
