@@ -265,8 +265,8 @@ SETTINGS: tuple[Setting, ...] = (
             help="GPUs to use: 'all' or a comma list such as '0,1'."),
     Setting("same_network", "bool", False, flags=("--same_network",), switch=True, file_key=("same_network",),
             group="Distributed GPUs", question="Are all machines on the same network?",
-            help="All machines share one network (accepted for Accelerate files: hasten's rendezvous through "
-                 "--main_process_ip/--main_process_port is the same either way)."),
+            help="All machines share one network: torchrun meets at --main_process_ip/--main_process_port as "
+                 "master address (the static rendezvous); refused with another --rdzv_backend, where it would hang."),
     Setting("machine_rank", "int", 0, flags=("--machine_rank",), file_key=("machine_rank",), minimum=0,
             group="Distributed GPUs", help="Rank of this machine (0 for the main one)."),
     Setting("main_process_ip", "str", None, flags=("--main_process_ip",), file_key=("main_process_ip",),
