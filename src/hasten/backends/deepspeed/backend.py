@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch.utils.weak import WeakIdKeyDictionary
 
 from .plugin import AUTO, DummyOptim, DummyScheduler, _walk, get_active_deepspeed_plugin
-from ...core.errors import CheckpointError, ConfigError, NotSupportedYetError
+from ...core.errors import CheckpointError, ConfigError, NotBuiltError, NotSupportedYetError
 from ...distributed.bootstrap import collective_timeout
 from ...state import GradientState
 from ...training.precision import PrecisionPolicy
@@ -168,6 +168,7 @@ class DeepSpeedBackend(Backend):
         scheduler = schedulers[0] if schedulers else None
         plugin = get_active_deepspeed_plugin(self.state)
         config = self._fill_config(plugin, model, optimizer, scheduler, data_loaders, split_batches, accumulation_steps)
+        refuse_autotp(config)
         self._check_cpu_optimizer(config)
         self._pending = self._initialize(plugin, config, model, optimizer, scheduler)
 
@@ -458,6 +459,17 @@ class DeepSpeedBackend(Backend):
                 wrapper.engine.destroy()
         self._wrappers.clear()
         self._pending = None
+
+
+def refuse_autotp(config: dict) -> None:
+    """DeepSpeed's AutoTP (`tensor_parallel.autotp_size` above 1 in the config) also needs data loaders that treat
+    each tensor-parallel group as one data rank; hasten builds neither yet, and DeepSpeed given only the key would
+    feed every rank of a group different batches, so the key is refused where the config is handed over."""
+    block = config.get("tensor_parallel") or {}
+    size = block.get("autotp_size", 1) if isinstance(block, dict) else block
+    if size not in (None, 0, 1):
+        raise NotBuiltError(f"DeepSpeed AutoTP (tensor_parallel.autotp_size={size} in the DeepSpeed config) is not "
+                            "built in hasten; fix: remove the tensor_parallel block, or use ParallelismConfig(tp_size=...)")
 
 
 def _is_engine(model) -> bool:
