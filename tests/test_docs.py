@@ -45,3 +45,16 @@ def test_the_not_built_list_names_only_blocks_with_unbuilt_rows():
     named = {word for word in re.findall(r"`(\w+)`", section) if word in blocks}
     built = sorted(b for b in named if all(s.built for s in SETTINGS if s.file_key and s.file_key[0] == b))
     assert built == [], f"docs/configuration.md lists built blocks as not built: {built}"
+
+
+def test_messages_and_docstrings_name_no_tracker_issue():
+    # A user reads errors and docstrings without hasten's issue tracker: "issue 14" tells them nothing.
+    import ast
+
+    source = DOCS.parent / "src" / "hasten"
+    found = []
+    for path in sorted(source.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and re.search(r"\bissue \d+", node.value):
+                found.append(f"{path.relative_to(source)}:{node.lineno}")
+    assert found == [], f"strings that name a tracker issue: {found}"

@@ -37,7 +37,7 @@ _EXPORTS = {
     "set_seed": "hasten.distributed.rng",
     "get_logger": "hasten.logging",
     "load_checkpoint_in_model": "hasten.big_model.loading",
-    # big-model inference (issue 12)
+    # big-model inference
     "init_empty_weights": "hasten.big_modeling",
     "init_on_device": "hasten.big_modeling",
     "cpu_offload": "hasten.big_modeling",
@@ -47,7 +47,7 @@ _EXPORTS = {
     "load_checkpoint_and_dispatch": "hasten.big_modeling",
     "infer_auto_device_map": "hasten.big_model.device_map",
     "prepare_pippy": "hasten.inference",
-    # -- issue 15, surface --
+    # -- surface --
     "is_rich_available": "hasten.core.availability",
 }
 
