@@ -199,3 +199,36 @@ def test_count(capsys, tmp_path):
     assert counts == COUNTS, f"{counts} != {COUNTS} (update COUNTS and docs/migrating.md)"
     # a refusal always says why, in one line
     assert all(reason for state, reason in found.values() if state == "refused")
+
+
+# Accelerate 1.15's module-level `logger` objects: get_logger(__name__) (a MultiProcessAdapter) or
+# logging.getLogger(__name__); scripts and tests patch them (`mock.patch.object(accelerate.accelerator.logger, ...)`).
+ACCELERATE_LOGGERS = {
+    "accelerator": "adapter", "state": "logger", "tracking": "adapter", "utils.modeling": "logger",
+    "utils.fsdp_utils": "adapter", "utils.bnb": "logger", "utils.other": "adapter", "utils.dataclasses": "logger",
+    "utils.environment": "logger", "big_modeling": "logger",
+}
+
+
+@pytest.mark.parametrize("module", sorted(ACCELERATE_LOGGERS))
+def test_accelerates_module_loggers_are_at_their_paths(module):
+    import logging
+
+    from hasten.logging import MultiProcessAdapter
+
+    logger = getattr(importlib.import_module(f"hasten.{module}"), "logger", None)
+    kind = MultiProcessAdapter if ACCELERATE_LOGGERS[module] == "adapter" else logging.Logger
+    assert isinstance(logger, kind), f"hasten.{module}.logger is {logger!r}, Accelerate's is a {kind.__name__}"
+    assert (logger.logger if isinstance(logger, MultiProcessAdapter) else logger).name.startswith("hasten.")
+
+
+@pytest.mark.parametrize("switch", ["HASTEN_ENABLE_RICH", "ACCELERATE_ENABLE_RICH", None])
+def test_import_turns_rich_tracebacks_on_with_the_switch(switch):
+    # `import accelerate` imports accelerate.utils.rich when rich is installed and switched on; so does hasten.
+    pytest.importorskip("rich")
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_ENABLE_RICH")}
+    if switch:
+        env[switch] = "1"
+    code = "import sys; hook = sys.excepthook; import hasten; print(sys.excepthook is hook, 'hasten.utils.rich' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split() == (["False", "True"] if switch else ["True", "False"])

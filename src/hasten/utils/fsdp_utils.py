@@ -19,3 +19,7 @@ from ..backends.fsdp.functions import (  # noqa: F401
     save_fsdp_model,
     save_fsdp_optimizer,
 )
+
+from ..logging import get_logger  # noqa: E402
+
+logger = get_logger(__name__)  # Accelerate's module-level logger, at its path
