@@ -1,0 +1,79 @@
+"""Routes of settings and arguments no other test showed taking effect (issue: accepted means honoured, proven by
+mutants; docs/honoured.md): each test fails when its entry is dropped (`python scripts/prove_honoured.py <entry>`)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hasten import Accelerator
+from hasten.commands.launch import launch_command_parser
+from hasten.config.launch_settings import resolve_launch
+from launching import launch
+
+
+def _exports(*flags) -> dict:
+    return resolve_launch(launch_command_parser().parse_args([*flags, "train.py"]), env={}).env
+
+
+def test_enable_cpu_affinity_through_the_launcher_pins_every_process(tmp_path):
+    pinned = launch("cpu_affinity.py", flags=["--enable_cpu_affinity"], timeout=240).stdout
+    assert "RANK 0 PINNED 1" in pinned and "RANK 1 PINNED 1" in pinned, pinned
+    unpinned = launch("cpu_affinity.py", timeout=240).stdout
+    assert "RANK 0 PINNED 0" in unpinned and "RANK 1 PINNED 0" in unpinned, unpinned
+
+
+def test_prepare_device_placement_list_leaves_that_object_where_it_is():
+    # A model still on the meta device cannot be placed; device_placement=[False] tells prepare() not to try.
+    accelerator = Accelerator(cpu=True)
+    with torch.device("meta"):
+        kept = torch.nn.Linear(2, 2)
+    prepared = accelerator.prepare(kept, device_placement=[False])
+    assert prepared.weight.is_meta
+    with torch.device("meta"):
+        placed = torch.nn.Linear(2, 2)
+    with pytest.raises(ValueError, match="meta device"):
+        accelerator.prepare(placed)
+
+
+@pytest.mark.parametrize("variables", [
+    {"ACCELERATE_DYNAMO_BACKEND": "inductor", "ACCELERATE_DYNAMO_USE_FULLGRAPH": "true",
+     "ACCELERATE_DYNAMO_USE_DYNAMIC": "true"},
+    {"HASTEN_DYNAMO_BACKEND": "inductor", "HASTEN_DYNAMO_USE_FULLGRAPH": "true", "HASTEN_DYNAMO_USE_DYNAMIC": "true"},
+])
+def test_dynamo_variables_reach_torch_compile(monkeypatch, variables):
+    import hasten.training.compilation as compilation
+
+    calls = []
+    monkeypatch.setattr(compilation.torch, "compile", lambda model, **kwargs: calls.append(kwargs) or model)
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    Accelerator().prepare(torch.nn.Linear(2, 2))
+    assert [(c["backend"], c["fullgraph"], c["dynamic"]) for c in calls] == [("inductor", True, True)], calls
+
+
+def test_dynamo_flags_are_exported_for_the_processes():
+    exported = _exports("--dynamo_backend", "inductor", "--dynamo_use_fullgraph", "--dynamo_use_dynamic")
+    assert (exported.get("HASTEN_DYNAMO_USE_FULLGRAPH"), exported.get("HASTEN_DYNAMO_USE_DYNAMIC")) == ("true", "true")
+
+
+def test_fsdp_ignored_modules_variable_picks_the_modules_fsdp_leaves_alone(monkeypatch):
+    from hasten.backends.fsdp.backend import _ignored_modules
+    from hasten.utils import FullyShardedDataParallelPlugin
+
+    model = torch.nn.Sequential()
+    model.add_module("body", torch.nn.Linear(2, 2))
+    model.add_module("head", torch.nn.Linear(2, 2))
+    monkeypatch.setenv("FSDP_IGNORED_MODULES", "head")
+    plugin = FullyShardedDataParallelPlugin()
+    assert _ignored_modules(model, plugin.ignored_modules) == [model.head]
+
+
+def test_pp_microbatches_flag_and_variable_reach_the_pipeline_config(monkeypatch):
+    from hasten.parallelism_config import TorchPipelineParallelConfig
+
+    exported = _exports("--parallelism_config_pp_size", "2", "--parallelism_config_pp_microbatches", "4",
+                        "--num_processes", "2")
+    assert exported.get("PARALLELISM_CONFIG_PP_MICROBATCHES") == "4"
+    monkeypatch.setenv("PARALLELISM_CONFIG_PP_MICROBATCHES", "4")
+    assert TorchPipelineParallelConfig().microbatches == 4
