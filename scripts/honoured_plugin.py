@@ -1,7 +1,8 @@
 """The pytest side of scripts/prove_honoured.py (loaded with `-p honoured_plugin`).
 
 HONOURED_PLAN (JSON) maps a test function ("tests/x.py::test_name") to the entries whose mutants it must kill.
-Each collected case of such a test runs once as it is (the baseline) and then once per entry with that entry's
+Each collected case of such a test runs once as it is (the baseline; HONOURED_BASELINE=0 skips it, trusting the
+ordinary suite) and then once per entry with that entry's
 mutant live (HONOURED_MUTANT, read by scripts/honoured_hook.py at call time); an entry already killed skips the
 remaining cases. Results go to HONOURED_REPORT as JSON lines.
 """
@@ -43,11 +44,12 @@ def pytest_runtest_protocol(item, nextitem):
         return None
     item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
     os.environ.pop("HONOURED_MUTANT", None)
-    failed, skipped, seconds, message = _run(item)
-    _record(entry=None, test=item.nodeid, failed=failed, skipped=skipped, seconds=seconds, message=message)
-    if failed or skipped:
-        _BASELINE_FAILED.add(test)
-        return True
+    if os.environ.get("HONOURED_BASELINE", "1") == "1":
+        failed, skipped, seconds, message = _run(item)
+        _record(entry=None, test=item.nodeid, failed=failed, skipped=skipped, seconds=seconds, message=message)
+        if failed or skipped:
+            _BASELINE_FAILED.add(test)
+            return True
     hits = os.environ["HONOURED_HITS"]
     for entry in entries:
         if entry in _KILLED:

@@ -107,7 +107,7 @@ def recorded_seconds(path) -> dict:
     return seconds
 
 
-def run(entries: list, *, timeout: float = 3000, verbose: bool = True) -> dict:
+def run(entries: list, *, timeout: float = 3000, verbose: bool = True, baseline: bool = True) -> dict:
     """{entry: {"status", "test", "seconds", "message"}} for the given entries."""
     results, targets = {}, {}
     for entry in entries:
@@ -129,6 +129,7 @@ def run(entries: list, *, timeout: float = 3000, verbose: bool = True) -> dict:
         env = {k: v for k, v in os.environ.items() if not k.startswith("HONOURED_")}
         env.update(HONOURED_TARGETS=json.dumps(targets), HONOURED_PLAN=json.dumps(plan),
                    HONOURED_REPORT=str(report), HONOURED_HITS=str(scratch / "hits"),
+                   HONOURED_BASELINE="1" if baseline else "0",
                    PYTHONPATH=os.pathsep.join(p for p in (str(scratch), env.get("PYTHONPATH", "")) if p))
         selection = sorted(plan)
         command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "honoured_plugin",
@@ -221,6 +222,8 @@ def main(argv=None) -> int:
     parser.add_argument("--json", help="write the results here as JSON")
     parser.add_argument("--timeout", type=float, default=3000, help="seconds for the whole pytest run")
     parser.add_argument("--table", help="write the results as docs/honoured.md's table here")
+    parser.add_argument("--no-baseline", action="store_true", help="do not first run each test without a mutant "
+                        "(the ordinary suite shows they pass)")
     parser.add_argument("--merge", nargs="+", help="instead of running, read these --json outputs (for --table)")
     parser.add_argument("--note", default="", help="a paragraph for the table's head")
     args = parser.parse_args(argv)
@@ -241,7 +244,7 @@ def main(argv=None) -> int:
     if args.chunk:
         index, _, count = args.chunk.partition("/")
         entries = entries[int(index) - 1::int(count)]
-    results = run(entries, timeout=args.timeout)
+    results = run(entries, timeout=args.timeout, baseline=not args.no_baseline)
     width = max((len(e) for e in results), default=10)
     for entry in entries:
         row = results[entry]
