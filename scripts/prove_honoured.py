@@ -227,13 +227,16 @@ def main(argv=None) -> int:
     parser.add_argument("--merge", nargs="+", help="instead of running, read these --json outputs (for --table)")
     parser.add_argument("--note", default="", help="a paragraph for the table's head")
     args = parser.parse_args(argv)
+    entries = args.entries or acceptance_entries.all_entries()
     if args.merge:
         results = {}
-        for path in args.merge:
+        for path in args.merge:  # later files win: a re-run after a fix replaces the entry's earlier row
             results.update(json.loads(Path(path).read_text()))
+        for entry in entries:  # the whole table: an entry no run reached says so
+            results.setdefault(entry, {"status": "not run", "test": ", ".join(mapped_tests(entry)), "seconds": 0.0,
+                                       "message": ""})
         write_table(args.table, results, args.note)
         return 0
-    entries = args.entries or acceptance_entries.all_entries()
     unknown = [e for e in entries if e not in acceptance_map.MAP]
     if unknown:
         parser.error(f"entries with no line in tests/acceptance_map.py: {unknown[:5]}")

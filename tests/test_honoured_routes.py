@@ -3,6 +3,8 @@ mutants; docs/honoured.md): each test fails when its entry is dropped (`python s
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -77,3 +79,14 @@ def test_pp_microbatches_flag_and_variable_reach_the_pipeline_config(monkeypatch
     assert exported.get("PARALLELISM_CONFIG_PP_MICROBATCHES") == "4"
     monkeypatch.setenv("PARALLELISM_CONFIG_PP_MICROBATCHES", "4")
     assert TorchPipelineParallelConfig().microbatches == 4
+
+
+def test_save_state_safe_serialization_false_writes_torch_files(tmp_path):
+    accelerator = Accelerator(cpu=True)
+    accelerator.prepare(torch.nn.Linear(2, 2))
+    accelerator.save_state(tmp_path / "safe")
+    safe = set(os.listdir(tmp_path / "safe"))
+    accelerator.save_state(tmp_path / "pickled", safe_serialization=False)
+    pickled = set(os.listdir(tmp_path / "pickled"))
+    assert "model.safetensors" in safe and "pytorch_model.bin" not in safe, safe
+    assert "pytorch_model.bin" in pickled and "model.safetensors" not in pickled, pickled
