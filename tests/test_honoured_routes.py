@@ -90,3 +90,46 @@ def test_save_state_safe_serialization_false_writes_torch_files(tmp_path):
     pickled = set(os.listdir(tmp_path / "pickled"))
     assert "model.safetensors" in safe and "pytorch_model.bin" not in safe, safe
     assert "pytorch_model.bin" in pickled and "model.safetensors" not in pickled, pickled
+
+
+FSDP1_GIVEN = {  # plugin argument -> (its variable and text, what FullyShardedDataParallel must be given)
+    "sharding_strategy": ("FSDP_SHARDING_STRATEGY", "SHARD_GRAD_OP", "sharding_strategy", "SHARD_GRAD_OP"),
+    "backward_prefetch": ("FSDP_BACKWARD_PREFETCH", "BACKWARD_POST", "backward_prefetch", "BACKWARD_POST"),
+    "use_orig_params": ("FSDP_USE_ORIG_PARAMS", "false", "use_orig_params", False),
+}
+
+
+@pytest.mark.parametrize("route", ["argument", "variable"])
+def test_fsdp1_plugin_values_reach_the_wrapper_in_one_process(monkeypatch, route):
+    """One process (FSDP with a world of one): the values FullyShardedDataParallel is built with, from the plugin's
+    arguments or from the launcher's FSDP_* variables."""
+    import warnings
+
+    import torch.distributed.fsdp as fsdp
+
+    from hasten.utils import FullyShardedDataParallelPlugin
+
+    given = []
+
+    class Recording(fsdp.FullyShardedDataParallel):
+        def __init__(self, module, **kwargs):
+            given.append(kwargs)
+            super().__init__(module, **kwargs)
+
+    monkeypatch.setattr(fsdp, "FullyShardedDataParallel", Recording)
+    arguments = {"fsdp_version": 1, "sync_module_states": False, "cpu_ram_efficient_loading": False}
+    if route == "argument":
+        arguments.update(sharding_strategy="SHARD_GRAD_OP", backward_prefetch="BACKWARD_POST", use_orig_params=False)
+    else:
+        for variable, text, _, _ in FSDP1_GIVEN.values():
+            monkeypatch.setenv(variable, text)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # deprecations of FSDP1 spellings, as Accelerate's
+        Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(**arguments)).prepare(torch.nn.Linear(2, 2))
+    (kwargs,) = given
+    seen = {
+        "sharding_strategy": kwargs["sharding_strategy"].name,
+        "backward_prefetch": getattr(kwargs["backward_prefetch"], "name", None),
+        "use_orig_params": kwargs["use_orig_params"],
+    }
+    assert seen == {key: expected for key, (_, _, _, expected) in FSDP1_GIVEN.items()}, seen
