@@ -95,7 +95,7 @@ def test_save_state_safe_serialization_false_writes_torch_files(tmp_path):
 FSDP1_GIVEN = {  # plugin argument -> (its variable and text, what FullyShardedDataParallel must be given)
     "sharding_strategy": ("FSDP_SHARDING_STRATEGY", "SHARD_GRAD_OP", "sharding_strategy", "SHARD_GRAD_OP"),
     "backward_prefetch": ("FSDP_BACKWARD_PREFETCH", "BACKWARD_POST", "backward_prefetch", "BACKWARD_POST"),
-    "use_orig_params": ("FSDP_USE_ORIG_PARAMS", "false", "use_orig_params", False),
+    "use_orig_params": ("FSDP_USE_ORIG_PARAMS", "true", "use_orig_params", True),  # without: False, for FSDP1
 }
 
 
@@ -119,7 +119,7 @@ def test_fsdp1_plugin_values_reach_the_wrapper_in_one_process(monkeypatch, route
     monkeypatch.setattr(fsdp, "FullyShardedDataParallel", Recording)
     arguments = {"fsdp_version": 1, "sync_module_states": False, "cpu_ram_efficient_loading": False}
     if route == "argument":
-        arguments.update(sharding_strategy="SHARD_GRAD_OP", backward_prefetch="BACKWARD_POST", use_orig_params=False)
+        arguments.update(sharding_strategy="SHARD_GRAD_OP", backward_prefetch="BACKWARD_POST", use_orig_params=True)
     else:
         for variable, text, _, _ in FSDP1_GIVEN.values():
             monkeypatch.setenv(variable, text)
