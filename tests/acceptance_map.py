@@ -3,7 +3,7 @@ dropped (`python scripts/prove_honoured.py <entry>` checks it with a mutant). On
 one test is not enough."""
 
 MAP = {
-    'param:Accelerator:device_placement': 'tests/test_accelerator.py::test_prepare_rejects_bad_objects',
+    'param:Accelerator:device_placement': 'tests/test_honoured_routes.py::test_accelerator_device_placement_false_leaves_prepared_models_where_they_are',
     'param:Accelerator:split_batches': 'tests/backends/test_ddp.py::test_prepared_loaders_split_flush_and_metrics',
     'param:Accelerator:mixed_precision': 'tests/backends/test_ddp.py::test_ddp_training_matches_one_process_and_accumulates',
     'param:Accelerator:gradient_accumulation_steps': 'tests/backends/test_ddp.py::test_ddp_training_matches_one_process_and_accumulates',
@@ -143,7 +143,7 @@ MAP = {
     'field:FullyShardedDataParallelPlugin:reshard_after_forward': 'tests/backends/test_fsdp.py::test_defaults_follow_accelerate_per_version',
     'field:FullyShardedDataParallelPlugin:backward_prefetch': ['tests/test_honoured_routes.py::test_fsdp1_plugin_values_reach_the_wrapper_in_one_process', 'tests/backends/test_fsdp.py::test_defaults_follow_accelerate_per_version'],
     'field:FullyShardedDataParallelPlugin:mixed_precision_policy': 'tests/backends/test_fsdp.py::test_bad_values_name_the_setting_and_its_source',
-    'field:FullyShardedDataParallelPlugin:auto_wrap_policy': 'tests/backends/test_fsdp.py::test_defaults_follow_accelerate_per_version',
+    'field:FullyShardedDataParallelPlugin:auto_wrap_policy': 'tests/backends/test_fsdp.py::test_fsdp2_prepare_auto_wrap_policy_follows_the_plugin',
     'field:FullyShardedDataParallelPlugin:cpu_offload': 'tests/backends/test_fsdp.py::test_defaults_follow_accelerate_per_version',
     'field:FullyShardedDataParallelPlugin:ignored_modules': 'tests/backends/test_fsdp.py::test_bad_values_name_the_setting_and_its_source',
     'field:FullyShardedDataParallelPlugin:state_dict_type': 'tests/backends/test_fsdp.py::test_defaults_follow_accelerate_per_version',
@@ -155,7 +155,7 @@ MAP = {
     'field:FullyShardedDataParallelPlugin:activation_checkpointing': 'tests/backends/test_fsdp.py::test_bad_values_name_the_setting_and_its_source',
     'field:FullyShardedDataParallelPlugin:activation_checkpointing_offload': 'tests/backends/test_fsdp.py::test_bad_values_name_the_setting_and_its_source',
     'field:FullyShardedDataParallelPlugin:cpu_ram_efficient_loading': 'tests/backends/test_fsdp.py::test_ram_efficient_loading_is_exported_for_transformers',
-    'field:FullyShardedDataParallelPlugin:transformer_cls_names_to_wrap': 'tests/backends/test_fsdp.py::test_argument_beats_environment_beats_default',
+    'field:FullyShardedDataParallelPlugin:transformer_cls_names_to_wrap': 'tests/backends/test_fsdp.py::test_fsdp2_prepare_auto_wrap_policy_follows_the_plugin',
     'field:FullyShardedDataParallelPlugin:min_num_params': 'tests/backends/test_fsdp.py::test_argument_beats_environment_beats_default',
     'field:FullyShardedDataParallelPlugin:sources': 'tests/backends/test_fsdp.py::test_argument_beats_environment_beats_default',
     'field:GradScalerKwargs:init_scale': 'tests/test_accelerator_options.py::test_grad_scaler_kwargs_reach_the_fp16_scaler',
@@ -308,7 +308,7 @@ MAP = {
     'setting:role': 'tests/config/test_file_objects.py::test_a_sagemaker_file_loads_as_data_and_launch_refuses_it',
     'setting:max_restarts': 'tests/commands/test_config.py::test_config_default_then_update_then_explain',
     'setting:monitor_interval': 'tests/config/test_resolve.py::test_file_supplies_multi_machine_settings',
-    'setting:fsdp_version': 'tests/backends/test_fsdp.py::test_defaults_follow_accelerate_per_version',
+    'setting:fsdp_version': ['tests/backends/test_fsdp.py::test_fsdp1_only_keys_from_the_environment_warn_under_fsdp2', 'tests/backends/test_fsdp.py::test_defaults_follow_accelerate_per_version'],
     'setting:fsdp_offload_params': 'tests/backends/test_fsdp.py::test_bad_values_name_the_setting_and_its_source',
     'setting:fsdp_min_num_params': 'tests/backends/test_fsdp.py::test_argument_beats_environment_beats_default',
     'setting:fsdp_sharding_strategy': ['tests/test_honoured_routes.py::test_fsdp1_plugin_values_reach_the_wrapper_in_one_process', 'tests/commands/test_cli_commands.py::test_conversion_maps_the_strategy_and_drops_fsdp1_only_keys'],

@@ -133,3 +133,9 @@ def test_fsdp1_plugin_values_reach_the_wrapper_in_one_process(monkeypatch, route
         "use_orig_params": kwargs["use_orig_params"],
     }
     assert seen == {key: expected for key, (_, _, _, expected) in FSDP1_GIVEN.items()}, seen
+
+
+def test_accelerator_device_placement_false_leaves_prepared_models_where_they_are():
+    with torch.device("meta"):
+        kept = torch.nn.Linear(2, 2)
+    assert Accelerator(cpu=True, device_placement=False).prepare(kept).weight.is_meta
