@@ -139,3 +139,28 @@ def test_accelerator_device_placement_false_leaves_prepared_models_where_they_ar
     with torch.device("meta"):
         kept = torch.nn.Linear(2, 2)
     assert Accelerator(cpu=True, device_placement=False).prepare(kept).weight.is_meta
+
+
+DEEPSPEED_FLAGS = [  # (flag, value, the DeepSpeedPlugin attribute, what it must hold) with --use_deepspeed --zero_stage 3
+    ("--offload_optimizer_device", "nvme", "offload_optimizer_device", "nvme"),
+    ("--offload_param_device", "nvme", "offload_param_device", "nvme"),
+    ("--offload_optimizer_nvme_path", "/scratch/opt", "offload_optimizer_nvme_path", "/scratch/opt"),
+    ("--offload_param_nvme_path", "/scratch/param", "offload_param_nvme_path", "/scratch/param"),
+    ("--zero3_init_flag", "false", "zero3_init_flag", False),  # on by default with ZeRO-3
+    ("--zero3_save_16bit_model", "true", "zero3_save_16bit_model", True),
+    ("--deepspeed_moe_layer_cls_names", "MoEBlock", "transformer_moe_cls_names", "MoEBlock"),
+]
+
+
+@pytest.mark.parametrize("flag, value, attribute, expected", DEEPSPEED_FLAGS, ids=[f[0] for f in DEEPSPEED_FLAGS])
+def test_deepspeed_launch_flags_reach_the_plugin_in_the_processes(monkeypatch, flag, value, attribute, expected):
+    """`hasten launch --use_deepspeed <flag> <value>` exports a variable; the DeepSpeedPlugin a launched script
+    builds without arguments holds the value."""
+    pytest.importorskip("deepspeed")
+    from hasten.utils import DeepSpeedPlugin
+
+    exported = _exports("--use_deepspeed", "--zero_stage", "3", flag, value)
+    for name, text in exported.items():
+        monkeypatch.setenv(name, text)
+    plugin = DeepSpeedPlugin()
+    assert getattr(plugin, attribute) == expected, (flag, exported)
