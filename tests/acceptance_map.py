@@ -280,7 +280,7 @@ MAP = {
     'setting:tracker_errors': 'tests/tracking/test_tracking.py::test_a_failing_tracker_warns_once_and_training_goes_on',
     'setting:tensorboard_one_run': 'tests/tracking/test_tracking.py::test_tensorboard_layout_is_accelerates_unless_one_run_is_asked',
     'setting:use_cpu': 'tests/backends/test_deepspeed.py::test_hasten_config_asks_the_deepspeed_questions',
-    'setting:tpu': 'tests/commands/test_tpu.py::test_it_runs_gcloud_and_a_tpu_training_config_still_only_launches_with_a_refusal',
+    'setting:tpu': ['tests/config/test_settings.py::test_not_built_flag_is_refused_in_one_line', 'tests/commands/test_tpu.py::test_it_runs_gcloud_and_a_tpu_training_config_still_only_launches_with_a_refusal'],
     'setting:mixed_precision': 'tests/backends/test_ddp.py::test_ddp_training_matches_one_process_and_accumulates',
     'setting:num_processes': 'tests/backends/test_contract.py::test_backend_keeps_the_contract',
     'setting:num_machines': 'tests/backends/test_deepspeed.py::test_launch_flags_become_the_plugins_variables',
@@ -339,9 +339,9 @@ MAP = {
     'setting:zero3_init_flag': 'tests/test_honoured_routes.py::test_deepspeed_launch_flags_reach_the_plugin_in_the_processes',
     'setting:zero3_save_16bit_model': 'tests/test_honoured_routes.py::test_deepspeed_launch_flags_reach_the_plugin_in_the_processes',
     'setting:deepspeed_multinode_launcher': 'tests/backends/test_deepspeed.py::test_plugin_reads_launcher_variables',
-    'setting:deepspeed_hostfile': 'tests/backends/test_deepspeed.py::test_plugin_reads_launcher_variables',
-    'setting:deepspeed_exclusion_filter': 'tests/backends/test_deepspeed.py::test_plugin_reads_launcher_variables',
-    'setting:deepspeed_inclusion_filter': 'tests/backends/test_deepspeed.py::test_plugin_reads_launcher_variables',
+    'setting:deepspeed_hostfile': ['tests/config/test_settings.py::test_not_built_flag_is_refused_in_one_line', 'tests/backends/test_deepspeed.py::test_plugin_reads_launcher_variables'],
+    'setting:deepspeed_exclusion_filter': ['tests/config/test_settings.py::test_not_built_flag_is_refused_in_one_line', 'tests/backends/test_deepspeed.py::test_plugin_reads_launcher_variables'],
+    'setting:deepspeed_inclusion_filter': ['tests/config/test_settings.py::test_not_built_flag_is_refused_in_one_line', 'tests/backends/test_deepspeed.py::test_plugin_reads_launcher_variables'],
     'setting:deepspeed_moe_layer_cls_names': 'tests/test_honoured_routes.py::test_deepspeed_launch_flags_reach_the_plugin_in_the_processes',
     'setting:deepspeed_allow_jit': 'tests/backends/test_deepspeed.py::test_deepspeeds_own_adamw_compiles_when_allowed_and_trains_like_torch',
     'setting:fp8_config': 'tests/config/test_settings.py::test_an_accelerate_file_with_default_tpu_keys_and_empty_blocks_loads',
@@ -359,7 +359,7 @@ MAP = {
     'setting:fp8_use_mxfp8_block_scaling': 'tests/training/test_fp8_recipe.py::test_override_dgrad_and_mxfp8_variables_reach_the_recipe',
     'setting:fp8_enable_fsdp_float8_all_gather': 'tests/training/test_fp8.py::test_config_file_fp8_config_reaches_the_recipe_and_the_refusal',
     'setting:fp8_pad_inner_dim': 'tests/training/test_fp8.py::test_config_file_fp8_config_reaches_the_recipe_and_the_refusal',
-    'setting:fp8_opt_level': 'tests/training/test_fp8.py::test_msamp_is_refused_everywhere',
+    'setting:fp8_opt_level': ['tests/config/test_settings.py::test_not_built_flag_is_refused_in_one_line', 'tests/training/test_fp8.py::test_msamp_is_refused_everywhere'],
     'setting:parallelism_config': 'tests/backends/test_contract.py::test_backend_keeps_the_contract',
     'setting:parallelism_config_dp_replicate_size': 'tests/backends/test_contract.py::test_backend_keeps_the_contract',
     'setting:parallelism_config_dp_shard_size': 'tests/test_parallelism_config.py::test_sizes_are_read_from_the_environment_and_code_wins',
@@ -370,11 +370,11 @@ MAP = {
     'setting:parallelism_config_pp_microbatches': 'tests/test_honoured_routes.py::test_pp_microbatches_flag_and_variable_reach_the_pipeline_config',
     'setting:parallelism_config_cp_backend': 'tests/test_parallelism_config.py::test_a_bad_or_unbuilt_variable_is_one_line',
     'setting:parallelism_config_cp_comm_strategy': 'tests/test_parallelism_config.py::test_sizes_are_read_from_the_environment_and_code_wins',
-    'setting:parallelism_config_sp_size': 'tests/test_parallelism_config.py::test_a_bad_or_unbuilt_variable_is_one_line',
-    'setting:parallelism_config_sp_backend': 'tests/backends/test_contract.py::test_backend_keeps_the_contract',
-    'setting:parallelism_config_sp_seq_length': 'tests/backends/test_contract.py::test_backend_keeps_the_contract',
-    'setting:parallelism_config_sp_seq_length_is_variable': 'tests/backends/test_contract.py::test_backend_keeps_the_contract',
-    'setting:parallelism_config_sp_attn_implementation': 'tests/backends/test_contract.py::test_backend_keeps_the_contract',
+    'setting:parallelism_config_sp_size': ['tests/config/test_settings.py::test_not_built_flag_is_refused_in_one_line', 'tests/test_parallelism_config.py::test_a_bad_or_unbuilt_variable_is_one_line'],
+    'setting:parallelism_config_sp_backend': ['tests/config/test_settings.py::test_not_built_flag_is_refused_in_one_line', 'tests/backends/test_contract.py::test_backend_keeps_the_contract'],
+    'setting:parallelism_config_sp_seq_length': ['tests/config/test_settings.py::test_not_built_flag_is_refused_in_one_line', 'tests/backends/test_contract.py::test_backend_keeps_the_contract'],
+    'setting:parallelism_config_sp_seq_length_is_variable': ['tests/config/test_settings.py::test_not_built_flag_is_refused_in_one_line', 'tests/backends/test_contract.py::test_backend_keeps_the_contract'],
+    'setting:parallelism_config_sp_attn_implementation': ['tests/config/test_settings.py::test_not_built_flag_is_refused_in_one_line', 'tests/backends/test_contract.py::test_backend_keeps_the_contract'],
     'setting:megatron_lm_config': 'tests/config/test_settings.py::test_an_accelerate_file_with_default_tpu_keys_and_empty_blocks_loads',
     'setting:megatron_lm_tp_degree': 'tests/config/test_megatron.py::test_fields_are_read_from_the_launchers_variables',
     'setting:megatron_lm_pp_degree': 'tests/config/test_megatron.py::test_fields_are_read_from_the_launchers_variables',
@@ -403,12 +403,12 @@ MAP = {
     'setting:megatron_lm_expert_tensor_parallel_size': 'tests/config/test_settings.py::test_not_built_flag_is_refused_in_one_line',
     'setting:megatron_lm_calculate_per_token_loss': 'tests/config/test_settings.py::test_not_built_flag_is_refused_in_one_line',
     'setting:megatron_lm_use_rotary_position_embeddings': 'tests/config/test_settings.py::test_not_built_flag_is_refused_in_one_line',
-    'setting:tpu_use_cluster': 'tests/config/test_file.py::test_an_accelerate_generated_file_loads',
-    'setting:tpu_use_sudo': 'tests/config/test_file.py::test_an_accelerate_generated_file_loads',
-    'setting:env': 'tests/backends/test_deepspeed.py::test_resume_is_bit_identical_and_a_killed_save_leaves_the_previous_checkpoint',
+    'setting:tpu_use_cluster': ['tests/config/test_settings.py::test_not_built_flag_is_refused_in_one_line', 'tests/config/test_file.py::test_an_accelerate_generated_file_loads'],
+    'setting:tpu_use_sudo': ['tests/config/test_settings.py::test_not_built_flag_is_refused_in_one_line', 'tests/config/test_file.py::test_an_accelerate_generated_file_loads'],
+    'setting:env': ['tests/config/test_settings.py::test_not_built_flag_is_refused_in_one_line', 'tests/backends/test_deepspeed.py::test_resume_is_bit_identical_and_a_killed_save_leaves_the_previous_checkpoint'],
     'setting:tpu_env': 'tests/config/test_file.py::test_an_accelerate_generated_file_loads',
-    'setting:main_training_function': 'tests/config/test_file.py::test_an_accelerate_generated_file_loads',
-    'setting:downcast_bf16': 'tests/config/test_file.py::test_an_accelerate_generated_file_loads',
+    'setting:main_training_function': ['tests/config/test_settings.py::test_not_built_flag_is_refused_in_one_line', 'tests/config/test_file.py::test_an_accelerate_generated_file_loads'],
+    'setting:downcast_bf16': ['tests/config/test_settings.py::test_not_built_flag_is_refused_in_one_line', 'tests/config/test_file.py::test_an_accelerate_generated_file_loads'],
     'setting:commands': 'tests/commands/test_tpu.py::test_the_config_files_tpu_keys_fill_what_the_flags_leave_out',
     'setting:mpirun_config': 'tests/launch/test_prepare_mpirun.py::test_the_files_mpirun_config_and_accelerates_patch_points',
     'setting:mpirun_hostfile': 'tests/launch/test_prepare_mpirun.py::test_the_hostfile_flag_prepends_each_mpis_spelling',
@@ -460,7 +460,7 @@ MAP = {
     'setting:command_file': 'tests/commands/test_tpu.py::test_the_config_files_tpu_keys_fill_what_the_flags_leave_out',
     'setting:in_tpu_pod': 'tests/config/test_settings.py::test_tpu_and_sagemaker_rows_are_refused_by_each_route_they_have',
     'setting:aws_access_key_id': 'tests/config/test_settings.py::test_tpu_and_sagemaker_rows_are_refused_by_each_route_they_have',
-    'setting:aws_secret_access_key': 'tests/config/test_settings.py::test_tpu_and_sagemaker_rows_are_refused_by_each_route_they_have',
+    'setting:aws_secret_access_key': ['tests/config/test_settings.py::test_not_built_flag_is_refused_in_one_line', 'tests/config/test_settings.py::test_tpu_and_sagemaker_rows_are_refused_by_each_route_they_have'],
     'setting:use_sagemaker': 'tests/config/test_settings.py::test_tpu_and_sagemaker_rows_are_refused_by_each_route_they_have',
     'setting:sagemaker_distributed_type': 'tests/config/test_settings.py::test_tpu_and_sagemaker_rows_are_refused_by_each_route_they_have',
     'setting:multi_gpu': 'tests/config/test_resolve.py::test_multi_device_switch_asks_for_one_process_per_device_and_at_least_two',
@@ -476,38 +476,29 @@ CPU_PART: dict = {}
 # Entries the last full mutation run (docs/honoured.md) did not kill: their mutant survived, was never reached by the
 # mapped test, or did not run. CI's rotating sample leaves them out; this list only shrinks.
 NOT_YET_PROVEN: list = [
-    'param:Accelerator:device_placement',  # not reached
     'param:Accelerator:split_batches',  # not run
     'param:Accelerator:mixed_precision',  # not run
     'param:Accelerator:gradient_accumulation_steps',  # not run
     'param:Accelerator:cpu',  # not run
     'param:Accelerator:dataloader_config',  # not run
-    'param:Accelerator:log_with',  # not run
     'param:Accelerator:project_dir',  # not run
     'param:Accelerator:project_config',  # not run
     'param:Accelerator:gradient_accumulation_plugin',  # not run
     'param:Accelerator:kwargs_handlers',  # not run
-    'param:Accelerator:dynamo_backend',  # not run
-    'param:Accelerator:dynamo_plugin',  # not run
-    'param:prepare:args',  # not run
+    'param:Accelerator:dynamo_backend',  # not reached
     'param:save_state:output_dir',  # not reached
     'param:save_state:async_save',  # survived
     'param:save_state:save_model_func_kwargs',  # not run
     'param:load_state:load_model_func_kwargs',  # not run
     'param:save_model:model',  # not run
-    'param:get_state_dict:model',  # not run
     'param:get_state_dict:unwrap',  # not run
     'param:accumulate:models',  # not run
     'param:gather_for_metrics:input_data',  # not run
     'param:gather_for_metrics:use_gather_object',  # not run
     'param:init_trackers:config',  # survived
-    'param:backward:loss',  # not run
-    'param:clip_grad_norm_:parameters',  # not run
     'param:clip_grad_norm_:max_norm',  # not run
     'param:clip_grad_norm_:norm_type',  # not run
-    'param:unwrap_model:model',  # not run
     'param:unwrap_model:keep_torch_compile',  # not run
-    'param:prepare_data_loader:even_batches',  # not run
     'param:load_checkpoint_and_dispatch:offload_state_dict',  # survived
     'param:save_fsdp_model:fsdp_plugin',  # not run
     'param:save_fsdp_model:accelerator',  # not run
@@ -516,16 +507,14 @@ NOT_YET_PROVEN: list = [
     'param:save_fsdp_model:model_index',  # not run
     'param:save_fsdp_model:use_dcp',  # not run
     'field:AORecipeKwargs:config',  # not reached
-    'field:AORecipeKwargs:pad_inner_dim',  # not run
-    'field:AORecipeKwargs:enable_fsdp_float8_all_gather',  # not run
+    'field:AORecipeKwargs:pad_inner_dim',  # not reached
+    'field:AORecipeKwargs:enable_fsdp_float8_all_gather',  # not reached
     'field:BnbQuantizationConfig:llm_int8_threshold',  # not reached
     'field:DataLoaderConfiguration:split_batches',  # not run
     'field:DataLoaderConfiguration:even_batches',  # not run
-    'field:DataLoaderConfiguration:use_seedable_sampler',  # not run
+    'field:DataLoaderConfiguration:use_seedable_sampler',  # survived
     'field:DeepSpeedPlugin:dschf',  # no target
-    'field:DeepSpeedSequenceParallelConfig:sp_seq_length',  # not run
-    'field:DeepSpeedSequenceParallelConfig:sp_seq_length_is_variable',  # not run
-    'field:DeepSpeedSequenceParallelConfig:sp_attn_implementation',  # not run
+    'field:DeepSpeedSequenceParallelConfig:sp_seq_length',  # survived
     'field:DistributedDataParallelKwargs:dim',  # not run
     'field:DistributedDataParallelKwargs:broadcast_buffers',  # not run
     'field:DistributedDataParallelKwargs:bucket_cap_mb',  # not run
@@ -535,9 +524,7 @@ NOT_YET_PROVEN: list = [
     'field:DistributedDataParallelKwargs:comm_hook',  # not run
     'field:DistributedDataParallelKwargs:comm_wrapper',  # not run
     'field:DistributedDataParallelKwargs:comm_state_option',  # not run
-    'field:FP8RecipeKwargs:backend',  # not run
     'field:FullyShardedDataParallelPlugin:reshard_after_forward',  # not reached
-    'field:FullyShardedDataParallelPlugin:auto_wrap_policy',  # not reached
     'field:FullyShardedDataParallelPlugin:cpu_offload',  # not reached
     'field:FullyShardedDataParallelPlugin:state_dict_type',  # not reached
     'field:FullyShardedDataParallelPlugin:state_dict_config',  # not run
@@ -546,7 +533,6 @@ NOT_YET_PROVEN: list = [
     'field:FullyShardedDataParallelPlugin:param_init_fn',  # not run
     'field:FullyShardedDataParallelPlugin:sync_module_states',  # not reached
     'field:FullyShardedDataParallelPlugin:activation_checkpointing',  # not reached
-    'field:FullyShardedDataParallelPlugin:transformer_cls_names_to_wrap',  # not reached
     'field:FullyShardedDataParallelPlugin:sources',  # not reached
     'field:GradientAccumulationPlugin:num_steps',  # not run
     'field:GradientAccumulationPlugin:sync_each_batch',  # not run
@@ -560,56 +546,43 @@ NOT_YET_PROVEN: list = [
     'field:ProfileKwargs:activities',  # survived
     'field:ProjectConfiguration:project_dir',  # not run
     'field:ProjectConfiguration:automatic_checkpoint_naming',  # not run
-    'field:ProjectConfiguration:total_limit',  # not run
     'field:ProjectConfiguration:iteration',  # not reached
     'field:TorchContextParallelConfig:cp_comm_strategy',  # not reached
     'field:TorchDynamoPlugin:backend',  # not reached
-    'field:TorchDynamoPlugin:mode',  # not run
+    'field:TorchDynamoPlugin:mode',  # survived
     'field:TorchTensorParallelConfig:enable_async_tp',  # not reached
     'field:TorchTensorParallelConfig:tp_plan',  # not run
     'field:TorchTensorParallelPlugin:torch_device_mesh',  # not reached
-    'setting:config_file',  # not run
+    'setting:config_file',  # not reached
     'setting:quiet',  # not reached
     'setting:module',  # not run
-    'setting:no_python',  # not run
+    'setting:no_python',  # not reached
     'setting:compute_environment',  # not run
     'setting:distributed_type',  # not run
     'setting:fsdp_config',  # not reached
     'setting:dynamo_config',  # not reached
-    'setting:debug',  # not run
-    'setting:collective_timeout',  # not run
-    'setting:strict',  # not run
-    'setting:environment_over_file',  # not run
-    'setting:handle_preemption',  # not run
-    'setting:hang_doctor_wait',  # not run
-    'setting:use_cpu',  # not run
-    'setting:multi_gpu',  # not run
-    'setting:tpu',  # not run
+    'setting:debug',  # survived
+    'setting:hang_doctor_wait',  # survived
+    'setting:use_cpu',  # survived
+    'setting:tpu',  # not reached
     'setting:mixed_precision',  # not run
-    'setting:num_processes',  # not run
-    'setting:num_machines',  # not run
+    'setting:num_machines',  # not reached
     'setting:num_cpu_threads_per_process',  # not reached
-    'setting:enable_cpu_affinity',  # not run
     'setting:dynamo_backend',  # not run
     'setting:dynamo_mode',  # not reached
     'setting:dynamo_use_regional_compilation',  # not reached
     'setting:use_fsdp',  # not run
-    'setting:gradient_accumulation_steps',  # not run
-    'setting:use_deepspeed',  # not run
     'setting:use_megatron_lm',  # not reached
-    'setting:gpu_ids',  # not run
+    'setting:gpu_ids',  # not reached
     'setting:same_network',  # not reached
     'setting:machine_rank',  # not reached
     'setting:main_process_ip',  # not reached
     'setting:main_process_port',  # not reached
     'setting:rdzv_backend',  # not reached
-    'setting:rdzv_conf',  # not run
-    'setting:tee',  # not run
+    'setting:rdzv_conf',  # survived
     'setting:log_dir',  # not reached
-    'setting:role',  # not run
+    'setting:role',  # not reached
     'setting:max_restarts',  # not reached
-    'setting:monitor_interval',  # not run
-    'setting:fsdp_version',  # not reached
     'setting:fsdp_offload_params',  # not reached
     'setting:fsdp_state_dict_type',  # survived
     'setting:fsdp_forward_prefetch',  # not run
@@ -621,41 +594,23 @@ NOT_YET_PROVEN: list = [
     'setting:log_level',  # not reached
     'setting:enable_rich',  # not reached
     'setting:bypass_device_map',  # not run
-    'setting:deepspeed_config',  # not run
-    'setting:deepspeed_config_file',  # not run
-    'setting:zero_stage',  # not run
-    'setting:offload_optimizer_device',  # not run
-    'setting:offload_param_device',  # not run
-    'setting:offload_optimizer_nvme_path',  # not run
-    'setting:offload_param_nvme_path',  # not run
-    'setting:gradient_clipping',  # not run
-    'setting:zero3_init_flag',  # not run
-    'setting:zero3_save_16bit_model',  # not run
-    'setting:deepspeed_multinode_launcher',  # not run
-    'setting:deepspeed_hostfile',  # not run
-    'setting:deepspeed_exclusion_filter',  # not run
-    'setting:deepspeed_inclusion_filter',  # not run
-    'setting:deepspeed_moe_layer_cls_names',  # not run
-    'setting:deepspeed_allow_jit',  # not run
+    'setting:deepspeed_config',  # not reached
+    'setting:deepspeed_config_file',  # not reached
+    'setting:deepspeed_multinode_launcher',  # not reached
+    'setting:deepspeed_hostfile',  # not reached
+    'setting:deepspeed_exclusion_filter',  # not reached
+    'setting:deepspeed_inclusion_filter',  # not reached
+    'setting:deepspeed_allow_jit',  # not reached
     'setting:config_ds_fields',  # not reached
-    'setting:fp8_config',  # not run
+    'setting:fp8_config',  # not reached
     'setting:fp8_use_autocast_during_eval',  # not reached
-    'setting:fp8_margin',  # not run
     'setting:fp8_interval',  # not reached
-    'setting:fp8_format',  # not run
-    'setting:fp8_amax_history_len',  # not run
-    'setting:fp8_amax_compute_algo',  # not run
-    'setting:fp8_override_linear_precision',  # not run
     'setting:fp8_override_fprop',  # survived
-    'setting:fp8_enable_fsdp_float8_all_gather',  # not run
-    'setting:fp8_pad_inner_dim',  # not run
-    'setting:fp8_opt_level',  # not run
     'setting:parallelism_config',  # not run
     'setting:parallelism_config_dp_replicate_size',  # not run
     'setting:parallelism_config_cp_size',  # not run
     'setting:parallelism_config_pp_size',  # not run
     'setting:parallelism_config_pp_schedule',  # not run
-    'setting:parallelism_config_pp_microbatches',  # not run
     'setting:parallelism_config_cp_backend',  # not reached
     'setting:parallelism_config_sp_size',  # not reached
     'setting:parallelism_config_sp_backend',  # not run
@@ -663,53 +618,26 @@ NOT_YET_PROVEN: list = [
     'setting:parallelism_config_sp_seq_length_is_variable',  # not run
     'setting:parallelism_config_sp_attn_implementation',  # not run
     'setting:allow_cp_standalone',  # not reached
-    'setting:megatron_lm_config',  # not run
+    'setting:megatron_lm_config',  # not reached
     'setting:megatron_lm_tp_degree',  # not run
     'setting:megatron_lm_pp_degree',  # not run
     'setting:megatron_lm_num_micro_batches',  # not run
-    'setting:megatron_lm_sequence_parallelism',  # not run
+    'setting:megatron_lm_sequence_parallelism',  # not reached
     'setting:megatron_lm_recompute_activations',  # not run
-    'setting:megatron_lm_use_distributed_optimizer',  # not run
     'setting:megatron_lm_gradient_clipping',  # not run
-    'setting:megatron_lm_use_custom_fsdp',  # not run
-    'setting:megatron_lm_no_load_optim',  # not run
-    'setting:megatron_lm_eod_mask_loss',  # not run
-    'setting:megatron_lm_overlap_cpu_optimizer_d2h_h2d',  # not run
-    'setting:megatron_lm_no_save_optim',  # not run
-    'setting:megatron_lm_optimizer_cpu_offload',  # not run
-    'setting:megatron_lm_use_precision_aware_optimizer',  # not run
-    'setting:megatron_lm_decoder_last_pipeline_num_layers',  # not run
-    'setting:megatron_lm_recompute_granularity',  # not run
-    'setting:megatron_lm_recompute_method',  # not run
-    'setting:megatron_lm_recompute_num_layers',  # not run
-    'setting:megatron_lm_attention_backend',  # not run
-    'setting:megatron_lm_expert_model_parallel_size',  # not run
-    'setting:megatron_lm_context_parallel_size',  # not run
-    'setting:megatron_lm_attention_dropout',  # not run
-    'setting:megatron_lm_hidden_dropout',  # not run
-    'setting:megatron_lm_attention_softmax_in_fp32',  # not run
-    'setting:megatron_lm_expert_tensor_parallel_size',  # not run
-    'setting:megatron_lm_calculate_per_token_loss',  # not run
-    'setting:megatron_lm_use_rotary_position_embeddings',  # not run
     'setting:tpu_use_cluster',  # not reached
-    'setting:no_tpu_cluster',  # not run
     'setting:tpu_use_sudo',  # not reached
-    'setting:vm',  # not run
     'setting:env',  # not run
-    'setting:tpu_vm',  # not run
+    'setting:tpu_vm',  # not reached
     'setting:tpu_env',  # not reached
     'setting:main_training_function',  # not reached
     'setting:downcast_bf16',  # not reached
-    'setting:tpu_name',  # not run
-    'setting:tpu_zone',  # not run
-    'setting:command_file',  # not run
-    'setting:commands',  # not run
-    'setting:in_tpu_pod',  # not run
-    'setting:mpirun_config',  # not run
-    'setting:mpirun_hostfile',  # not run
-    'setting:mpirun_ccl',  # not run
-    'setting:aws_access_key_id',  # not run
-    'setting:aws_secret_access_key',  # not run
-    'setting:use_sagemaker',  # not run
-    'setting:sagemaker_distributed_type',  # not run
+    'setting:tpu_name',  # not reached
+    'setting:tpu_zone',  # not reached
+    'setting:command_file',  # not reached
+    'setting:commands',  # not reached
+    'setting:in_tpu_pod',  # not reached
+    'setting:mpirun_config',  # not reached
+    'setting:use_sagemaker',  # not reached
+    'setting:sagemaker_distributed_type',  # not reached
 ]
