@@ -40,7 +40,9 @@ def _env(field_name: str) -> tuple[Optional[str], Optional[str]]:
     from ...config.resolve import resolve
 
     try:  # the table's one precedence decides whether a variable is given, as for every other setting
-        given = resolve(settings=[row])[row.name].source != "default"
+        found = resolve(settings=[row])[row.name]
+        # a variable the launcher wrote from its own defaults is recorded with source "default": still given
+        given = found.source != "default" or found.origin != "built-in default"
     except ConfigError:  # a bad value is given: the field's own check below names it with the plugin's words
         given = True
     if not given:
