@@ -32,13 +32,6 @@ CALLABLES = {
 SKIP_PARAMETERS = {"self", "args", "kwargs"}  # *args/**kwargs are each callable's own entries below
 CATCH_ALL = {("prepare", "args"), ("save_state", "save_model_func_kwargs"), ("load_state", "load_model_func_kwargs"),
              ("backward", "kwargs")}
-# What a test passes through a catch-all parameter (its name alone says nothing).
-CATCH_ALL_WORDS = {
-    "param:prepare:args": ["prepare"],
-    "param:save_state:save_model_func_kwargs": ["exclude_frozen_parameters", "client_state"],
-    "param:load_state:load_model_func_kwargs": ["assign", "strict"],
-    "param:backward:kwargs": ["learning_rate", "num_items_in_batch"],
-}
 DATACLASS_MODULE = "hasten.utils.dataclasses"
 NOT_CONFIGURATION = {"TensorInformation"}  # a record of a tensor's shape, not configuration
 
@@ -76,28 +69,3 @@ def setting_entries() -> list:
 
 def all_entries() -> list:
     return callable_entries() + field_entries() + setting_entries()
-
-
-def words(entry: str) -> list:
-    """The spellings a test that exercises `entry` mentions (any one of them)."""
-    kind, _, rest = entry.partition(":")
-    if entry in CATCH_ALL_WORDS:
-        return CATCH_ALL_WORDS[entry]
-    if kind in ("param", "field"):
-        return [rest.rsplit(":", 1)[1]]
-    from hasten.config.settings import BY_NAME
-
-    setting = BY_NAME[rest]
-    keys = setting.file_key if isinstance(setting.file_key, (tuple, list)) else [setting.file_key]
-    return [rest, *setting.flags, *setting.env, *(str(k) for k in keys if k)]
-
-
-def owner_words(entry: str) -> list:
-    """A test for a parameter or field must also name what it belongs to."""
-    kind, _, rest = entry.partition(":")
-    if kind == "param":
-        label = rest.split(":")[0]
-        return [label if label != "Accelerator" else "Accelerator("]
-    if kind == "field":
-        return [rest.split(":")[0]]
-    return []

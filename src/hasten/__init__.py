@@ -37,7 +37,7 @@ _EXPORTS = {
     "set_seed": "hasten.distributed.rng",
     "get_logger": "hasten.logging",
     "load_checkpoint_in_model": "hasten.big_model.loading",
-    # big-model inference (issue 12)
+    # big-model inference
     "init_empty_weights": "hasten.big_modeling",
     "init_on_device": "hasten.big_modeling",
     "cpu_offload": "hasten.big_modeling",
@@ -47,11 +47,27 @@ _EXPORTS = {
     "load_checkpoint_and_dispatch": "hasten.big_modeling",
     "infer_auto_device_map": "hasten.big_model.device_map",
     "prepare_pippy": "hasten.inference",
-    # -- issue 15, surface --
+    # -- surface --
     "is_rich_available": "hasten.core.availability",
 }
 
 __all__ = ["__version__", *_EXPORTS]
+
+
+def _rich_tracebacks() -> None:
+    """As `import accelerate`: with rich installed and HASTEN_ENABLE_RICH=1 (or ACCELERATE_ENABLE_RICH=1), rich
+    draws uncaught tracebacks. Off by default, and then nothing more is imported."""
+    import os
+
+    if not (os.environ.get("HASTEN_ENABLE_RICH") or os.environ.get("ACCELERATE_ENABLE_RICH")):
+        return  # the usual case: nothing more to import
+    from .core.availability import is_rich_available
+
+    if is_rich_available():
+        importlib.import_module("hasten.utils.rich")
+
+
+_rich_tracebacks()
 
 
 def __getattr__(name):

@@ -38,7 +38,9 @@ from .state import AcceleratorState, GradientState
 from .training.compilation import compile_model
 from .training.lomo import is_lomo_optimizer, lomo_backward
 from .training.precision import PrecisionPolicy
+from .logging import get_logger
 
+logger = get_logger(__name__)  # Accelerate's module-level logger, at its path
 _NOT_PASSED = object()
 
 

@@ -25,7 +25,7 @@ from .core.errors import ConfigError, NotBuiltError
 # The order of the mesh dimensions, outermost first (Accelerate's: replicas outside, tensor parallel innermost).
 # Pipeline stages outermost (torchtitan's order: the point-to-point sends cross the slowest links least often).
 MESH_ORDER = ("pp", "dp_replicate", "dp_shard", "cp", "sp", "tp")
-_ISSUE = "not built in hasten yet (issue 14)"
+_ISSUE = "not built in hasten yet"
 _KIND = {"tp": "tensor", "cp": "context", "sp": "sequence (DeepSpeed)"}
 
 

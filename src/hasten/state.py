@@ -7,6 +7,7 @@ answers. Tests start over with `PartialState._reset_state()` / `AcceleratorState
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import weakref
@@ -23,6 +24,7 @@ from .distributed import cluster as environment
 from .distributed.bootstrap import collective_timeout, init_process_group
 
 __all__ = ["PartialState", "AcceleratorState", "GradientState", "DistributedType", "is_initialized"]
+logger = logging.getLogger(__name__)  # Accelerate's module-level logger, at its path
 
 
 

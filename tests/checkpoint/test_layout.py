@@ -197,6 +197,16 @@ def test_missing_or_corrupt_file_is_named(tmp_path):
         accelerator.load_state(folder)
 
 
+def test_random_states_that_cannot_be_restored_stop_load_state(tmp_path):
+    # docs/differences.md: a damaged RNG file raises instead of resuming with the wrong random state.
+    accelerator, model, optimizer, scheduler = _setup(automatic=False)
+    folder = Path(accelerator.save_state(tmp_path / "a"))
+    torch.save({"step": 0, "random_state": "not a state"}, folder / "random_states_0.pkl")
+    os.remove(folder / "hasten_checkpoint.json")  # as Accelerate writes them: no marker to check sizes against
+    with pytest.raises(CheckpointError, match="random_states_0.pkl"):
+        accelerator.load_state(folder)
+
+
 class _Exploit:
     def __reduce__(self):
         return (os.system, (f"touch {os.environ['HASTEN_EXPLOIT_MARK']}",))

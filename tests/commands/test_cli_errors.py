@@ -34,6 +34,8 @@ FILES = {
     "zero processes": ("num_processes: 0\n", "'num_processes' has value 0"),
     "sagemaker key": ("iam_role_name: x\n", "Amazon SageMaker config"),
     "megatron key without prefix": ("megatron_lm_config:\n  tp_degree: 2\n", "start with 'megatron_lm_'"),
+    "same network with c10d": ("distributed_type: MULTI_CPU\nnum_machines: 2\nnum_processes: 2\nmain_process_ip: h\nsame_network: true\n"
+                               "rdzv_backend: c10d\n", "leaves torchrun without a rendezvous endpoint"),
 }
 FLAGS = {
     "zero processes": (["--num_processes", "0"], "0 is not allowed"),
@@ -60,6 +62,8 @@ FLAGS = {
     "fsdp loading without sync": (["--use_fsdp", "--fsdp_cpu_ram_efficient_loading", "true",
                                    "--fsdp_sync_module_states", "false"], "would keep empty weights"),
     "negative monitor interval": (["--monitor_interval", "-1"], "negative"),
+    "same network without static rendezvous": (["--num_machines", "2", "--num_processes", "2", "--main_process_ip", "h",
+                                                "--same_network", "--rdzv_backend", "c10d"], "same_network (from"),
 }
 ENVIRONMENT = {
     "precision": ({"HASTEN_MIXED_PRECISION": "fp17"}, "HASTEN_MIXED_PRECISION='fp17' is not valid"),

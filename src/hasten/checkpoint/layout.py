@@ -431,13 +431,14 @@ def _load_rng(contents: CheckpointContents, folder: str, load_kwargs):
     if not os.path.isfile(path):
         logger.warning("no %s: random states were not restored (resuming on more processes?)", path)
         return _step_of_another_rank(folder, load_kwargs)
-    payload = fast_io.load_object(path, load_kwargs)  # an unsafe file raises; anything else is only logged
-    step = None
+    payload = fast_io.load_object(path, load_kwargs)
+    # Accelerate logs any error here and resumes with the wrong random state; hasten stops (docs/differences.md).
     try:
         step = int(payload.get("step", 0))
         restore_rng_states(payload)
-    except Exception as error:  # noqa: BLE001 - Accelerate logs this and goes on
-        logger.warning("could not restore random states from %s: %s", path, error)
+    except (AttributeError, KeyError, TypeError, ValueError, RuntimeError) as error:
+        raise CheckpointError(f"could not restore random states from {path}: {error} (the file is damaged or "
+                              "not a random-state file; save the checkpoint again)") from error
     return step
 
 

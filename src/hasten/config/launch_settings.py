@@ -343,6 +343,7 @@ def _check_values(values: dict) -> None:
         )
     if v["rdzv_backend"] not in config_file.RDZV_BACKENDS:
         raise ConfigError(f"rdzv_backend {v['rdzv_backend']!r} is not one of {', '.join(config_file.RDZV_BACKENDS)}")
+    _check_same_network(values)
     gpu_ids = v["gpu_ids"]
     if gpu_ids is not None and str(gpu_ids).lower() != "all":
         parts = [p.strip() for p in str(gpu_ids).split(",")]
@@ -359,6 +360,20 @@ def _check_values(values: dict) -> None:
             "When using `--fsdp_cpu_ram_efficient_loading` set `--fsdp_sync_module_states` to `True`: "
             f"fsdp_cpu_ram_efficient_loading is true but fsdp_sync_module_states is false, so ranks other than 0 "
             f"would keep empty weights; fix: {fix}"
+        )
+
+
+def _check_same_network(values: dict) -> None:
+    """same_network, as Accelerate's launcher reads it: on several machines it hands torchrun the main address as
+    master_addr/master_port instead of a rendezvous endpoint. With the static backend that is the same address
+    hasten rendezvouses at; with any other backend torchrun then rendezvouses at localhost on every machine, so
+    the machines never meet (a hang), and hasten refuses the combination."""
+    v = {name: r.value for name, r in values.items()}
+    if v["same_network"] and v["num_machines"] > 1 and v["rdzv_backend"] != "static":
+        raise ConfigError(
+            f"same_network (from {_where(values['same_network'])}) with rdzv_backend {v['rdzv_backend']!r} (from "
+            f"{_where(values['rdzv_backend'])}) leaves torchrun without a rendezvous endpoint, so each machine would "
+            "wait on itself; fix: drop same_network, or use rdzv_backend static"
         )
 
 

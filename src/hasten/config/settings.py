@@ -10,7 +10,7 @@ its help text, and whether hasten has built it. From this table come:
 - the precedence code > flag > environment > file > default (`hasten.config.resolve`), which both
   `hasten config explain` and the runtime (`Accelerator`, `PartialState`, the plugins) call.
 
-A row with `built=False` (Megatron-LM's own model options, TPU, MS-AMP, mpirun, ...) is accepted by the parser and the
+A row with `built=False` (Megatron-LM's own model options, TPU, MS-AMP, SageMaker, ...) is accepted by the parser and the
 file schema so that an Accelerate command line or config file reads, and is then refused with one line naming the
 feature: nothing is accepted and silently ignored. docs/configuration.md explains how to add or build a row.
 """
@@ -266,8 +266,8 @@ SETTINGS: tuple[Setting, ...] = (
             help="GPUs to use: 'all' or a comma list such as '0,1'."),
     Setting("same_network", "bool", False, flags=("--same_network",), switch=True, file_key=("same_network",),
             group="Distributed GPUs", question="Are all machines on the same network?",
-            help="All machines share one network (accepted for Accelerate files: hasten's rendezvous through "
-                 "--main_process_ip/--main_process_port is the same either way)."),
+            help="All machines share one network: torchrun meets at --main_process_ip/--main_process_port as "
+                 "master address (the static rendezvous); refused with another --rdzv_backend, where it would hang."),
     Setting("machine_rank", "int", 0, flags=("--machine_rank",), file_key=("machine_rank",), minimum=0,
             group="Distributed GPUs", help="Rank of this machine (0 for the main one)."),
     Setting("main_process_ip", "str", None, flags=("--main_process_ip",), file_key=("main_process_ip",),
@@ -531,7 +531,7 @@ SETTINGS: tuple[Setting, ...] = (
     _tpu_config("command_file", help="File of commands `hasten tpu-config` runs on every TPU worker, one a line."),
     _tpu_config("commands", "str_or_list", help="Commands `hasten tpu-config` runs on every TPU worker."),
     _tpu("in_tpu_pod", "bool", flag=False, env=_pair("IN_TPU_POD"), help="Set inside a TPU pod launch."),
-    # -- MPI and SageMaker (not built) --------------------------------------------------------------------------------
+    # -- mpirun (built: hasten.launch.mpirun) and SageMaker (not built) ------------------------------------------------
     Setting("mpirun_config", "dict", {}, file_key=("mpirun_config",), role="file",
             help="mpirun settings: CPU processes started by mpirun/mpiexec instead of torchrun."),
     Setting("mpirun_hostfile", "str", None, flags=("--mpirun_hostfile",), file_key=("mpirun_config", "mpirun_hostfile"),

@@ -31,6 +31,11 @@ __all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name):
+    if name == "logger":  # Accelerate's module-level logger, made on first use (importing trackers stays cheap)
+        from ..logging import get_logger
+
+        globals()["logger"] = get_logger(__name__)
+        return globals()["logger"]
     if name in _EXPORTS:
         value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
         globals()[name] = value

@@ -24,7 +24,7 @@ _SOURCES = {
         "DataLoaderConfiguration", "TorchDynamoPlugin",
     ],
     "hasten.backends.fsdp.plugin": ["FullyShardedDataParallelPlugin"],
-    # Megatron-LM's surface, served by hasten's TP/PP/FSDP (issue 25); the library-only names refuse on use
+    # Megatron-LM's surface, served by hasten's TP/PP/FSDP; the library-only names refuse on use
     "hasten.config.megatron": ["MegatronLMPlugin", "add_model_config_to_megatron_parser"],
     "hasten.utils.megatron_lm": [
         "AbstractTrainStep", "BertTrainStep", "GPTTrainStep", "T5TrainStep", "MegatronEngine",
@@ -33,7 +33,7 @@ _SOURCES = {
         "megatron_lm_initialize", "megatron_lm_prepare_data_loader", "megatron_lm_prepare_model_optimizer_scheduler",
         "megatron_lm_prepare_optimizer", "megatron_lm_prepare_scheduler",
     ],
-    # fp8 training (issue 16)
+    # fp8 training
     "hasten.config.fp8": ["AORecipeKwargs", "TERecipeKwargs", "MSAMPRecipeKwargs", "FP8RecipeKwargs"],
     "hasten.training.fp8.ao": ["convert_model_to_fp8_ao", "filter_first_and_last_linear_layers", "has_ao_layers"],
     "hasten.training.fp8.te": ["apply_fp8_autowrap", "contextual_fp8_autocast", "convert_model", "has_transformer_engine_layers"],
@@ -60,7 +60,7 @@ _SOURCES = {
         "find_executable_batch_size", "release_memory", "should_reduce_batch_size", "clear_device_cache",
     ],
     "hasten.launchers": ["notebook_launcher", "debug_launcher"],
-    # big-model inference (issue 12)
+    # big-model inference
     "hasten.big_model.loading": [
         "load_checkpoint_in_model", "load_state_dict", "set_module_tensor_to_device", "named_module_tensors",
         "id_tensor_storage", "retie_parameters", "load_offloaded_weights", "get_state_dict_offloaded_model",
@@ -86,7 +86,7 @@ _SOURCES = {
         "is_port_in_use", "merge_dicts", "recursive_getattr", "convert_bytes", "get_pretty_name", "is_compiled_module",
         "extract_model_from_parallel", "save", "load", "check_os_kernel",
     ],
-    # -- Accelerate's remaining training-stack names (issue 15, surface) --
+    # -- Accelerate's remaining training-stack names --
     "hasten.core.availability": [
         "compare_versions", "deepspeed_required", "is_4bit_bnb_available", "is_8bit_bnb_available", "is_aim_available",
         "is_amdsmi_available", "is_bf16_available", "is_bitsandbytes_multi_backend_available", "is_bnb_available",

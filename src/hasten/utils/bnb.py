@@ -11,3 +11,7 @@ from ..big_model.bnb import (  # noqa: F401
 )
 from ..big_modeling import dispatch_model, init_empty_weights  # noqa: F401
 from ..config.quantization import BnbQuantizationConfig  # noqa: F401
+
+import logging  # noqa: E402
+
+logger = logging.getLogger(__name__)  # Accelerate's module-level logger, at its path

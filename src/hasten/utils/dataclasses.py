@@ -36,3 +36,7 @@ from ..parallelism_config import (  # noqa: F401,E402
     TorchTensorParallelConfig,
     TorchTensorParallelPlugin,
 )
+
+import logging  # noqa: E402
+
+logger = logging.getLogger(__name__)  # Accelerate's module-level logger, at its path

@@ -22,3 +22,7 @@ from ..launch.machine import (  # noqa: F401
     purge_accelerate_environment,
     set_numa_affinity,
 )
+
+import logging  # noqa: E402
+
+logger = logging.getLogger(__name__)  # Accelerate's module-level logger, at its path

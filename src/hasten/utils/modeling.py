@@ -50,3 +50,7 @@ def check_device_same(first_device, second_device) -> bool:
     if first.type == "cpu":
         return True
     return (first.index or 0) == (second.index or 0)
+
+import logging  # noqa: E402
+
+logger = logging.getLogger(__name__)  # Accelerate's module-level logger, at its path

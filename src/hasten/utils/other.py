@@ -138,3 +138,8 @@ def __getattr__(name):
 
         return numpy_safe_globals()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+from ..logging import get_logger  # noqa: E402
+
+logger = get_logger(__name__)  # Accelerate's module-level logger, at its path

@@ -23,7 +23,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from . import ulysses
 from .plugin import AUTO, DummyOptim, DummyScheduler, _walk, get_active_deepspeed_plugin
-from ...core.errors import CheckpointError, ConfigError, NotSupportedYetError
+from ...core.errors import CheckpointError, ConfigError, NotBuiltError, NotSupportedYetError
 from ...distributed.bootstrap import collective_timeout
 from ...optimizer import inner_optimizer
 from ...state import GradientState
@@ -159,6 +159,7 @@ class DeepSpeedBackend(Backend):
         plugin.check_usable()
         config = self._fill_config(plugin, model, optimizer, scheduler, data_loaders, split_batches, accumulation_steps)
         self._check_device(plugin)
+        refuse_autotp(config)
         self._check_cpu_optimizer(config)
         self._pending = self._initialize(plugin, config, model, optimizer, scheduler)
 
@@ -456,6 +457,17 @@ class DeepSpeedBackend(Backend):
                 wrapper.engine.destroy()
         self._wrappers.clear()
         self._pending = None
+
+
+def refuse_autotp(config: dict) -> None:
+    """DeepSpeed's AutoTP (`tensor_parallel.autotp_size` above 1 in the config) also needs data loaders that treat
+    each tensor-parallel group as one data rank; hasten builds neither yet, and DeepSpeed given only the key would
+    feed every rank of a group different batches, so the key is refused where the config is handed over."""
+    block = config.get("tensor_parallel") or {}
+    size = block.get("autotp_size", 1) if isinstance(block, dict) else block
+    if size not in (None, 0, 1):
+        raise NotBuiltError(f"DeepSpeed AutoTP (tensor_parallel.autotp_size={size} in the DeepSpeed config) is not "
+                            "built in hasten; fix: remove the tensor_parallel block, or use ParallelismConfig(tp_size=...)")
 
 
 def _is_engine(model) -> bool:

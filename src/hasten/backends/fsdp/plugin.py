@@ -49,6 +49,16 @@ def _env(field_name: str) -> tuple[Optional[str], Optional[str]]:
     turned into the field's object below.
     """
     row = _ROWS[field_name]
+    from ...config.resolve import resolve
+
+    try:  # the table's one precedence decides whether a variable is given, as for every other setting
+        found = resolve(settings=[row])[row.name]
+        # a variable the launcher wrote from its own defaults is recorded with source "default": still given
+        given = found.source != "default" or found.origin != "built-in default"
+    except ConfigError:  # a bad value is given: the field's own check below names it with the plugin's words
+        given = True
+    if not given:
+        return None, None
     for name in row.env:
         value = os.environ.get(name)
         if value not in (None, ""):

@@ -1,0 +1,180 @@
+"""The mutants of scripts/prove_honoured.py, installed in every Python process of a mutation run.
+
+scripts/prove_honoured.py copies this file as `sitecustomize.py` into a scratch folder it puts first on
+PYTHONPATH, so the test process, `hasten launch` and every process it starts load it at interpreter start. It
+imports nothing of hasten: when a target module has executed, it wraps the entry's one point of resolution:
+
+- `setting:<name>`: `hasten.config.resolve.resolve` reports the row's default (source "default") whatever the
+  code, flag, variable or file said, and a parsed command line holds the flag's default. The launcher then
+  exports nothing for it, and the processes resolve the default too.
+- `param:<callable>:<name>`: the callable is called as if the argument had not been passed (its default; a
+  required one gets None). `*args` pass through unprepared; `**kwargs` are dropped.
+- `field:<class>:<name>`: the class is built as if the field had not been given (its default).
+
+Which mutant is live is read at call time from HONOURED_MUTANT, so one test session can run many mutants one after
+the other (and processes started meanwhile inherit the live one); HONOURED_TARGETS (JSON, written by the tool)
+says what to wrap. When a mutant changes a call, the entry is appended to the file HONOURED_HITS, so the tool
+can tell a test that never gave the value ("not reached") from one that ignored its loss ("survived").
+Nothing here runs unless HONOURED_TARGETS is set; nothing of it is in src/hasten.
+"""
+
+import functools
+import importlib.abc
+import importlib.util
+import inspect
+import json
+import os
+import sys
+
+_TARGETS = json.loads(os.environ.get("HONOURED_TARGETS") or "{}")  # entry -> [kind, module, qualname, parameter, *flag dests]
+_WRAPPED = {}  # id(original function) -> wrapper, to re-point names other modules imported
+_DONE = set()
+
+
+def _live(entry: str) -> bool:
+    return os.environ.get("HONOURED_MUTANT") == entry
+
+
+def _hit(entry: str) -> None:
+    path = os.environ.get("HONOURED_HITS")
+    if path:
+        with open(path, "a") as out:
+            out.write(entry + "\n")
+
+
+def _drop(entry, function, parameter):
+    """`function` called as if `parameter` had not been passed, while `entry` is live."""
+    signature = inspect.signature(function)
+    kind = signature.parameters[parameter].kind
+    default = signature.parameters[parameter].default
+
+    @functools.wraps(function)
+    def mutant(*args, **kwargs):
+        if not _live(entry):
+            return function(*args, **kwargs)
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError:
+            return function(*args, **kwargs)
+        if parameter not in bound.arguments:
+            return function(*args, **kwargs)
+        _hit(entry)
+        if kind is inspect.Parameter.VAR_POSITIONAL:  # prepare(*args): the objects come back untouched
+            given = bound.arguments[parameter]
+            return given[0] if len(given) == 1 else tuple(given)
+        if kind is inspect.Parameter.VAR_KEYWORD or default is not inspect.Parameter.empty:
+            del bound.arguments[parameter]
+        else:
+            bound.arguments[parameter] = None
+        return function(*bound.args, **bound.kwargs)
+
+    mutant.__signature__ = signature
+    return mutant
+
+
+def _parsed(entry, dests):
+    """argparse's parse_known_args (parse_args calls it) with the row's flags back at their defaults: the launcher
+    reads some flags from the parsed command line rather than through `resolve`."""
+    import argparse
+
+    original = argparse.ArgumentParser.parse_known_args
+
+    @functools.wraps(original)
+    def parse_known_args(self, *args, **kwargs):
+        namespace, rest = original(self, *args, **kwargs)
+        if _live(entry):
+            for dest in dests:
+                if hasattr(namespace, dest) and getattr(namespace, dest) != self.get_default(dest):
+                    _hit(entry)
+                    setattr(namespace, dest, self.get_default(dest))
+        return namespace, rest
+
+    argparse.ArgumentParser.parse_known_args = parse_known_args
+
+
+def _setting(entry, module, name):
+    original = module.resolve
+
+    @functools.wraps(original)
+    def resolve(*args, **kwargs):
+        result = original(*args, **kwargs)
+        found = result.get(name) if _live(entry) else None
+        if found is not None and found.source != "default":
+            _hit(entry)
+            default = module.BY_NAME[name].default
+            result[name] = module.Resolved(name, default, "default", "built-in default")
+        return result
+
+    module.resolve = resolve
+
+
+def _apply(entry, module) -> None:
+    kind, _, qualname, parameter, *dests = _TARGETS[entry]
+    if kind == "setting":
+        _setting(entry, module, parameter)
+        if dests:
+            _parsed(entry, dests)
+        return
+    owner_name, _, attribute = qualname.rpartition(".")
+    if kind == "field":
+        cls = getattr(module, qualname)
+        cls.__init__ = _drop(entry, cls.__init__, parameter)
+        return
+    owner = getattr(module, owner_name) if owner_name else module
+    original = inspect.getattr_static(owner, attribute)
+    is_static = isinstance(original, staticmethod)
+    function = original.__func__ if is_static else original
+    wrapper = _drop(entry, function, parameter)
+    setattr(owner, attribute, staticmethod(wrapper) if is_static else wrapper)
+    if not owner_name:  # a function: names other modules already imported point at the mutant too
+        _WRAPPED[id(function)] = wrapper
+        for loaded in list(sys.modules.values()):
+            _repoint(loaded)
+
+
+def _repoint(module) -> None:
+    if not _WRAPPED or not getattr(module, "__name__", "").startswith("hasten"):
+        return
+    for key, value in list(vars(module).items()):
+        wrapper = _WRAPPED.get(id(value))
+        if wrapper is not None and value is not wrapper:
+            setattr(module, key, wrapper)
+
+
+class _AfterExec(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Finds hasten's modules with the other finders, runs them, then applies the mutants aimed at them."""
+
+    def __init__(self, loader):
+        self.loader = loader
+
+    @staticmethod
+    def find_spec(fullname, path=None, target=None):
+        if not fullname.startswith("hasten"):
+            return None
+        for finder in sys.meta_path:
+            if finder is _AfterExec or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _AfterExec(spec.loader)
+                return spec
+        return None
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        self.loader.exec_module(module)
+        for entry, (_, target, *_) in _TARGETS.items():
+            if target == module.__name__ and entry not in _DONE:
+                _DONE.add(entry)
+                _apply(entry, module)
+        _repoint(module)
+
+    def __getattr__(self, name):  # get_resource_reader, is_package, ... of the real loader
+        return getattr(self.loader, name)
+
+
+if _TARGETS:
+    sys.meta_path.insert(0, _AfterExec)
