@@ -111,7 +111,7 @@ MAP = {
     'field:DataLoaderConfiguration:use_seedable_sampler': 'tests/checkpoint/test_layout.py::test_exact_resume_two_processes',
     'field:DataLoaderConfiguration:use_stateful_dataloader': 'tests/data/test_stateful.py::test_save_state_writes_accelerates_file_and_resumes',
     'field:DeepSpeedPlugin:hf_ds_config': 'tests/backends/test_deepspeed.py::test_config_as_dict_path_json_and_base64',
-    'field:DeepSpeedPlugin:gradient_accumulation_steps': 'tests/backends/test_deepspeed.py::test_bad_plugin_values_are_one_line_errors',
+    'field:DeepSpeedPlugin:gradient_accumulation_steps': 'tests/backends/test_deepspeed.py::test_bad_plugin_values_load_as_in_accelerate_and_are_refused_where_used',
     'field:DeepSpeedPlugin:gradient_clipping': 'tests/backends/test_deepspeed.py::test_plugin_fields_fill_auto_and_missing_entries',
     'field:DeepSpeedPlugin:zero_stage': 'tests/backends/test_deepspeed.py::test_plugin_defaults_match_accelerate',
     'field:DeepSpeedPlugin:offload_optimizer_device': 'tests/backends/test_deepspeed.py::test_bad_plugin_values_load_as_in_accelerate_and_are_refused_where_used',
