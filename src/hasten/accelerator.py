@@ -73,16 +73,6 @@ def _is_scheduler(obj) -> bool:
     )
 
 
-def _ulysses_model(model) -> None:
-    """Refuse a model whose layers carry a state along the sequence, then route its attention through Ulysses."""
-    from .distributed.sequence_parallel import (
-        _refuse_recurrent_layers_under_sequence_parallelism, register_with_transformers,
-    )
-
-    _refuse_recurrent_layers_under_sequence_parallelism(model)
-    register_with_transformers(model)
-
-
 class Accelerator:
     """Runs one plain PyTorch training loop on a CPU, one GPU, many GPUs or many machines."""
 
@@ -294,35 +284,18 @@ class Accelerator:
         """Shard the models among `args` in place (`fsdp2_prepare_model`) and check that every parameter is still
         there by name (`fsdp2_canonicalize_names`), as Accelerate does; the optimizers are re-pointed by the
         backend (`prepare_together`, which `prepare` calls next). Returns `args` with the sharded models."""
-        from torch.distributed.fsdp import FSDPModule
+        from .backends.fsdp.functions import prepare_fsdp2_objects
 
-        result = list(args)
-        models = [i for i, obj in enumerate(result) if isinstance(obj, torch.nn.Module) and not
-                  isinstance(getattr(obj, "_orig_mod", obj), FSDPModule) and not getattr(obj, "_is_accelerate_prepared", False)]
-        if not models:  # nothing left to shard (prepared before: returned as it is)
-            return tuple(result)
-        canonical = _fsdp2_helper("fsdp2_canonicalize_names")
-        before = canonical(self._get_named_parameters(*result))
-        for i in models:
-            self.state.fsdp_plugin.set_auto_wrap_policy(result[i])
-            result[i] = _fsdp2_helper("fsdp2_prepare_model")(self, result[i])
-        from .backends.fsdp.functions import check_fsdp2_names
-
-        check_fsdp2_names(before, canonical(self._get_named_parameters(*result)))
-        return tuple(result)
+        # the helpers are looked up here at call time, so a script's patch of this module's names takes effect
+        return prepare_fsdp2_objects(self, args, _fsdp2_helper("fsdp2_prepare_model"),
+                                     _fsdp2_helper("fsdp2_canonicalize_names"))
 
     def _get_named_parameters(self, *args, drop_refs: bool = False) -> dict:
         """{name: parameter} over the models among `args` (unwrapped); with `drop_refs` (Accelerate's keyword) the
         value is the address of the parameter's local data instead of the parameter."""
-        from .backends.unwrap import unwrap_model
+        from .backends.fsdp.functions import named_parameters_of
 
-        named = {}
-        for obj in args:
-            if isinstance(obj, torch.nn.Module):
-                for name, param in unwrap_model(obj).named_parameters():
-                    local = getattr(param, "_local_tensor", param)  # a DTensor's own shard
-                    named[name] = local.data_ptr() if drop_refs else param
-        return named
+        return named_parameters_of(args, drop_refs)
 
     def _resume_when_ready(self) -> None:
         if self._auto_resume is not None and self._auto_resume.try_load(self):
@@ -364,7 +337,9 @@ class Accelerator:
         if any(p.is_meta for p in model.parameters()) and device_placement:
             raise ConfigError("prepare() got a model with parameters on the meta device; load its weights first")
         if self.parallelism_config is not None and self.parallelism_config.native_sp_enabled:
-            _ulysses_model(model)  # hasten's Ulysses: attention over the whole sequence (distributed/sequence_parallel)
+            from .distributed.sequence_parallel import prepare_model
+
+            prepare_model(model)  # hasten's Ulysses: attention over the whole sequence
         self.precision.convert_models([model], fsdp2=self.is_fsdp2)
         self.precision.wrap_forward(model)
         model = self._backend.prepare_model(model, device_placement=device_placement, evaluation_mode=evaluation_mode)

@@ -161,6 +161,13 @@ def ulysses_attention(attention, group=None):
     return wrapped
 
 
+def prepare_model(model) -> None:
+    """What `prepare` does to a model under hasten's Ulysses: refuse a model whose layers carry a state along the
+    sequence, then route its attention through the all-to-all wrapper."""
+    _refuse_recurrent_layers_under_sequence_parallelism(model)
+    register_with_transformers(model)
+
+
 def register_with_transformers(model, group=None) -> None:
     """Switch a transformers model to `ulysses_attention` around its current attention implementation (through
     `AttentionInterface`, under the name "hasten_ulysses:<implementation>"). Models without a transformers config

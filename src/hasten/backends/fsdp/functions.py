@@ -163,6 +163,39 @@ def fsdp2_prepare_model(accelerator, model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+def prepare_fsdp2_objects(accelerator, args, prepare_model, canonicalize_names) -> tuple:
+    """`Accelerator._prepare_fsdp2`'s work: each model among `args` not sharded yet goes through `prepare_model`
+    (Accelerate's `fsdp2_prepare_model`), and the parameter names before and after must agree
+    (`canonicalize_names`, read through `accelerator._get_named_parameters` so a patch of it takes effect)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    result = list(args)
+    models = [i for i, obj in enumerate(result) if isinstance(obj, torch.nn.Module) and not
+              isinstance(getattr(obj, "_orig_mod", obj), FSDPModule) and not getattr(obj, "_is_accelerate_prepared", False)]
+    if not models:  # nothing left to shard (prepared before: returned as it is)
+        return tuple(result)
+    before = canonicalize_names(accelerator._get_named_parameters(*result))
+    for i in models:
+        accelerator.state.fsdp_plugin.set_auto_wrap_policy(result[i])
+        result[i] = prepare_model(accelerator, result[i])
+    check_fsdp2_names(before, canonicalize_names(accelerator._get_named_parameters(*result)))
+    return tuple(result)
+
+
+def named_parameters_of(objects, drop_refs: bool = False) -> dict:
+    """{name: parameter} over the models among `objects` (unwrapped); with `drop_refs` the address of each
+    parameter's local data (a DTensor's own shard) instead of the parameter."""
+    from ..unwrap import unwrap_model
+
+    named = {}
+    for obj in objects:
+        if isinstance(obj, torch.nn.Module):
+            for name, param in unwrap_model(obj).named_parameters():
+                local = getattr(param, "_local_tensor", param)
+                named[name] = local.data_ptr() if drop_refs else param
+    return named
+
+
 def check_fsdp2_names(before: dict, after: dict) -> None:
     """Every parameter name from before sharding is still there after it (both canonical), else Accelerate's
     error: a ValueError for the usual tied-embedding names (the model's config ties weights its checkpoint keeps
