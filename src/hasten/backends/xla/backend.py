@@ -18,7 +18,8 @@ from ...core.constants import MODEL_NAME, OPTIMIZER_NAME, SAFE_MODEL_NAME
 from ...core.errors import CheckpointError
 from ...distributed import xla
 from ...optimizer import AcceleratedOptimizer
-from ..base import Backend, _match_wrapper_prefixes, numbered, refuse_load_kwargs
+from ...checkpoint.files import match_wrapper_prefixes, numbered
+from ..base import Backend, refuse_load_kwargs
 
 
 def _gradients(optimizer) -> list:
@@ -86,7 +87,7 @@ class XLABackend(Backend):
     def _bf16_on_tpu(self) -> None:
         """bf16 on a TPU is torch_xla's XLA_USE_BF16, or XLA_DOWNCAST_BF16 with downcast_bf16 (as Accelerate)."""
         from ...core.availability import is_torch_xla_available
-        from ...distributed.cluster import env_flag
+        from ...core.env import env_flag
 
         if getattr(self.state, "mixed_precision", None) != "bf16" or not is_torch_xla_available(check_is_tpu=True):
             return
@@ -146,7 +147,7 @@ class XLABackend(Backend):
             else:
                 raise CheckpointError(f"checkpoint file {safe_path} is missing (nor is there {os.path.basename(bin_path)})")
             try:
-                model.load_state_dict(_match_wrapper_prefixes(model, state_dict), strict=strict, **load_model_func_kwargs)
+                model.load_state_dict(match_wrapper_prefixes(model, state_dict), strict=strict, **load_model_func_kwargs)
             except RuntimeError as error:
                 raise CheckpointError(f"cannot load {os.path.basename(safe_path)} into model {i}: {error}") from None
         for i, optimizer in enumerate(optimizers):
