@@ -150,11 +150,23 @@ def test_fsdp_name_and_parameter_helpers(monkeypatch):
     assert utils.get_fsdp2_grad_scaler().is_enabled()
 
 
-def test_fsdp_helpers_refuse_adapter_only():
+def test_fsdp_adapter_only_is_refused_with_fsdp1_and_per_rank_files():
+    """adapter_only=True is built for FSDP2 with DCP (tests/commands/test_alias.py runs it with peft); FSDP1 and
+    use_dcp=False are refused in one line, and a model that is not a PEFT model is saved whole (as in Accelerate)."""
+    from types import SimpleNamespace
+
+    from torch.distributed.fsdp import StateDictType
+
+    from hasten.backends.fsdp import adapter
     from hasten.core.errors import NotSupportedYetError
 
-    with pytest.raises(NotSupportedYetError, match="adapter_only"):
-        utils.save_fsdp_model(None, None, torch.nn.Linear(1, 1), "/nonexistent", adapter_only=True)
+    with pytest.raises(NotSupportedYetError, match="FSDP2 only"):
+        adapter.check_supported(SimpleNamespace(fsdp_version=1), use_dcp=True)
+    sharded = SimpleNamespace(fsdp_version=2, state_dict_type=StateDictType.SHARDED_STATE_DICT)
+    with pytest.raises(NotSupportedYetError, match="use_dcp=False"):
+        adapter.check_supported(sharded, use_dcp=False)
+    adapter.check_supported(sharded, use_dcp=True)
+    assert not adapter.is_peft_model(torch.nn.Linear(1, 1))
 
 
 # -- old and alternative module paths --------------------------------------------------------------------------------
