@@ -46,6 +46,11 @@ def check(name, loader, total):
     assert sorted(real[:total]) == list(range(total)), (name, groups)  # disjoint, covering (then padding)
     gathered = torch.cat([acc.gather_for_metrics(batch).flatten() for batch in loader])
     assert sorted(gathered.tolist()) == list(range(total)), (name, gathered)  # each sample exactly once
+    resumed = [batch.flatten().tolist() for batch in acc.skip_first_batches(loader, 1)]
+    # a resumed pass keeps the data-parallel slicing (its padding, if any, comes from its own first step)
+    assert resumed[:-1] == seen[1:-1], (name, resumed, seen)
+    dist.all_gather_object(everyone, (dp_index, resumed))
+    assert all(other == resumed for index, other in everyone if index == dp_index), (name, everyone)
     ok(name)
 
 

@@ -43,6 +43,7 @@ class DataLoaderDispatcher(ResumableLoader):
                  slice_fn=None, torch_device_mesh=None, iteration: int = 0, **kwargs):
         super().__init__(dataset, **kwargs)
         self.state = PartialState()
+        self.torch_device_mesh = torch_device_mesh
         # Slices go to data-parallel ranks: every process, unless tensor-parallel ranks share one.
         if splits_data_ranks(torch_device_mesh):
             self._data_size, self._data_index = data_ranks(torch_device_mesh)
