@@ -169,6 +169,28 @@ def test_fsdp_adapter_only_is_refused_with_fsdp1_and_per_rank_files():
     assert not adapter.is_peft_model(torch.nn.Linear(1, 1))
 
 
+def test_fsdp_helpers_take_the_adapter_path_for_a_peft_model(monkeypatch, tmp_path):
+    """save_fsdp_model / load_fsdp_model with adapter_only=True on a PeftModel go the adapter way (here a stand-in
+    peft module in one process: FSDP1 is refused there in one line); adapter_only=False saves the whole model."""
+    from types import ModuleType, SimpleNamespace
+
+    from hasten.core.errors import NotSupportedYetError
+
+    class PeftModel(torch.nn.Linear):
+        pass
+
+    fake_peft = ModuleType("peft")
+    fake_peft.PeftModel = PeftModel
+    monkeypatch.setitem(sys.modules, "peft", fake_peft)
+    plugin, accelerator = SimpleNamespace(fsdp_version=1), SimpleNamespace(process_index=0)
+    for call in (utils.save_fsdp_model, utils.load_fsdp_model):
+        with pytest.raises(NotSupportedYetError, match="adapter_only=True is supported with FSDP2 only"):
+            call(plugin, accelerator, PeftModel(1, 1), tmp_path, adapter_only=True)
+    with pytest.raises(Exception) as error:  # the whole-model path, which needs a real plugin
+        utils.save_fsdp_model(plugin, accelerator, PeftModel(1, 1), tmp_path, adapter_only=False)
+    assert "adapter_only" not in str(error.value)
+
+
 # -- old and alternative module paths --------------------------------------------------------------------------------
 def test_memory_utils_warns_and_still_works():
     sys.modules.pop("hasten.memory_utils", None)
