@@ -138,7 +138,8 @@ def test_dispatch_batches_under_tensor_parallelism():
     data-parallel groups disjoint ones covering the dataset, gather_for_metrics is exact; refused with cp."""
     result = launch("tp_dispatch.py", num_processes=4, timeout=300)
     for name in ("map-style dispatched by tp group", "an even dataset dispatched by tp group",
-                 "stream dispatched by tp group", "dispatch refused under context parallelism"):
+                 "stream dispatched by tp group", "split batches dispatched by tp group",
+                 "dispatch refused under context parallelism"):
         assert f"OK {name}" in result.stdout, result.stdout
 
 

@@ -11,6 +11,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from hasten import Accelerator, DataLoaderConfiguration, ParallelismConfig
 from hasten.core.errors import ConfigError
 from hasten.data.ranks import data_ranks, mesh_data_sharding
+from hasten.state import AcceleratorState, GradientState
 
 
 class Stream(IterableDataset):
@@ -57,6 +58,12 @@ def check(name, loader, total):
 check("map-style dispatched by tp group", DataLoader(torch.arange(11), batch_size=2), 11)
 check("an even dataset dispatched by tp group", DataLoader(torch.arange(12), batch_size=4), 12)
 check("stream dispatched by tp group", DataLoader(Stream(), batch_size=3), 13)
+
+AcceleratorState._reset_state(reset_partial_state=True)
+GradientState._reset_state()
+acc = Accelerator(parallelism_config=ParallelismConfig(dp_shard_size=2, tp_size=2),
+                  dataloader_config=DataLoaderConfiguration(dispatch_batches=True, split_batches=True))
+check("split batches dispatched by tp group", DataLoader(torch.arange(12), batch_size=4), 12)
 
 cp_mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp_shard", "cp"))
 try:
