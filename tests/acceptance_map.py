@@ -88,7 +88,7 @@ MAP = {
     'param:dispatch_model:force_hooks': 'tests/big_model/test_dispatch_options.py::test_force_hooks_attach_hooks_to_a_one_device_map',
     'param:save_fsdp_model:fsdp_plugin': 'tests/backends/test_fsdp.py::test_fsdp_honours',
     'param:save_fsdp_model:model': 'tests/backends/test_fsdp.py::test_fsdp_honours',
-    'param:save_fsdp_model:adapter_only': 'tests/utils/test_surface_helpers.py::test_fsdp_helpers_refuse_adapter_only',
+    'param:save_fsdp_model:adapter_only': ['tests/utils/test_surface_helpers.py::test_fsdp_helpers_take_the_adapter_path_for_a_peft_model', 'tests/commands/test_alias.py::test_peft_adapter_only_fsdp2_save_and_load_on_two_processes'],
     'param:save_fsdp_model:use_dcp': 'tests/backends/test_fsdp.py::test_fsdp_honours',
     'param:generate_device_map:model': 'tests/test_inference.py::test_split_points_balance_parameter_bytes_and_keep_blocks_whole',
     'param:generate_device_map:no_split_module_classes': 'tests/test_inference.py::test_split_points_balance_parameter_bytes_and_keep_blocks_whole',

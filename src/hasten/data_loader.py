@@ -175,7 +175,8 @@ def prepare_data_loader(dataloader, device=None, num_processes=None, process_ind
     if dispatch_batches:
         loader = DataLoaderDispatcher(new_dataset, split_batches=split_batches, _drop_last=dataloader.drop_last,
                                     _non_blocking=non_blocking, slice_fn=slice_fn_for_dispatch,
-                                    use_stateful_dataloader=use_stateful_dataloader, **kwargs)
+                                    use_stateful_dataloader=use_stateful_dataloader,
+                                    torch_device_mesh=torch_device_mesh, **kwargs)
     else:
         on_xla = state.distributed_type == DistributedType.XLA  # MpDeviceLoader uploads the batches there
         loader = DataLoaderShard(new_dataset, device=device if put_on_device and not on_xla else None, rng_types=rng_types,

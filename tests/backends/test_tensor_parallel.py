@@ -133,6 +133,16 @@ def test_layouts_on_four_processes(tmp_path):
     assert result.stdout.count("grid checks passed") == 4, result.stdout
 
 
+def test_dispatch_batches_under_tensor_parallelism():
+    """dispatch_batches=True on dp_shard 2 × tp 2: the ranks of one TP group keep the same slices, the two
+    data-parallel groups disjoint ones covering the dataset, gather_for_metrics is exact; refused with cp."""
+    result = launch("tp_dispatch.py", num_processes=4, timeout=300)
+    for name in ("map-style dispatched by tp group", "an even dataset dispatched by tp group",
+                 "stream dispatched by tp group", "split batches dispatched by tp group",
+                 "dispatch refused under context parallelism"):
+        assert f"OK {name}" in result.stdout, result.stdout
+
+
 def test_the_deprecated_tp_plugin_becomes_a_parallelism_config():
     from hasten import ParallelismConfig
     from hasten.parallelism_config import TorchTensorParallelPlugin, config_for_run

@@ -285,3 +285,15 @@ def test_peft_fsdp_auto_wrap_policy_on_two_processes(with_transformers, tmp_path
     result = run(*command, check=False, cwd=tmp_path, timeout=300)
     assert result.returncode == 0, f"--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}"
     assert sorted(re.findall(r"CHECKS-PASSED (\d+) ", result.stdout)) == ["0", "1"], result.stdout
+
+
+def test_peft_adapter_only_fsdp2_save_and_load_on_two_processes(with_transformers, tmp_path):
+    """save_fsdp_model(adapter_only=True) writes only the LoRA weights (whole file and DCP folder); a fresh PEFT
+    model loads them back identical, its base weights untouched."""
+    if not _installed("peft"):
+        pytest.skip("peft is needed: bash scripts/test.sh installs it (pip install --no-deps peft)")
+    command = [with_transformers, "-m", "hasten", "launch", "--use_fsdp", "--fsdp_version", "2", "--num_processes",
+               "2", str(DISTRIBUTED / "alias_peft_adapter_only.py"), str(tmp_path / "out")]
+    result = run(*command, check=False, cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, f"--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}"
+    assert sorted(re.findall(r"CHECKS-PASSED (\d+) ", result.stdout)) == ["0", "1"], result.stdout

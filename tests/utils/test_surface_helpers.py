@@ -150,11 +150,45 @@ def test_fsdp_name_and_parameter_helpers(monkeypatch):
     assert utils.get_fsdp2_grad_scaler().is_enabled()
 
 
-def test_fsdp_helpers_refuse_adapter_only():
+def test_fsdp_adapter_only_is_refused_with_fsdp1_and_per_rank_files():
+    """adapter_only=True is built for FSDP2 with DCP (tests/commands/test_alias.py runs it with peft); FSDP1 and
+    use_dcp=False are refused in one line, and a model that is not a PEFT model is saved whole (as in Accelerate)."""
+    from types import SimpleNamespace
+
+    from torch.distributed.fsdp import StateDictType
+
+    from hasten.backends.fsdp import adapter
     from hasten.core.errors import NotSupportedYetError
 
-    with pytest.raises(NotSupportedYetError, match="adapter_only"):
-        utils.save_fsdp_model(None, None, torch.nn.Linear(1, 1), "/nonexistent", adapter_only=True)
+    with pytest.raises(NotSupportedYetError, match="FSDP2 only"):
+        adapter.check_supported(SimpleNamespace(fsdp_version=1), use_dcp=True)
+    sharded = SimpleNamespace(fsdp_version=2, state_dict_type=StateDictType.SHARDED_STATE_DICT)
+    with pytest.raises(NotSupportedYetError, match="use_dcp=False"):
+        adapter.check_supported(sharded, use_dcp=False)
+    adapter.check_supported(sharded, use_dcp=True)
+    assert not adapter.is_peft_model(torch.nn.Linear(1, 1))
+
+
+def test_fsdp_helpers_take_the_adapter_path_for_a_peft_model(monkeypatch, tmp_path):
+    """save_fsdp_model / load_fsdp_model with adapter_only=True on a PeftModel go the adapter way (here a stand-in
+    peft module in one process: FSDP1 is refused there in one line); adapter_only=False saves the whole model."""
+    from types import ModuleType, SimpleNamespace
+
+    from hasten.core.errors import NotSupportedYetError
+
+    class PeftModel(torch.nn.Linear):
+        pass
+
+    fake_peft = ModuleType("peft")
+    fake_peft.PeftModel = PeftModel
+    monkeypatch.setitem(sys.modules, "peft", fake_peft)
+    plugin, accelerator = SimpleNamespace(fsdp_version=1), SimpleNamespace(process_index=0)
+    for call in (utils.save_fsdp_model, utils.load_fsdp_model):
+        with pytest.raises(NotSupportedYetError, match="adapter_only=True is supported with FSDP2 only"):
+            call(plugin, accelerator, PeftModel(1, 1), tmp_path, adapter_only=True)
+    with pytest.raises(Exception) as error:  # the whole-model path, which needs a real plugin
+        utils.save_fsdp_model(plugin, accelerator, PeftModel(1, 1), tmp_path, adapter_only=False)
+    assert "adapter_only" not in str(error.value)
 
 
 # -- old and alternative module paths --------------------------------------------------------------------------------

@@ -20,7 +20,8 @@ from ..core.nested import (
 from ..distributed.operations import broadcast, broadcast_object_list
 from ..state import PartialState
 from .dispatched_batches import check_dispatchable, pad_rows, rows_of
-from .resumable import END, ResumableLoader, reject_unsupported, without_range
+from .ranks import data_ranks, splits_data_ranks
+from .resumable import END, ResumableLoader, without_range
 
 logger = logging.getLogger(__name__)
 
@@ -28,9 +29,10 @@ logger = logging.getLogger(__name__)
 class DataLoaderDispatcher(ResumableLoader):
     """A `DataLoader` where process 0 reads every step and broadcasts it; each process keeps its slice.
 
-    A step is one batch (`split_batches`) or `num_processes` batches concatenated. A final step whose size does not
-    divide by the number of processes is completed with rows of the epoch's first step, and `remainder` says how
-    many rows were real. Batches are (nested) tensors, optionally with plain values beside them (see
+    A step is one batch (`split_batches`) or one batch per data-parallel rank, concatenated. A final step whose size
+    does not divide by the number of data-parallel ranks is completed with rows of the epoch's first step, and
+    `remainder` says how many rows were real. With a `torch_device_mesh` that has a tensor-parallel dimension, the
+    ranks of one tensor-parallel group are one data-parallel rank: they all keep the same slice. Batches are (nested) tensors, optionally with plain values beside them (see
     `dispatched_batches`), which every process receives whole.
     """
 
@@ -39,9 +41,14 @@ class DataLoaderDispatcher(ResumableLoader):
     def __init__(self, dataset, split_batches: bool = False, skip_batches: int = 0,
                  use_stateful_dataloader: bool = False, _drop_last: bool = False, _non_blocking: bool = False,
                  slice_fn=None, torch_device_mesh=None, iteration: int = 0, **kwargs):
-        reject_unsupported(torch_device_mesh)
         super().__init__(dataset, **kwargs)
         self.state = PartialState()
+        self.torch_device_mesh = torch_device_mesh
+        # Slices go to data-parallel ranks: every process, unless tensor-parallel ranks share one.
+        if splits_data_ranks(torch_device_mesh):
+            self._data_size, self._data_index = data_ranks(torch_device_mesh)
+        else:
+            self._data_size, self._data_index = self.state.num_processes, self.state.process_index
         self.split_batches = split_batches
         self._drop_last = _drop_last
         self._non_blocking = _non_blocking
@@ -51,12 +58,12 @@ class DataLoaderDispatcher(ResumableLoader):
         self._init_resume(iteration, skip_batches)
         if split_batches:
             batch_size = self._loader_batch_size()
-            if batch_size is None or batch_size % self.state.num_processes != 0:
+            if batch_size is None or batch_size % self._data_size != 0:
                 raise ConfigError(
                     f"To use a `DataLoader` in `split_batches` mode, the batch size ({batch_size}) needs to be a round "
-                    f"multiple of the number of processes ({self.state.num_processes}): split_batches=True with "
-                    f"dispatch_batches=True cuts every batch into {self.state.num_processes} equal parts. Use a batch "
-                    f"size divisible by {self.state.num_processes}."
+                    f"multiple of the number of processes ({self._data_size}): split_batches=True with "
+                    f"dispatch_batches=True cuts every batch into {self._data_size} equal parts. Use a batch "
+                    f"size divisible by {self._data_size}."
                 )
 
     def _loader_batch_size(self):
@@ -66,7 +73,7 @@ class DataLoaderDispatcher(ResumableLoader):
 
     @property
     def _batches_per_step(self) -> int:
-        return 1 if self.split_batches else self.state.num_processes
+        return 1 if self.split_batches else self._data_size
 
     @property
     def total_batch_size(self) -> int:
@@ -77,8 +84,8 @@ class DataLoaderDispatcher(ResumableLoader):
         if self.split_batches:
             return whole
         if self._drop_last:
-            return whole // self.state.num_processes
-        return math.ceil(whole / self.state.num_processes)
+            return whole // self._data_size
+        return math.ceil(whole / self._data_size)
 
     def _read_step(self, batches):
         """Process 0: the next step's batch, or None when the pass is over."""
@@ -144,7 +151,7 @@ class DataLoaderDispatcher(ResumableLoader):
         self._close_draws()
 
     def _dispatch(self, batches, is_main: bool, reference_first: bool = False):
-        n, rank = self.state.num_processes, self.state.process_index
+        n, rank = self._data_size, self._data_index
         device = self.state.device
         first_step = None
         position = 0

@@ -27,11 +27,13 @@ def mesh_data_sharding(mesh, dispatch_batches):
                           f"{type(mesh).__name__}")
     size, index = data_ranks(mesh)
     if splits_data_ranks(mesh):
-        if dispatch_batches:
-            raise ConfigError("dispatch_batches=True sends each process its own slice of a batch, but with tensor/context "
-                              "parallelism the ranks of one group must read the same batch; fix: "
-                              "DataLoaderConfiguration(dispatch_batches=False)")
-        dispatch_batches = False  # an iterable dataset is sharded by data-parallel rank instead of dispatched
+        shared = [name for i, name in enumerate(mesh.mesh_dim_names or ())
+                  if name in ("pp", "cp", "sp") and mesh.size(i) > 1]
+        if dispatch_batches and shared:
+            raise ConfigError(f"dispatch_batches=True gives every tensor-parallel group one slice of a batch, but not yet "
+                              f"under {'/'.join(shared)} parallelism; fix: DataLoaderConfiguration(dispatch_batches=False)")
+        if dispatch_batches is None:
+            dispatch_batches = False  # an iterable dataset is sharded by data-parallel rank instead of dispatched
     return size, index, dispatch_batches
 
 

@@ -110,7 +110,7 @@ def _skipping_loader(dataloader, dataset, is_stream, num_batches, skip_in_loop, 
         return DataLoaderDispatcher(
             dataset, split_batches=dataloader.split_batches, skip_batches=skip_in_loop,
             _drop_last=dataloader._drop_last, _non_blocking=dataloader._non_blocking, slice_fn=dataloader.slice_fn,
-            iteration=dataloader.iteration, **kwargs,
+            torch_device_mesh=dataloader.torch_device_mesh, iteration=dataloader.iteration, **kwargs,
         )
     if isinstance(dataloader, DataLoaderShard):
         return DataLoaderShard(

@@ -13,11 +13,11 @@ import os
 import torch
 
 from .plugin import get_module_class_from_name  # noqa: F401 - published here too
-from ...core.errors import ConfigError, NotSupportedYetError
+from ...core.errors import ConfigError
 from ...optimizer import inner_optimizer
 from ..base import Backend
 from ..unwrap import is_compiled as is_compiled_module
-from . import checkpoint, sharding
+from . import adapter, checkpoint, sharding
 from .checkpoint import merge_fsdp_weights  # noqa: F401 - published here too
 
 # This module is Accelerate's `utils.fsdp_utils` (hasten.utils.fsdp_utils is this module object): the FSDP2 path
@@ -27,12 +27,6 @@ logger = logging.getLogger("hasten.utils.fsdp_utils")
 
 # wrapper names that activation checkpointing and torch.compile insert into parameter names
 _WRAPPER_PARTS = ("_checkpoint_wrapped_module.", "_orig_mod.")
-
-
-def _refuse_adapter_only(adapter_only: bool) -> None:
-    if adapter_only:
-        raise NotSupportedYetError("adapter_only=True (saving only PEFT adapter weights) is not supported by hasten "
-                                   "yet; save the whole model (adapter_only=False)")
 
 
 def _check_accelerator(accelerator, function: str) -> None:
@@ -49,9 +43,11 @@ def save_fsdp_model(fsdp_plugin, accelerator, model, output_dir, model_index: in
     `use_dcp=False` (sharded only): each process `torch.save`s its own shards to
     `pytorch_model_fsdp_<i>_rank<r>.bin`, no collective; load those with `load_fsdp_model(use_dcp=False)` on
     the same number of processes."""
-    _refuse_adapter_only(adapter_only)
     _check_accelerator(accelerator, "save_fsdp_model")
     os.makedirs(output_dir, exist_ok=True)
+    if adapter_only and adapter.is_peft_model(model):  # Accelerate saves a model that is not PEFT whole
+        adapter.check_supported(fsdp_plugin, use_dcp)
+        return adapter.save_adapter(fsdp_plugin, model, os.fspath(output_dir), model_index)
     sharded = checkpoint.is_sharded(fsdp_plugin)
     if sharded and not use_dcp:
         return checkpoint.save_model_per_rank(model, os.fspath(output_dir), model_index, fsdp_plugin.state_dict_config)
@@ -62,7 +58,10 @@ def load_fsdp_model(fsdp_plugin, accelerator, model, input_dir, model_index: int
                     use_dcp: bool = True):
     """Load what `save_fsdp_model` wrote (sharded or full, whichever is there) into the prepared `model`;
     `use_dcp=False` reads the per-rank files `save_fsdp_model(use_dcp=False)` wrote."""
-    _refuse_adapter_only(adapter_only)
+    if adapter_only and adapter.is_peft_model(model):
+        adapter.check_supported(fsdp_plugin, use_dcp)
+        adapter.load_adapter(model, os.fspath(input_dir), model_index)
+        return
     if not use_dcp and checkpoint.is_sharded(fsdp_plugin):
         checkpoint.load_model_per_rank(model, os.fspath(input_dir), model_index)
         return
@@ -77,7 +76,7 @@ def save_fsdp_optimizer(fsdp_plugin, accelerator, optimizer, model, output_dir, 
 
 def load_fsdp_optimizer(fsdp_plugin, accelerator, optimizer, model, input_dir, optimizer_index: int = 0,
                         adapter_only: bool = False):
-    _refuse_adapter_only(adapter_only)
+    # adapter_only changes nothing here, as in Accelerate: the optimizer holds the trainable (adapter) state only.
     checkpoint.load_optimizer(model, inner_optimizer(optimizer), os.fspath(input_dir), optimizer_index)
 
 
