@@ -40,10 +40,15 @@ KNOWN_BROKEN: dict = {
                 "(Accelerate's Megatron-LM convention); its checks run in tests/test_parallelism_pp.py",
 }
 CHECKS = ("training", "clip_grad_norm_", "save_state load_state", "unwrap_model get_state_dict")
+# Backends whose contract runs elsewhere, with where: torch_xla cannot live in this environment.
+ELSEWHERE = {
+    "xla": "tests/xla/ (torch_xla's CPU device, in the side environment scripts/xla_env.sh builds): the whole loop, "
+           "clipping, save_state/load_state and save_model on one process and on two replicas",
+}
 
 
 def test_every_registered_backend_has_a_contract_run():
-    covered = {backend for backend, _, _ in RUNS.values()}
+    covered = {backend for backend, _, _ in RUNS.values()} | set(ELSEWHERE)
     missing = sorted(set(REGISTRY) - covered)
     assert not missing, f"add a row to RUNS in {__file__} for the backend(s) {missing}"
 
