@@ -55,7 +55,7 @@ FLAGS = {
     "multi_gpu with one process": (["--multi_gpu", "--num_processes", "1"], "needs 2 or more processes"),
     "bad gpu ids": (["--gpu_ids", "a,b"], "must be comma-separated integers"),
     "cpu with gpu ids": (["--cpu", "--gpu_ids", "0"], "--cpu and --gpu_ids 0 cannot be combined"),
-    "tpu": (["--tpu"], "--tpu: TPU (XLA) is not built"),
+    "tpu vm names": (["--tpu", "--vm", "x"], "--vm: xla_dist's TPU VM list is not built"),
     "bad fsdp boolean": (["--use_fsdp", "--fsdp_offload_params", "maybe"], "invalid truth value"),
     "unknown flag": (["--num_procs", "2"], "unrecognized arguments"),
     "missing config file": (["--config_file", "/nonexistent/c.yaml"], "does not exist"),

@@ -89,6 +89,7 @@ def _megatron_row(name, kind, default, text, **kwargs) -> Setting:
                    file_key=("megatron_lm_config", full), owner="MegatronLMPlugin", code=name,
                    requires="use_megatron_lm", group=_MEGATRON_GROUP, help=text, **kwargs)
 _tpu = _not_built("TPU (XLA)", _TPU_FIX, "TPU", built=True)  # backends/xla, launch/tpu.py
+_tpu_vm = _not_built("xla_dist's TPU VM list", _TPU_FIX, "TPU")  # the one TPU part not built
 
 
 def _tpu_config(name, kind="str", **kwargs) -> Setting:
@@ -517,9 +518,9 @@ SETTINGS: tuple[Setting, ...] = (
          file_key=("tpu_use_cluster",), help="Use a TPU pod."),
     _tpu("no_tpu_cluster", "bool", switch=True, help="Do not use a TPU pod."),
     _tpu("tpu_use_sudo", "bool", default=False, switch=True, file_key=("tpu_use_sudo",), help="sudo on TPU workers."),
-    _tpu("vm", "list", append=True, built=False, help="TPU VM names."),
+    _tpu_vm("vm", "list", append=True, help="TPU VM names."),
     _tpu("env", "list", append=True, help="Environment variables for TPU workers."),
-    _tpu("tpu_vm", "str_or_list", flag=False, file_key=("tpu_vm",), built=False, help="TPU VM names."),
+    _tpu_vm("tpu_vm", "str_or_list", flag=False, file_key=("tpu_vm",), help="TPU VM names."),
     _tpu("tpu_env", "str_or_list", flag=False, file_key=("tpu_env",), help="TPU environment."),
     _tpu("main_training_function", default="main", file_key=("main_training_function",),
          help="Function a TPU launch calls."),
