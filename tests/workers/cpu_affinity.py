@@ -3,11 +3,11 @@
 The call is watched rather than the CPU set: on a machine with one NUMA node the node holds every CPU, so the
 pinning changes nothing visible; what `--enable_cpu_affinity` must do is reach the pinning in every process."""
 
-import hasten.distributed.cluster as cluster
+import hasten.distributed.numa as numa
 from hasten import PartialState
 
 calls = []
-original = cluster.pin_to_numa_node
+original = numa.pin_to_numa_node
 
 
 def watched(*args, **kwargs):
@@ -15,6 +15,6 @@ def watched(*args, **kwargs):
     return original(*args, **kwargs)
 
 
-cluster.pin_to_numa_node = watched
+numa.pin_to_numa_node = watched
 state = PartialState()
 print(f"RANK {state.process_index} PINNED {len(calls)}", flush=True)
