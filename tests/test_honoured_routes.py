@@ -123,9 +123,18 @@ def test_fsdp1_plugin_values_reach_the_wrapper_in_one_process(monkeypatch, route
     else:
         for variable, text, _, _ in FSDP1_GIVEN.values():
             monkeypatch.setenv(variable, text)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # deprecations of FSDP1 spellings, as Accelerate's
-        Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(**arguments)).prepare(torch.nn.Linear(2, 2))
+    import torch.distributed as dist
+
+    had_group = dist.is_initialized()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # deprecations of FSDP1 spellings, as Accelerate's
+            Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(**arguments)).prepare(torch.nn.Linear(2, 2))
+    finally:
+        # the one-process group FSDP made must not outlive the test: later tests fork (debug_launcher), and a
+        # forked child that inherits a live gloo group crashes
+        if dist.is_initialized() and not had_group:
+            dist.destroy_process_group()
     (kwargs,) = given
     seen = {
         "sharding_strategy": kwargs["sharding_strategy"].name,
