@@ -25,6 +25,10 @@ def transport_device(device: torch.device) -> torch.device:
     return device
 
 
+def _sendable_as_is(source: torch.Tensor, target: torch.Tensor, carrier: torch.device) -> bool:
+    return source.dtype == target.dtype and source.device == carrier and source.is_contiguous()
+
+
 def stream_from_rank0(targets: dict, full: dict, device: torch.device, *, consume: bool = False) -> list:
     """Copy rank 0's `full[name]` into every process's `targets[name]` (a DTensor shard or a whole tensor), for
     every name rank 0 has; the other ranks pass `{}`. `targets` must list the same names in the same order on
@@ -47,9 +51,12 @@ def stream_from_rank0(targets: dict, full: dict, device: torch.device, *, consum
                     raise ValueError(f"{name}: rank 0 holds shape {tuple(source.shape)}, the model {tuple(target.shape)}")
             whole = source if is_source and not several else None
             if several:
-                whole = torch.empty(target.shape, dtype=target.dtype, device=carrier)
-                if is_source:
-                    whole.copy_(source)
+                if is_source and _sendable_as_is(source, target, carrier):
+                    whole = source.detach()  # no second copy on rank 0: broadcast reads its buffer in place
+                else:
+                    whole = torch.empty(target.shape, dtype=target.dtype, device=carrier)
+                    if is_source:
+                        whole.copy_(source)
                 dist.broadcast(whole, src=0)
             if isinstance(target, DTensor):
                 shape, offset = compute_local_shape_and_global_offset(target.shape, target.device_mesh,
