@@ -272,6 +272,7 @@ def test_project_configuration_logging_dir_is_where_trackers_write(tmp_path):
     acc.end_training()
     lines = (logs / "run" / "metrics.jsonl").read_text().splitlines()
     assert json.loads(lines[-1])["values"] == {"loss": 1.5}
+    assert json.loads((logs / "run" / "config.json").read_text()) == {"lr": 0.1}  # init_trackers(config=...)
     assert not project.exists() or not any(project.rglob("metrics.jsonl"))
 
 
