@@ -108,7 +108,7 @@ MAP = {
     'field:BnbQuantizationConfig:skip_modules': 'tests/big_model/test_bnb.py::test_skip_and_keep_in_fp32_modules_stay_unquantized',
     'field:BnbQuantizationConfig:keep_in_fp32_modules': 'tests/big_model/test_bnb.py::test_skip_and_keep_in_fp32_modules_stay_unquantized',
     'field:DataLoaderConfiguration:split_batches': 'tests/backends/test_ddp.py::test_prepared_loaders_split_flush_and_metrics',
-    'field:DataLoaderConfiguration:use_seedable_sampler': 'tests/checkpoint/test_layout.py::test_exact_resume_two_processes',
+    'field:DataLoaderConfiguration:use_seedable_sampler': 'tests/test_accelerator_options.py::test_dataloader_configuration_fields_reach_the_prepared_loader',
     'field:DataLoaderConfiguration:use_stateful_dataloader': 'tests/data/test_stateful.py::test_save_state_writes_accelerates_file_and_resumes',
     'field:DeepSpeedPlugin:hf_ds_config': 'tests/backends/test_deepspeed.py::test_config_as_dict_path_json_and_base64',
     'field:DeepSpeedPlugin:gradient_accumulation_steps': 'tests/backends/test_deepspeed.py::test_bad_plugin_values_load_as_in_accelerate_and_are_refused_where_used',
@@ -117,7 +117,7 @@ MAP = {
     'field:DeepSpeedPlugin:offload_optimizer_device': 'tests/backends/test_deepspeed.py::test_bad_plugin_values_load_as_in_accelerate_and_are_refused_where_used',
     'field:DeepSpeedPlugin:zero3_init_flag': 'tests/backends/test_deepspeed.py::test_plugin_defaults_match_accelerate',
     'field:DeepSpeedPlugin:enable_msamp': 'tests/backends/test_deepspeed.py::test_msamp_is_not_built',
-    'field:DeepSpeedSequenceParallelConfig:sp_seq_length': 'tests/backends/test_deepspeed.py::test_unbuilt_deepspeed_names_import_and_refuse_in_one_line',
+    'field:DeepSpeedSequenceParallelConfig:sp_seq_length': 'tests/distributed/test_sequence_parallel.py::test_deepspeed_ulysses_is_handed_the_handlers_fields',
     'field:DistributedDataParallelKwargs:dim': 'tests/backends/test_ddp_options.py::test_ddp_and_process_group_options_take_effect',
     'field:DistributedDataParallelKwargs:broadcast_buffers': 'tests/backends/test_ddp_options.py::test_ddp_and_process_group_options_take_effect',
     'field:DistributedDataParallelKwargs:bucket_cap_mb': 'tests/backends/test_ddp_options.py::test_ddp_and_process_group_options_take_effect',
@@ -471,7 +471,9 @@ MAP = {
 
 # Entries whose effect needs a GPU: the mapped test shows the CPU part of it (the value reaching the call that
 # would use it), and the mutant is run against that. entry -> what the CPU test shows.
-CPU_PART: dict = {}
+CPU_PART: dict = {
+    'field:DeepSpeedSequenceParallelConfig:sp_seq_length': 'the value handed to DeepSpeed\'s Ulysses registration',
+}
 
 # Entries the last full mutation run (docs/honoured.md) did not kill: their mutant survived, was never reached by the
 # mapped test, or did not run. CI's rotating sample leaves them out; this list only shrinks.
