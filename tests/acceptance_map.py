@@ -473,6 +473,7 @@ MAP = {
 # would use it), and the mutant is run against that. entry -> what the CPU test shows.
 CPU_PART: dict = {
     'field:DeepSpeedSequenceParallelConfig:sp_seq_length': 'the value handed to DeepSpeed\'s Ulysses registration',
+    'field:ProfileKwargs:activities': 'the activities handed to torch.profiler.profile (a CPU machine profiles the CPU alone)',
 }
 
 # Entries the last full mutation run (docs/honoured.md) did not kill: their mutant survived, was never reached by the
