@@ -101,7 +101,7 @@ def _setting(entry, module, name):
         found = result.get(name) if _live(entry) else None
         if found is not None and found.source != "default":
             _hit(entry)
-            default = module.BY_NAME[name].default
+            default = (module.BY_NAME.get(name) or module.table.BY_NAME[name]).default  # variable-only rows too
             result[name] = module.Resolved(name, default, "default", "built-in default")
         return result
 

@@ -184,7 +184,7 @@ class PartialState(_SharedState):
         self.local_process_index = xla.local_ordinal()
 
     def _pick_device(self, device_type: str) -> torch.device:
-        forced = env_value("TORCH_DEVICE")
+        forced = _setting("torch_device")
         if forced:
             return torch.device(forced)
         if device_type in ("cpu", "mps"):
