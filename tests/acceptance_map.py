@@ -353,7 +353,7 @@ MAP = {
     'setting:fp8_amax_history_len': 'tests/training/test_fp8.py::test_config_file_te_keys_with_accelerate_spellings_reach_the_recipe',
     'setting:fp8_amax_compute_algo': 'tests/training/test_fp8.py::test_config_file_te_keys_with_accelerate_spellings_reach_the_recipe',
     'setting:fp8_override_linear_precision': 'tests/training/test_fp8.py::test_config_file_te_keys_with_accelerate_spellings_reach_the_recipe',
-    'setting:fp8_override_fprop': 'tests/training/test_fp8.py::test_fp8_variables_at_their_defaults_are_harmless',
+    'setting:fp8_override_fprop': 'tests/training/test_fp8.py::test_te_recipe_reads_accelerates_variables',
     'setting:fp8_override_dgrad': 'tests/training/test_fp8_recipe.py::test_override_dgrad_and_mxfp8_variables_reach_the_recipe',
     'setting:fp8_override_wgrad': 'tests/training/test_fp8.py::test_te_recipe_reads_accelerates_variables',
     'setting:fp8_use_mxfp8_block_scaling': 'tests/training/test_fp8_recipe.py::test_override_dgrad_and_mxfp8_variables_reach_the_recipe',

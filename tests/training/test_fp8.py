@@ -214,9 +214,10 @@ def test_te_recipe_defaults_and_normalisation_follow_accelerate():
 
 def test_te_recipe_reads_accelerates_variables(monkeypatch):
     monkeypatch.setenv("ACCELERATE_FP8_AMAX_HISTORY_LEN", "32")
+    monkeypatch.setenv("ACCELERATE_FP8_OVERRIDE_FPROP", "true")
     monkeypatch.setenv("ACCELERATE_FP8_OVERRIDE_WGRAD", "true")
     handler = TERecipeKwargs()
-    assert handler.amax_history_len == 32 and handler.override_linear_precision == (False, False, True)
+    assert handler.amax_history_len == 32 and handler.override_linear_precision == (True, False, True)
     monkeypatch.setenv("HASTEN_FP8_MARGIN", "lots")
     with pytest.raises(ConfigError, match="environment variable HASTEN_FP8_MARGIN='lots' is not valid for fp8_margin"):
         TERecipeKwargs()
