@@ -53,6 +53,7 @@ def test_argument_beats_environment_beats_default(monkeypatch):
     assert from_env.auto_wrap_policy == "transformer_based_wrap"
     assert from_env.transformer_cls_names_to_wrap == ["Block", "Head"]
     assert from_env.min_num_params == 100
+    assert from_env.state_dict_type.name == "FULL_STATE_DICT"  # FSDP2's default is SHARDED_STATE_DICT
     assert from_env.sources["fsdp_version"] == "environment variable FSDP_VERSION"
     explicit = FullyShardedDataParallelPlugin(reshard_after_forward=True, min_num_params=5)
     assert (explicit.reshard_after_forward, explicit.min_num_params) == (True, 5)
