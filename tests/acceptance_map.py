@@ -303,7 +303,7 @@ MAP = {
     'setting:main_process_ip': 'tests/commands/test_config.py::test_questionnaire_in_a_terminal_writes_the_expected_file',
     'setting:main_process_port': 'tests/commands/test_config.py::test_questionnaire_in_a_terminal_writes_the_expected_file',
     'setting:rdzv_backend': 'tests/commands/test_config.py::test_questionnaire_in_a_terminal_writes_the_expected_file',
-    'setting:rdzv_conf': 'tests/commands/test_launch.py::test_two_machines_train_together_through_c10d',
+    'setting:rdzv_conf': 'tests/config/test_resolve.py::test_rdzv_conf_from_the_flag_or_the_file_is_what_torchrun_gets',
     'setting:log_dir': 'tests/tracking/test_libraries.py::test_every_installed_tracker_started_on_the_main_process_only',
     'setting:role': 'tests/config/test_file_objects.py::test_a_sagemaker_file_loads_as_data_and_launch_refuses_it',
     'setting:max_restarts': 'tests/commands/test_config.py::test_config_default_then_update_then_explain',
@@ -472,6 +472,8 @@ MAP = {
 # Entries whose effect needs a GPU: the mapped test shows the CPU part of it (the value reaching the call that
 # would use it), and the mutant is run against that. entry -> what the CPU test shows.
 CPU_PART: dict = {
+    'setting:rdzv_conf': 'the rendezvous options handed to torchrun (one host rendezvous whatever is_host says)',
+    'setting:hang_doctor_wait': 'the wait the doctor is built with (its effect is a timing)',
     'field:DeepSpeedSequenceParallelConfig:sp_seq_length': 'the value handed to DeepSpeed\'s Ulysses registration',
     'field:ProfileKwargs:activities': 'the activities handed to torch.profiler.profile (a CPU machine profiles the CPU alone)',
 }

@@ -303,3 +303,11 @@ def test_cpu_alone_skips_the_default_config_file_as_accelerate(home):
     assert launch.settings.values["mixed_precision"].source == "default"
     launch = plan("--config_file", path, "--cpu")
     assert (launch.num_processes, launch.settings.values["mixed_precision"].value) == (3, "bf16")
+
+
+def test_rdzv_conf_from_the_flag_or_the_file_is_what_torchrun_gets(home):
+    """--rdzv_conf (or the file's rdzv_conf) becomes the rendezvous options of torchrun's LaunchConfig (the CPU part:
+    two "machines" on one host rendezvous whatever is_host says; tests/commands/test_launch.py runs them)."""
+    assert plan("--rdzv_conf", "is_host=1,join_timeout=120").rdzv_conf == {"is_host": "1", "join_timeout": "120"}
+    write_config(home, "rdzv_conf: timeout=900\n")
+    assert plan().rdzv_conf == {"timeout": "900"}
