@@ -74,6 +74,11 @@ def test_use_cpu_keeps_an_installed_torch_xla_from_taking_the_run(monkeypatch):
     monkeypatch.setattr(PartialState, "_initialize_xla", xla)
     monkeypatch.setenv("ACCELERATE_USE_CPU", "1")
     assert PartialState().device == torch.device("cpu")
+    monkeypatch.delenv("ACCELERATE_USE_CPU")
+    AcceleratorState._reset_state(reset_partial_state=True)
+    from hasten import Accelerator
+
+    assert Accelerator(cpu=True).device == torch.device("cpu")  # the argument, as the variable
 
 
 def test_forced_device(monkeypatch):

@@ -58,6 +58,9 @@ def check_equivalence(precision, tolerance):
     expected = reference_weights(data, precision)
     for p, q in zip(acc.unwrap_model(model).parameters(), expected):
         torch.testing.assert_close(p.detach(), q, rtol=tolerance, atol=tolerance)
+    if precision != "no":  # the precision took effect: bf16 rounding leaves the fp32 result
+        full = reference_weights(data, "no")
+        assert any(not torch.equal(p.detach(), q) for p, q in zip(acc.unwrap_model(model).parameters(), full))
     # every rank holds the same weights
     flat = torch.cat([p.detach().flatten() for p in model.parameters()])
     both = gather(flat[None])
