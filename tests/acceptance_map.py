@@ -140,24 +140,23 @@ MAP = {
     'field:FP8RecipeKwargs:backend': 'tests/training/test_fp8.py::test_msamp_is_refused_everywhere',
     'field:FullyShardedDataParallelPlugin:fsdp_version': 'tests/backends/test_fsdp.py::test_defaults_follow_accelerate_per_version',
     'field:FullyShardedDataParallelPlugin:sharding_strategy': ['tests/test_honoured_routes.py::test_fsdp1_plugin_values_reach_the_wrapper_in_one_process', 'tests/backends/test_fsdp.py::test_defaults_follow_accelerate_per_version'],
-    'field:FullyShardedDataParallelPlugin:reshard_after_forward': 'tests/backends/test_fsdp.py::test_defaults_follow_accelerate_per_version',
+    'field:FullyShardedDataParallelPlugin:reshard_after_forward': 'tests/backends/test_fsdp.py::test_argument_beats_environment_beats_default',
     'field:FullyShardedDataParallelPlugin:backward_prefetch': ['tests/test_honoured_routes.py::test_fsdp1_plugin_values_reach_the_wrapper_in_one_process', 'tests/backends/test_fsdp.py::test_defaults_follow_accelerate_per_version'],
     'field:FullyShardedDataParallelPlugin:mixed_precision_policy': 'tests/backends/test_fsdp.py::test_bad_values_name_the_setting_and_its_source',
     'field:FullyShardedDataParallelPlugin:auto_wrap_policy': 'tests/backends/test_fsdp.py::test_fsdp2_prepare_auto_wrap_policy_follows_the_plugin',
-    'field:FullyShardedDataParallelPlugin:cpu_offload': 'tests/backends/test_fsdp.py::test_defaults_follow_accelerate_per_version',
+    'field:FullyShardedDataParallelPlugin:cpu_offload': 'tests/backends/test_fsdp.py::test_argument_beats_environment_beats_default',
     'field:FullyShardedDataParallelPlugin:ignored_modules': 'tests/backends/test_fsdp.py::test_bad_values_name_the_setting_and_its_source',
-    'field:FullyShardedDataParallelPlugin:state_dict_type': 'tests/backends/test_fsdp.py::test_defaults_follow_accelerate_per_version',
+    'field:FullyShardedDataParallelPlugin:state_dict_type': 'tests/backends/test_fsdp.py::test_argument_beats_environment_beats_default',
     'field:FullyShardedDataParallelPlugin:state_dict_config': 'tests/backends/test_fsdp.py::test_fsdp_honours',
     'field:FullyShardedDataParallelPlugin:optim_state_dict_config': 'tests/backends/test_fsdp.py::test_fsdp_honours',
     'field:FullyShardedDataParallelPlugin:use_orig_params': ['tests/test_honoured_routes.py::test_fsdp1_plugin_values_reach_the_wrapper_in_one_process', 'tests/backends/test_fsdp.py::test_defaults_follow_accelerate_per_version'],
-    'field:FullyShardedDataParallelPlugin:sync_module_states': 'tests/backends/test_fsdp.py::test_defaults_follow_accelerate_per_version',
+    'field:FullyShardedDataParallelPlugin:sync_module_states': 'tests/backends/test_fsdp.py::test_fsdp1_only_keys_from_the_environment_warn_under_fsdp2',
     'field:FullyShardedDataParallelPlugin:forward_prefetch': 'tests/backends/test_fsdp.py::test_bad_values_name_the_setting_and_its_source',
-    'field:FullyShardedDataParallelPlugin:activation_checkpointing': 'tests/backends/test_fsdp.py::test_bad_values_name_the_setting_and_its_source',
+    'field:FullyShardedDataParallelPlugin:activation_checkpointing': 'tests/backends/test_fsdp.py::test_argument_beats_environment_beats_default',
     'field:FullyShardedDataParallelPlugin:activation_checkpointing_offload': 'tests/backends/test_fsdp.py::test_bad_values_name_the_setting_and_its_source',
     'field:FullyShardedDataParallelPlugin:cpu_ram_efficient_loading': 'tests/backends/test_fsdp.py::test_ram_efficient_loading_is_exported_for_transformers',
     'field:FullyShardedDataParallelPlugin:transformer_cls_names_to_wrap': 'tests/backends/test_fsdp.py::test_fsdp2_prepare_auto_wrap_policy_follows_the_plugin',
     'field:FullyShardedDataParallelPlugin:min_num_params': 'tests/backends/test_fsdp.py::test_argument_beats_environment_beats_default',
-    'field:FullyShardedDataParallelPlugin:sources': 'tests/backends/test_fsdp.py::test_argument_beats_environment_beats_default',
     'field:GradScalerKwargs:init_scale': 'tests/test_accelerator_options.py::test_grad_scaler_kwargs_reach_the_fp16_scaler',
     'field:GradScalerKwargs:growth_interval': 'tests/test_accelerator_options.py::test_grad_scaler_kwargs_reach_the_fp16_scaler',
     'field:GradientAccumulationPlugin:num_steps': 'tests/backends/test_ddp.py::test_ddp_training_matches_one_process_and_accumulates',
@@ -230,7 +229,6 @@ MAP = {
     'field:MegatronLMPlugin:custom_get_batch_function': 'tests/config/test_megatron.py::test_every_megatron_only_field_away_from_its_default_is_refused',
     'field:MegatronLMPlugin:custom_loss_function': 'tests/config/test_megatron.py::test_every_megatron_only_field_away_from_its_default_is_refused',
     'field:MegatronLMPlugin:other_megatron_args': 'tests/config/test_megatron.py::test_every_megatron_only_field_away_from_its_default_is_refused',
-    'field:MegatronLMPlugin:megatron_lm_default_args': 'tests/config/test_megatron.py::test_megatron_lm_default_args_records_the_honoured_fields',
     'field:ProfileKwargs:activities': 'tests/observe/test_profiling.py::test_chrome_trace_is_written_per_rank_name',
     'field:ProfileKwargs:schedule_option': 'tests/observe/test_profiling.py::test_schedule_is_honoured_and_tensorboard_traces_written',
     'field:ProfileKwargs:on_trace_ready': 'tests/observe/test_profiling.py::test_schedule_is_honoured_and_tensorboard_traces_written',
@@ -447,7 +445,6 @@ MAP = {
     'field:DeepSpeedPlugin:zero3_save_16bit_model': 'tests/backends/test_deepspeed.py::test_plugin_fields_reach_the_deepspeed_config_and_engine_inputs',
     'field:DeepSpeedPlugin:transformer_moe_cls_names': 'tests/backends/test_deepspeed.py::test_plugin_fields_reach_the_deepspeed_config_and_engine_inputs',
     'field:DeepSpeedPlugin:msamp_opt_level': 'tests/backends/test_deepspeed.py::test_plugin_fields_reach_the_deepspeed_config_and_engine_inputs',
-    'field:DeepSpeedPlugin:dschf': 'tests/backends/test_deepspeed.py::test_plugin_fields_reach_the_deepspeed_config_and_engine_inputs',
     'field:DeepSpeedSequenceParallelConfig:sp_seq_length_is_variable': 'tests/backends/test_deepspeed.py::test_unbuilt_deepspeed_names_import_and_refuse_in_one_line',
     'field:DeepSpeedSequenceParallelConfig:sp_attn_implementation': 'tests/backends/test_deepspeed.py::test_unbuilt_deepspeed_names_import_and_refuse_in_one_line',
     'field:FullyShardedDataParallelPlugin:limit_all_gathers': 'tests/backends/test_fsdp.py::test_fsdp_honours',
@@ -526,7 +523,6 @@ NOT_YET_PROVEN: list = [
     'field:DataLoaderConfiguration:split_batches',  # not run
     'field:DataLoaderConfiguration:even_batches',  # not run
     'field:DataLoaderConfiguration:use_seedable_sampler',  # survived
-    'field:DeepSpeedPlugin:dschf',  # no target
     'field:DeepSpeedSequenceParallelConfig:sp_seq_length',  # survived
     'field:DistributedDataParallelKwargs:dim',  # not run
     'field:DistributedDataParallelKwargs:broadcast_buffers',  # not run
@@ -546,7 +542,6 @@ NOT_YET_PROVEN: list = [
     'field:FullyShardedDataParallelPlugin:param_init_fn',  # not run
     'field:FullyShardedDataParallelPlugin:sync_module_states',  # not reached
     'field:FullyShardedDataParallelPlugin:activation_checkpointing',  # not reached
-    'field:FullyShardedDataParallelPlugin:sources',  # not reached
     'field:GradientAccumulationPlugin:num_steps',  # not run
     'field:GradientAccumulationPlugin:sync_each_batch',  # not run
     'field:InitProcessGroupKwargs:backend',  # not run
@@ -555,7 +550,6 @@ NOT_YET_PROVEN: list = [
     'field:MSAMPRecipeKwargs:opt_level',  # survived
     'field:MegatronLMPlugin:gradient_clipping',  # not run
     'field:MegatronLMPlugin:recompute_activations',  # not run
-    'field:MegatronLMPlugin:megatron_lm_default_args',  # no target
     'field:ProfileKwargs:activities',  # survived
     'field:ProjectConfiguration:project_dir',  # not run
     'field:ProjectConfiguration:automatic_checkpoint_naming',  # not run

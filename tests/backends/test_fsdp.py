@@ -55,8 +55,12 @@ def test_argument_beats_environment_beats_default(monkeypatch):
     assert from_env.min_num_params == 100
     assert from_env.state_dict_type.name == "FULL_STATE_DICT"  # FSDP2's default is SHARDED_STATE_DICT
     assert from_env.sources["fsdp_version"] == "environment variable FSDP_VERSION"
-    explicit = FullyShardedDataParallelPlugin(reshard_after_forward=True, min_num_params=5)
+    explicit = FullyShardedDataParallelPlugin(reshard_after_forward=True, min_num_params=5,
+                                              state_dict_type="SHARDED_STATE_DICT", cpu_offload=True,
+                                              activation_checkpointing=True)
     assert (explicit.reshard_after_forward, explicit.min_num_params) == (True, 5)
+    assert explicit.state_dict_type.name == "SHARDED_STATE_DICT" and explicit.activation_checkpointing is True
+    assert type(explicit.cpu_offload).__name__ == "CPUOffloadPolicy"  # FSDP2's offload of parameters to the CPU
     assert explicit.sources["min_num_params"] == "argument"
 
 
@@ -373,6 +377,10 @@ def test_fsdp1_only_keys_from_the_environment_warn_under_fsdp2(monkeypatch, capl
     with caplog.at_level("WARNING", logger="hasten.utils.dataclasses"):
         FullyShardedDataParallelPlugin(fsdp_version=2, backward_prefetch="BACKWARD_POST")
     assert "backward_prefetch is not supported in FSDP2" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="hasten.utils.dataclasses"):
+        FullyShardedDataParallelPlugin(fsdp_version=2, sync_module_states=True)
+    assert "sync_module_states is obsolete in FSDP2" in caplog.text and "FullyShardedDataParallelPlugin(...)" in caplog.text
 
 
 def test_fsdp1_strategy_is_sharding_strategy_and_reshard_after_forward_stays_unset(monkeypatch):
