@@ -252,14 +252,14 @@ MAP = {
     'field:TERecipeKwargs:amax_compute_algo': 'tests/training/test_fp8_recipe.py::test_delayed_scaling_fields_reach_the_recipe',
     'field:TERecipeKwargs:override_linear_precision': 'tests/training/test_fp8_recipe.py::test_delayed_scaling_fields_reach_the_recipe',
     'field:TERecipeKwargs:use_mxfp8_block_scaling': 'tests/training/test_fp8_recipe.py::test_use_mxfp8_block_scaling_builds_the_block_scaling_recipe',
-    'field:TorchContextParallelConfig:cp_comm_strategy': 'tests/test_parallelism_config.py::test_fields_and_defaults_are_accelerates',
+    'field:TorchContextParallelConfig:cp_comm_strategy': 'tests/test_parallelism_config.py::test_handler_fields_that_only_warn_or_reach_torch_are_seen',
     'field:TorchDynamoPlugin:backend': 'tests/test_accelerator_options.py::test_torch_dynamo_plugin_fields_reach_torch_compile',
     'field:TorchDynamoPlugin:mode': 'tests/test_accelerator_options.py::test_torch_dynamo_plugin_fields_reach_torch_compile',
     'field:TorchDynamoPlugin:use_regional_compilation': 'tests/training/test_compilation.py::test_accelerator_compiles_regions_into_a_new_tree_on_one_device',
-    'field:TorchTensorParallelConfig:enable_async_tp': 'tests/test_parallelism_config.py::test_fields_and_defaults_are_accelerates',
+    'field:TorchTensorParallelConfig:enable_async_tp': 'tests/test_parallelism_config.py::test_handler_fields_that_only_warn_or_reach_torch_are_seen',
     'field:TorchTensorParallelConfig:tp_plan': 'tests/backends/test_tensor_parallel.py::test_tensor_parallel_on_two_processes',
     'field:TorchTensorParallelPlugin:tp_size': 'tests/backends/test_tensor_parallel.py::test_the_deprecated_tp_plugin_becomes_a_parallelism_config',
-    'field:TorchTensorParallelPlugin:torch_device_mesh': 'tests/test_parallelism_config.py::test_fields_and_defaults_are_accelerates',
+    'field:TorchTensorParallelPlugin:torch_device_mesh': 'tests/test_parallelism_config.py::test_handler_fields_that_only_warn_or_reach_torch_are_seen',
     'setting:config_file': 'tests/training/test_fp8.py::test_config_file_fp8_config_reaches_the_recipe_and_the_refusal',
     'setting:quiet': 'tests/commands/test_launch_helpers.py::test_simple_launcher_runs_the_script_and_raises_on_failure',
     'setting:module': 'tests/backends/test_contract.py::test_backend_keeps_the_contract',
@@ -469,6 +469,7 @@ MAP = {
 # Entries whose effect needs a GPU: the mapped test shows the CPU part of it (the value reaching the call that
 # would use it), and the mutant is run against that. entry -> what the CPU test shows.
 CPU_PART: dict = {
+    'field:TorchContextParallelConfig:cp_comm_strategy': "the rotate method handed to torch's context parallelism (CUDA only)",
     'setting:num_machines': 'the layout handed to torchrun (one host)',
     'setting:machine_rank': 'the layout handed to torchrun (one host)',
     'setting:main_process_ip': 'the address handed to torchrun (one host)',
