@@ -229,6 +229,12 @@ def test_ao_recipe_fields_and_filter_check(monkeypatch):
     assert (handler.config is not None) == is_torchao_available()
     monkeypatch.setenv("ACCELERATE_FP8_PAD_INNER_DIM", "false")
     assert AORecipeKwargs().pad_inner_dim is False
+    chosen = AORecipeKwargs(pad_inner_dim=True, enable_fsdp_float8_all_gather=False)  # the code beats the variable
+    assert chosen.pad_inner_dim is True and chosen.enable_fsdp_float8_all_gather is False
+    if is_torchao_available():  # and the torchao config built from them
+        assert (chosen.config.pad_inner_dim, chosen.config.enable_fsdp_float8_all_gather) == (True, False)
+    given = object()  # the user's own Float8LinearConfig is the one used, nothing is built from the variables
+    assert AORecipeKwargs(config=given).config is given
     with pytest.raises(ConfigError, match="module_filter_func=3. must be a function"):
         AORecipeKwargs(module_filter_func=3)
     with pytest.raises(ConfigError, match="AORecipeKwargs.pad_inner_dim='maybe'."):
