@@ -17,7 +17,7 @@ MAP = {
     'param:Accelerator:project_config': 'tests/backends/test_deepspeed.py::test_resume_is_bit_identical_and_a_killed_save_leaves_the_previous_checkpoint',
     'param:Accelerator:gradient_accumulation_plugin': 'tests/backends/test_ddp.py::test_ddp_training_matches_one_process_and_accumulates',
     'param:Accelerator:kwargs_handlers': 'tests/backends/test_ddp_options.py::test_ddp_and_process_group_options_take_effect',
-    'param:Accelerator:dynamo_backend': 'tests/config/test_resolve.py::test_file_value_and_the_users_variable_end_to_end',
+    'param:Accelerator:dynamo_backend': 'tests/test_accelerator_options.py::test_torch_dynamo_plugin_fields_reach_torch_compile',
     'param:Accelerator:dynamo_plugin': 'tests/config/test_settings.py::test_explain_reports_what_the_launched_scripts_accelerator_uses',
     'param:Accelerator:deepspeed_plugins': 'tests/backends/test_deepspeed.py::test_plugins_for_a_second_accelerator_are_refused_as_in_accelerate',
     'param:Accelerator:parallelism_config': 'tests/test_parallelism_config.py::test_one_process_accelerator_has_the_config_and_no_mesh',

@@ -157,6 +157,12 @@ def test_torch_dynamo_plugin_fields_reach_torch_compile(monkeypatch):
     acc.prepare(tiny_model())
     assert calls == [{"backend": "inductor", "mode": "reduce-overhead", "fullgraph": True, "dynamic": False,
                       "options": {"trace.enabled": False}, "disable": True}], calls
+    from hasten.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    Accelerator(dynamo_backend="eager").prepare(tiny_model())  # the older spelling: the backend alone
+    assert calls[-1]["backend"] == "eager", calls
 
 
 # -- data loaders -----------------------------------------------------------------------------------------------
