@@ -64,6 +64,19 @@ def test_argument_beats_environment_beats_default(monkeypatch):
     assert explicit.sources["min_num_params"] == "argument"
 
 
+def test_offload_and_checkpointing_variables_reach_the_plugin(monkeypatch):
+    """FSDP_OFFLOAD_PARAMS / FSDP_ACTIVATION_CHECKPOINTING (as `hasten launch` exports them) are the plugin's;
+    FSDP_ACTIVATION_CHECKPOINTING_OFFLOAD, not built, is refused in one line."""
+    monkeypatch.setenv("FSDP_VERSION", "2")
+    monkeypatch.setenv("FSDP_OFFLOAD_PARAMS", "true")
+    monkeypatch.setenv("FSDP_ACTIVATION_CHECKPOINTING", "true")
+    plugin = FullyShardedDataParallelPlugin()
+    assert type(plugin.cpu_offload).__name__ == "CPUOffloadPolicy" and plugin.activation_checkpointing is True
+    monkeypatch.setenv("FSDP_ACTIVATION_CHECKPOINTING_OFFLOAD", "true")
+    with pytest.raises(ConfigError, match="activation_checkpointing_offload moves saved activations"):
+        FullyShardedDataParallelPlugin()
+
+
 def test_launcher_defaults_do_not_break_fsdp2(monkeypatch):
     # `hasten launch --use_fsdp` exports FSDP1-only settings by default (as Accelerate does); FSDP2 ignores them.
     for name, value in {"FSDP_VERSION": "2", "FSDP_USE_ORIG_PARAMS": "true", "FSDP_SYNC_MODULE_STATES": "true",

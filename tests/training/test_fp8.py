@@ -216,8 +216,11 @@ def test_te_recipe_reads_accelerates_variables(monkeypatch):
     monkeypatch.setenv("ACCELERATE_FP8_AMAX_HISTORY_LEN", "32")
     monkeypatch.setenv("ACCELERATE_FP8_OVERRIDE_FPROP", "true")
     monkeypatch.setenv("ACCELERATE_FP8_OVERRIDE_WGRAD", "true")
+    monkeypatch.setenv("ACCELERATE_FP8_INTERVAL", "3")
+    monkeypatch.setenv("ACCELERATE_FP8_USE_AUTOCAST_DURING_EVAL", "true")
     handler = TERecipeKwargs()
     assert handler.amax_history_len == 32 and handler.override_linear_precision == (True, False, True)
+    assert handler.interval == 3 and handler.use_autocast_during_eval is True
     monkeypatch.setenv("HASTEN_FP8_MARGIN", "lots")
     with pytest.raises(ConfigError, match="environment variable HASTEN_FP8_MARGIN='lots' is not valid for fp8_margin"):
         TERecipeKwargs()
