@@ -81,6 +81,10 @@ def test_sizes_are_read_from_the_environment_and_code_wins(monkeypatch):
     assert (config.dp_shard_size, config.tp_size, config.cp_size) == (2, 4, 2)
     assert config.cp_handler.cp_comm_strategy == "alltoall"
     assert ParallelismConfig(tp_size=1).tp_size == 1
+    for name, value in {"DP_REPLICATE_SIZE": "3", "CP_SIZE": "2", "PP_SIZE": "2", "PP_SCHEDULE": "GPipe"}.items():
+        monkeypatch.setenv(f"PARALLELISM_CONFIG_{name}", value)
+    config = ParallelismConfig()
+    assert (config.dp_replicate_size, config.cp_size, config.pp_size, config.pp_handler.schedule) == (3, 2, 2, "GPipe")
 
 
 @pytest.mark.parametrize("variable, text, expected", [

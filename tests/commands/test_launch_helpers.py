@@ -68,6 +68,15 @@ def test_simple_launcher_runs_the_script_and_raises_on_failure(tmp_path):
         simple_launcher(parser.parse_args(["--quiet", str(bad)]))
 
 
+def test_simple_launcher_runs_a_module_with_dash_m(tmp_path):
+    import json
+
+    source, target = tmp_path / "in.json", tmp_path / "out.json"
+    source.write_text('{"a": 1}')
+    simple_launcher(launch_command_parser().parse_args(["--cpu", "-m", "json.tool", str(source), str(target)]))
+    assert json.loads(target.read_text()) == {"a": 1}
+
+
 def test_multi_gpu_launcher_starts_the_processes_through_torchrun(tmp_path):
     script = tmp_path / "two.py"
     out = tmp_path / "ranks"
