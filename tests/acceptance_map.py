@@ -368,7 +368,7 @@ MAP = {
     'setting:parallelism_config_pp_microbatches': 'tests/test_honoured_routes.py::test_pp_microbatches_flag_and_variable_reach_the_pipeline_config',
     'setting:parallelism_config_cp_backend': 'tests/test_parallelism_config.py::test_a_bad_or_unbuilt_variable_is_one_line',
     'setting:parallelism_config_cp_comm_strategy': 'tests/test_parallelism_config.py::test_sizes_are_read_from_the_environment_and_code_wins',
-    'setting:parallelism_config_sp_size': 'tests/distributed/test_sequence_parallel.py::test_sp2_equals_one_process_pads_and_resumes',
+    'setting:parallelism_config_sp_size': 'tests/distributed/test_sequence_parallel.py::test_sp_from_the_environment_alone_builds_the_config',
     'setting:parallelism_config_sp_backend': 'tests/distributed/test_sequence_parallel.py::test_sp_from_the_environment_alone_builds_the_config',
     'setting:parallelism_config_sp_seq_length': 'tests/backends/test_deepspeed.py::test_unbuilt_deepspeed_names_import_and_refuse_in_one_line',
     'setting:parallelism_config_sp_seq_length_is_variable': 'tests/backends/test_deepspeed.py::test_unbuilt_deepspeed_names_import_and_refuse_in_one_line',
