@@ -212,6 +212,7 @@ def test_logger_needs_a_state_then_prefixes_the_rank(monkeypatch, caplog):
     messages = [record.getMessage() for record in caplog.records]
     assert messages == ["[RANK 0] hello there", "[RANK 0] once", "[RANK 0] in order", "[RANK 0] everywhere"]
     monkeypatch.setenv("HASTEN_LOG_LEVEL", "error")
+    logging.getLogger("hasten.test.other").setLevel(logging.NOTSET)  # loggers outlive a test: start unset
     assert get_logger("hasten.test.other").logger.level == logging.ERROR
 
 
