@@ -77,6 +77,19 @@ def test_simple_launcher_runs_a_module_with_dash_m(tmp_path):
     assert json.loads(target.read_text()) == {"a": 1}
 
 
+def test_role_is_what_torchruns_agent_is_given(tmp_path, monkeypatch):
+    """--role names the workers' role in torchrun's agent (its workers read it as ROLE_NAME): the value handed over."""
+    import hasten.launch.run as run
+
+    roles = []
+    monkeypatch.setattr(run, "_start_workers", lambda config, entrypoint, args: roles.append(config.role))
+    script = tmp_path / "noop.py"
+    script.write_text("")
+    multi_gpu_launcher(launch_command_parser().parse_args(["--cpu", "--num_processes", "2", "--role", "trainer",
+                                                          str(script)]))
+    assert roles == ["trainer"]
+
+
 def test_multi_gpu_launcher_starts_the_processes_through_torchrun(tmp_path):
     script = tmp_path / "two.py"
     out = tmp_path / "ranks"
