@@ -377,7 +377,7 @@ MAP = {
     'setting:megatron_lm_tp_degree': 'tests/config/test_megatron.py::test_fields_are_read_from_the_launchers_variables',
     'setting:megatron_lm_pp_degree': 'tests/config/test_megatron.py::test_fields_are_read_from_the_launchers_variables',
     'setting:megatron_lm_num_micro_batches': 'tests/config/test_megatron.py::test_fields_are_read_from_the_launchers_variables',
-    'setting:megatron_lm_sequence_parallelism': 'tests/config/test_settings.py::test_an_accelerate_file_with_default_tpu_keys_and_empty_blocks_loads',
+    'setting:megatron_lm_sequence_parallelism': 'tests/commands/test_cli_errors.py::test_bad_input_gives_one_clear_line',
     'setting:megatron_lm_recompute_activations': 'tests/config/test_megatron.py::test_fields_are_read_from_the_launchers_variables',
     'setting:megatron_lm_use_distributed_optimizer': 'tests/config/test_megatron.py::test_launch_flags_are_exported_as_acceleratess_variables',
     'setting:megatron_lm_gradient_clipping': 'tests/config/test_megatron.py::test_fields_are_read_from_the_launchers_variables',
