@@ -302,8 +302,8 @@ MAP = {
     'setting:main_process_port': 'tests/config/test_resolve.py::test_launch_structure_flags_are_what_torchrun_and_the_processes_get',
     'setting:rdzv_backend': 'tests/config/test_resolve.py::test_launch_structure_flags_are_what_torchrun_and_the_processes_get',
     'setting:rdzv_conf': 'tests/config/test_resolve.py::test_rdzv_conf_from_the_flag_or_the_file_is_what_torchrun_gets',
-    'setting:log_dir': 'tests/tracking/test_libraries.py::test_every_installed_tracker_started_on_the_main_process_only',
-    'setting:role': 'tests/commands/test_launch_helpers.py::test_role_is_what_torchruns_agent_is_given',
+    'setting:log_dir': 'tests/commands/test_launch_helpers.py::test_role_and_log_dir_are_what_torchruns_agent_is_given',
+    'setting:role': 'tests/commands/test_launch_helpers.py::test_role_and_log_dir_are_what_torchruns_agent_is_given',
     'setting:max_restarts': 'tests/config/test_resolve.py::test_launch_structure_flags_are_what_torchrun_and_the_processes_get',
     'setting:monitor_interval': 'tests/config/test_resolve.py::test_file_supplies_multi_machine_settings',
     'setting:fsdp_version': ['tests/backends/test_fsdp.py::test_fsdp1_only_keys_from_the_environment_warn_under_fsdp2', 'tests/backends/test_fsdp.py::test_defaults_follow_accelerate_per_version'],
@@ -469,6 +469,7 @@ MAP = {
 # Entries whose effect needs a GPU: the mapped test shows the CPU part of it (the value reaching the call that
 # would use it), and the mutant is run against that. entry -> what the CPU test shows.
 CPU_PART: dict = {
+    'setting:log_dir': "the logs folder handed to torchrun's agent",
     'setting:role': "the role handed to torchrun's agent (its workers' ROLE_NAME)",
     'setting:deepspeed_allow_jit': 'the refusal lifted, prepare reaching deepspeed.initialize (compiling the op takes minutes)',
     'field:TorchContextParallelConfig:cp_comm_strategy': "the rotate method handed to torch's context parallelism (CUDA only)",
