@@ -148,7 +148,7 @@ MAP = {
     'field:FullyShardedDataParallelPlugin:ignored_modules': 'tests/backends/test_fsdp.py::test_bad_values_name_the_setting_and_its_source',
     'field:FullyShardedDataParallelPlugin:state_dict_type': 'tests/backends/test_fsdp.py::test_argument_beats_environment_beats_default',
     'field:FullyShardedDataParallelPlugin:state_dict_config': 'tests/backends/test_fsdp.py::test_fsdp_honours',
-    'field:FullyShardedDataParallelPlugin:optim_state_dict_config': 'tests/backends/test_fsdp.py::test_fsdp_honours',
+    'field:FullyShardedDataParallelPlugin:optim_state_dict_config': 'tests/backends/test_fsdp.py::test_fsdp1_variables_and_the_optimizer_state_config_reach_the_plugin',
     'field:FullyShardedDataParallelPlugin:use_orig_params': ['tests/test_honoured_routes.py::test_fsdp1_plugin_values_reach_the_wrapper_in_one_process', 'tests/backends/test_fsdp.py::test_defaults_follow_accelerate_per_version'],
     'field:FullyShardedDataParallelPlugin:sync_module_states': 'tests/backends/test_fsdp.py::test_fsdp1_only_keys_from_the_environment_warn_under_fsdp2',
     'field:FullyShardedDataParallelPlugin:forward_prefetch': 'tests/backends/test_fsdp.py::test_bad_values_name_the_setting_and_its_source',
@@ -289,7 +289,7 @@ MAP = {
     'setting:dynamo_use_fullgraph': ['tests/test_honoured_routes.py::test_dynamo_variables_reach_torch_compile', 'tests/test_honoured_routes.py::test_dynamo_flags_are_exported_for_the_processes'],
     'setting:dynamo_use_dynamic': ['tests/test_honoured_routes.py::test_dynamo_variables_reach_torch_compile', 'tests/test_honoured_routes.py::test_dynamo_flags_are_exported_for_the_processes'],
     'setting:dynamo_use_regional_compilation': 'tests/config/test_resolve.py::test_the_files_dynamo_block_is_what_the_processes_get',
-    'setting:use_fsdp': 'tests/backends/test_fsdp.py::test_launcher_defaults_do_not_break_fsdp2',
+    'setting:use_fsdp': 'tests/backends/test_fsdp.py::test_accelerator_selects_fsdp_from_a_plugin_or_the_environment',
     'setting:gradient_accumulation_steps': 'tests/backends/test_contract.py::test_backend_keeps_the_contract',
     'setting:gradient_accumulation_normalize_by_tokens': 'tests/training/test_token_accumulation.py::test_off_by_default_and_read_from_the_setting',
     'setting:use_deepspeed': 'tests/backends/test_deepspeed.py::test_launch_flags_become_the_plugins_variables',
@@ -315,10 +315,10 @@ MAP = {
     'setting:fsdp_transformer_layer_cls_to_wrap': 'tests/backends/test_fsdp.py::test_argument_beats_environment_beats_default',
     'setting:fsdp_backward_prefetch': ['tests/test_honoured_routes.py::test_fsdp1_plugin_values_reach_the_wrapper_in_one_process', 'tests/backends/test_fsdp.py::test_launcher_defaults_do_not_break_fsdp2'],
     'setting:fsdp_state_dict_type': 'tests/backends/test_fsdp.py::test_argument_beats_environment_beats_default',
-    'setting:fsdp_forward_prefetch': 'tests/backends/test_fsdp.py::test_launcher_defaults_do_not_break_fsdp2',
+    'setting:fsdp_forward_prefetch': 'tests/backends/test_fsdp.py::test_fsdp1_variables_and_the_optimizer_state_config_reach_the_plugin',
     'setting:fsdp_use_orig_params': ['tests/test_honoured_routes.py::test_fsdp1_plugin_values_reach_the_wrapper_in_one_process', 'tests/backends/test_fsdp.py::test_launcher_defaults_do_not_break_fsdp2'],
     'setting:fsdp_cpu_ram_efficient_loading': 'tests/backends/test_fsdp.py::test_ram_efficient_loading_is_exported_for_transformers',
-    'setting:fsdp_sync_module_states': 'tests/backends/test_fsdp.py::test_launcher_defaults_do_not_break_fsdp2',
+    'setting:fsdp_sync_module_states': 'tests/backends/test_fsdp.py::test_fsdp1_variables_and_the_optimizer_state_config_reach_the_plugin',
     'setting:fsdp_activation_checkpointing': 'tests/backends/test_fsdp.py::test_offload_and_checkpointing_variables_reach_the_plugin',
     'setting:fsdp_activation_checkpointing_offload': 'tests/backends/test_fsdp.py::test_offload_and_checkpointing_variables_reach_the_plugin',
     'setting:fsdp_ignored_modules': 'tests/test_honoured_routes.py::test_fsdp_ignored_modules_variable_picks_the_modules_fsdp_leaves_alone',
@@ -469,6 +469,7 @@ MAP = {
 # Entries whose effect needs a GPU: the mapped test shows the CPU part of it (the value reaching the call that
 # would use it), and the mutant is run against that. entry -> what the CPU test shows.
 CPU_PART: dict = {
+    'field:FullyShardedDataParallelPlugin:optim_state_dict_config': "the config FSDP1's optimizer state dict is gathered with",
     'setting:log_dir': "the logs folder handed to torchrun's agent",
     'setting:role': "the role handed to torchrun's agent (its workers' ROLE_NAME)",
     'setting:deepspeed_allow_jit': 'the refusal lifted, prepare reaching deepspeed.initialize (compiling the op takes minutes)',

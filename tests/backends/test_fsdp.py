@@ -77,6 +77,20 @@ def test_offload_and_checkpointing_variables_reach_the_plugin(monkeypatch):
         FullyShardedDataParallelPlugin()
 
 
+def test_fsdp1_variables_and_the_optimizer_state_config_reach_the_plugin(monkeypatch):
+    from torch.distributed.fsdp import FullOptimStateDictConfig
+
+    monkeypatch.setenv("FSDP_VERSION", "1")
+    monkeypatch.setenv("FSDP_FORWARD_PREFETCH", "true")
+    monkeypatch.setenv("FSDP_SYNC_MODULE_STATES", "true")
+    plugin = FullyShardedDataParallelPlugin()
+    assert plugin.forward_prefetch is True and plugin.sync_module_states is True  # both default to False
+    given = FullyShardedDataParallelPlugin(state_dict_type="FULL_STATE_DICT", optim_state_dict_config=(
+        FullOptimStateDictConfig(offload_to_cpu=False, rank0_only=False)))  # the default gathers on rank 0's CPU
+    config = given.optim_state_dict_config
+    assert (config.offload_to_cpu, config.rank0_only) == (False, False)
+
+
 def test_launcher_defaults_do_not_break_fsdp2(monkeypatch):
     # `hasten launch --use_fsdp` exports FSDP1-only settings by default (as Accelerate does); FSDP2 ignores them.
     for name, value in {"FSDP_VERSION": "2", "FSDP_USE_ORIG_PARAMS": "true", "FSDP_SYNC_MODULE_STATES": "true",
