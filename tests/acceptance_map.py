@@ -13,7 +13,7 @@ MAP = {
     'param:Accelerator:fsdp_plugin': 'tests/backends/test_fsdp.py::test_accelerator_selects_fsdp_from_a_plugin_or_the_environment',
     'param:Accelerator:megatron_lm_plugin': 'tests/test_accelerator.py::test_bad_constructor_arguments',
     'param:Accelerator:log_with': 'tests/observe/test_step_timer.py::test_two_processes_straggler_profiles_and_memory',
-    'param:Accelerator:project_dir': 'tests/backends/test_deepspeed.py::test_resume_is_bit_identical_and_a_killed_save_leaves_the_previous_checkpoint',
+    'param:Accelerator:project_dir': 'tests/observe/test_memory_tracker.py::test_default_folder_is_under_the_project_and_json_only_without_plot',
     'param:Accelerator:project_config': 'tests/backends/test_deepspeed.py::test_resume_is_bit_identical_and_a_killed_save_leaves_the_previous_checkpoint',
     'param:Accelerator:gradient_accumulation_plugin': 'tests/backends/test_ddp.py::test_ddp_training_matches_one_process_and_accumulates',
     'param:Accelerator:kwargs_handlers': 'tests/backends/test_ddp_options.py::test_ddp_and_process_group_options_take_effect',
