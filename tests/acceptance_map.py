@@ -4,7 +4,7 @@ one test is not enough."""
 
 MAP = {
     'param:Accelerator:device_placement': 'tests/test_honoured_routes.py::test_accelerator_device_placement_false_leaves_prepared_models_where_they_are',
-    'param:Accelerator:split_batches': 'tests/backends/test_ddp.py::test_prepared_loaders_split_flush_and_metrics',
+    'param:Accelerator:split_batches': 'tests/test_accelerator_options.py::test_split_batches_argument_is_ignored_with_accelerates_warning',
     'param:Accelerator:mixed_precision': 'tests/backends/test_ddp.py::test_ddp_training_matches_one_process_and_accumulates',
     'param:Accelerator:gradient_accumulation_steps': 'tests/backends/test_ddp.py::test_ddp_training_matches_one_process_and_accumulates',
     'param:Accelerator:cpu': 'tests/test_state.py::test_use_cpu_keeps_an_installed_torch_xla_from_taking_the_run',

@@ -191,6 +191,12 @@ def test_rng_types_decide_which_generators_each_pass_synchronises(monkeypatch):
     assert calls == [["torch"]], calls
 
 
+def test_split_batches_argument_is_ignored_with_accelerates_warning():
+    with pytest.warns(FutureWarning, match=r"Accelerator\(split_batches=\.\.\.\) is ignored \(as in Accelerate\)"):
+        accelerator = Accelerator(split_batches=True)
+    assert accelerator.split_batches is False  # DataLoaderConfiguration(split_batches=...) is the switch
+
+
 def test_dataloader_configuration_fields_reach_the_prepared_loader():
     """DataLoaderConfiguration(dispatch_batches=True) gives a loader that dispatches from process 0;
     non_blocking=True moves batches with non_blocking copies; data_seed (with use_seedable_sampler) is the seed of
