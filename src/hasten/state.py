@@ -17,7 +17,7 @@ from functools import partial
 import torch
 
 from .config.handlers import given_kwargs
-from .core.env import env_value, parse_flag_from_env
+from .core.env import parse_flag_from_env
 from .core.enums import TORCH_DISTRIBUTED_TYPES, DistributedType, PrecisionType
 from .core.errors import ConfigError, StateResetError
 from .distributed import cluster as environment
