@@ -6,7 +6,10 @@ imports nothing of hasten: when a target module has executed, it wraps the entry
 
 - `setting:<name>`: `hasten.config.resolve.resolve` reports the row's default (source "default") whatever the
   code, flag, variable or file said, and a parsed command line holds the flag's default. The launcher then
-  exports nothing for it, and the processes resolve the default too.
+  exports nothing for it, and the processes resolve the default too. Rows the precedence does not resolve are
+  dropped where they are read instead: a key read only from the config file (a block, the TPU keys) is taken out
+  of the file as read (`hasten.config.file.read_raw`), and a row's refusal (a feature not built) does not fire
+  (`Setting.refusal` finds nothing to refuse), as if the user had not given it.
 - `param:<callable>:<name>`: the callable is called as if the argument had not been passed (its default; a
   required one gets None). `*args` pass through unprepared; `**kwargs` are dropped.
 - `field:<class>:<name>`: the class is built as if the field had not been given (its default).
@@ -101,19 +104,65 @@ def _setting(entry, module, name):
         found = result.get(name) if _live(entry) else None
         if found is not None and found.source != "default":
             _hit(entry)
-            default = module.BY_NAME[name].default
+            default = (module.BY_NAME.get(name) or module.table.BY_NAME[name]).default  # variable-only rows too
             result[name] = module.Resolved(name, default, "default", "built-in default")
         return result
 
     module.resolve = resolve
 
 
+def _unresolved(name) -> bool:
+    """Whether the precedence leaves row `name` out (read from the file or the command line only, or not built)."""
+    table = sys.modules.get("hasten.config.settings")
+    row = table.BY_NAME.get(name) if table is not None else None
+    return row is not None and (row.role != "setting" or not row.built)
+
+
+def _refusal(entry, module, name):
+    """`Setting.refusal` of row `name` finds nothing to refuse: the value the user gave is dropped, not refused."""
+    original = module.Setting.refusal
+
+    @functools.wraps(original)
+    def refusal(self, *args, **kwargs):
+        found = original(self, *args, **kwargs)
+        if found is not None and self.name == name and _live(entry):
+            _hit(entry)
+            return None
+        return found
+
+    module.Setting.refusal = refusal
+
+
+def _file(entry, module, name):
+    """`read_raw` without row `name`'s key (a top-level key or a block's key), for rows only the file gives."""
+    original = module.read_raw
+
+    @functools.wraps(original)
+    def read_raw(*args, **kwargs):
+        data = original(*args, **kwargs)
+        if not (_live(entry) and isinstance(data, dict) and _unresolved(name)):
+            return data
+        row = module.table.BY_NAME[name]
+        *blocks, key = row.file_key or (None,)
+        holder = data
+        for block in blocks:
+            holder = holder.get(block) if isinstance(holder, dict) else None
+        if isinstance(holder, dict) and key in holder:
+            _hit(entry)
+            del holder[key]
+        return data
+
+    module.read_raw = read_raw
+
+
+# Rows are also dropped where they are read around the precedence: module -> how (see the docstring).
+_AROUND = {"hasten.config.setting": _refusal, "hasten.config.file": _file}
+
+
 def _apply(entry, module) -> None:
     kind, _, qualname, parameter, *dests = _TARGETS[entry]
     if kind == "setting":
         _setting(entry, module, parameter)
-        if dests:
-            _parsed(entry, dests)
         return
     owner_name, _, attribute = qualname.rpartition(".")
     if kind == "field":
@@ -166,10 +215,12 @@ class _AfterExec(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def exec_module(self, module):
         self.loader.exec_module(module)
-        for entry, (_, target, *_) in _TARGETS.items():
+        for entry, (kind, target, _, parameter, *_) in _TARGETS.items():
             if target == module.__name__ and entry not in _DONE:
                 _DONE.add(entry)
                 _apply(entry, module)
+            if kind == "setting" and module.__name__ in _AROUND:
+                _AROUND[module.__name__](entry, module, parameter)
         _repoint(module)
 
     def __getattr__(self, name):  # get_resource_reader, is_package, ... of the real loader
@@ -178,3 +229,6 @@ class _AfterExec(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 if _TARGETS:
     sys.meta_path.insert(0, _AfterExec)
+    for _entry, (_kind, _, _, _, *_dests) in _TARGETS.items():
+        if _kind == "setting" and _dests:  # at start: `hasten launch` parses its flags before it resolves anything
+            _parsed(_entry, _dests)

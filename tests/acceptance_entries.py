@@ -57,7 +57,9 @@ def field_entries() -> list:
     entries = []
     for name, obj in sorted(vars(module).items()):
         if inspect.isclass(obj) and dataclasses.is_dataclass(obj) and name not in NOT_CONFIGURATION:
-            entries += [f"field:{name}:{f.name}" for f in dataclasses.fields(obj) if not f.name.startswith("_")]
+            # a field the constructor does not take (init=False: a record the object keeps) is not configuration
+            entries += [f"field:{name}:{f.name}" for f in dataclasses.fields(obj)
+                        if not f.name.startswith("_") and f.init]
     return entries
 
 

@@ -138,7 +138,12 @@ def test_auto_map_from_a_budget(reference, checkpoint, tmp_path):
     assert torch.allclose(model(IDS), reference(IDS))
 
 
-def test_dtype_cast_and_offload_state_dict_with_bin_shards(reference, tmp_path):
+def test_dtype_cast_and_offload_state_dict_with_bin_shards(reference, tmp_path, monkeypatch):
+    import tempfile
+
+    staged = []  # offload_state_dict=True stages the CPU weights of .bin shards in a temporary folder
+    make = tempfile.mkdtemp
+    monkeypatch.setattr(tempfile, "mkdtemp", lambda *a, **k: staged.append(k.get("prefix")) or make(*a, **k))
     folder = _save_sharded(reference, str(tmp_path / "bin"), safe=False, shards=3)
     device_map = {"embed": "cpu", "blocks": "disk", "norm": "cpu", "head": "cpu"}
     model = load_checkpoint_and_dispatch(_empty(), folder, device_map=device_map, offload_folder=str(tmp_path / "off"),
@@ -148,8 +153,10 @@ def test_dtype_cast_and_offload_state_dict_with_bin_shards(reference, tmp_path):
     output = model(IDS)
     assert output.dtype == torch.bfloat16
     assert torch.allclose(output.float(), reference(IDS), atol=0.3)
+    staged.clear()
     plain = load_checkpoint_and_dispatch(_empty(), folder, device_map={"": "cpu"}, offload_state_dict=True)
     assert torch.allclose(plain(IDS), reference(IDS))
+    assert staged == ["hasten-offload-"], "offload_state_dict=True did not stage the state dict on disk"
 
 
 def test_safetensors_dtype_cast_when_offloaded(reference, checkpoint, tmp_path):

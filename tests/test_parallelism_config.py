@@ -81,6 +81,10 @@ def test_sizes_are_read_from_the_environment_and_code_wins(monkeypatch):
     assert (config.dp_shard_size, config.tp_size, config.cp_size) == (2, 4, 2)
     assert config.cp_handler.cp_comm_strategy == "alltoall"
     assert ParallelismConfig(tp_size=1).tp_size == 1
+    for name, value in {"DP_REPLICATE_SIZE": "3", "CP_SIZE": "2", "PP_SIZE": "2", "PP_SCHEDULE": "GPipe"}.items():
+        monkeypatch.setenv(f"PARALLELISM_CONFIG_{name}", value)
+    config = ParallelismConfig()
+    assert (config.dp_replicate_size, config.cp_size, config.pp_size, config.pp_handler.schedule) == (3, 2, 2, "GPipe")
 
 
 @pytest.mark.parametrize("variable, text, expected", [
@@ -268,3 +272,29 @@ def test_build_device_mesh_slices_flattened_views_by_lists_of_names(monkeypatch)
     monkeypatch.setattr(device_mesh, "init_device_mesh", lambda *args, **kwargs: mesh)
     ParallelismConfig(dp_replicate_size=2, dp_shard_size=2).build_device_mesh("cpu")
     assert mesh.sliced and all(type(names) is list for names in mesh.sliced), mesh.sliced
+
+
+def test_handler_fields_that_only_warn_or_reach_torch_are_seen(monkeypatch):
+    """enable_async_tp warns and runs without (as Accelerate); a mesh given to the deprecated plugin is replaced by
+    the run's (as Accelerate, said in a warning); cp_comm_strategy is the rotate method torch's context parallelism
+    is given (the CPU part: context parallelism runs on CUDA only)."""
+    import contextlib
+    from types import SimpleNamespace
+
+    import torch.distributed.tensor.experimental as experimental
+    import torch.distributed.tensor.experimental._attention as attention
+
+    from hasten.distributed.context_parallel import maybe_context_parallel
+
+    with pytest.warns(UserWarning, match="Async tensor parallelism is currently not supported"):
+        TorchTensorParallelConfig(enable_async_tp=True)
+    with pytest.warns(UserWarning, match=r"torch_device_mesh=\.\.\.\) is not used"):
+        TorchTensorParallelPlugin(tp_size=2, torch_device_mesh=object())
+    rotations = []
+    monkeypatch.setattr(attention, "set_rotate_method", rotations.append)
+    monkeypatch.setattr(experimental, "context_parallel", lambda mesh, **kwargs: contextlib.nullcontext())
+    layout = SimpleNamespace(cp_enabled=True, cp_handler=TorchContextParallelConfig(cp_comm_strategy="alltoall"),
+                             submesh=lambda name: None)
+    with maybe_context_parallel(SimpleNamespace(parallelism_config=layout)):
+        pass
+    assert rotations == ["alltoall"]  # the default is allgather

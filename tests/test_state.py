@@ -62,6 +62,25 @@ def test_debug_mode_from_environment(monkeypatch, variable):
     assert PartialState().debug is True
 
 
+def test_use_cpu_keeps_an_installed_torch_xla_from_taking_the_run(monkeypatch):
+    """As Accelerate: torch_xla installed makes a run an XLA one unless the CPU is asked for (HASTEN_/ACCELERATE_USE_CPU,
+    `--cpu`, `cpu=True`). Shown with torch_xla's presence faked: its device would be the XLA one."""
+    import hasten.state as state_module
+
+    def xla(*args):
+        raise AssertionError("the XLA path was taken")
+
+    monkeypatch.setattr(state_module, "_xla_installed", lambda: True)
+    monkeypatch.setattr(PartialState, "_initialize_xla", xla)
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "1")
+    assert PartialState().device == torch.device("cpu")
+    monkeypatch.delenv("ACCELERATE_USE_CPU")
+    AcceleratorState._reset_state(reset_partial_state=True)
+    from hasten import Accelerator
+
+    assert Accelerator(cpu=True).device == torch.device("cpu")  # the argument, as the variable
+
+
 def test_forced_device(monkeypatch):
     monkeypatch.setenv("ACCELERATE_TORCH_DEVICE", "meta")
     assert PartialState().device == torch.device("meta")
@@ -193,6 +212,7 @@ def test_logger_needs_a_state_then_prefixes_the_rank(monkeypatch, caplog):
     messages = [record.getMessage() for record in caplog.records]
     assert messages == ["[RANK 0] hello there", "[RANK 0] once", "[RANK 0] in order", "[RANK 0] everywhere"]
     monkeypatch.setenv("HASTEN_LOG_LEVEL", "error")
+    logging.getLogger("hasten.test.other").setLevel(logging.NOTSET)  # loggers outlive a test: start unset
     assert get_logger("hasten.test.other").logger.level == logging.ERROR
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 
 from .state import PartialState
 
@@ -52,7 +51,9 @@ class MultiProcessAdapter(logging.LoggerAdapter):
 def get_logger(name: str, log_level: str | None = None) -> MultiProcessAdapter:
     """A process-aware logger; the level comes from `log_level` or `HASTEN_LOG_LEVEL`/`ACCELERATE_LOG_LEVEL`."""
     if log_level is None:
-        log_level = os.environ.get("HASTEN_LOG_LEVEL", os.environ.get("ACCELERATE_LOG_LEVEL"))
+        from .config.resolve import runtime_value  # HASTEN_/ACCELERATE_LOG_LEVEL, by the settings table
+
+        log_level = runtime_value("log_level").value
     logger = logging.getLogger(name)
     if log_level is not None:
         logger.setLevel(log_level.upper())

@@ -135,6 +135,17 @@ class TorchTensorParallelPlugin:
     tp_size: int = 1
     torch_device_mesh: Any = None
 
+    def __post_init__(self):
+        if self.torch_device_mesh is not None:
+            # Accelerate replaces a given mesh with one it builds from tp_size; hasten does too, and says so.
+            from .config.resolve import strict
+
+            text = ("TorchTensorParallelPlugin(torch_device_mesh=...) is not used: the run's mesh is built from tp_size "
+                    "(as in Accelerate); fix: leave torch_device_mesh out")
+            if strict():
+                raise ConfigError(f"{text} (an error under hasten's strict setting)")
+            warnings.warn(text, UserWarning, stacklevel=3)
+
 
 @dataclass
 class ParallelismConfig:

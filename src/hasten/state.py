@@ -17,7 +17,7 @@ from functools import partial
 import torch
 
 from .config.handlers import given_kwargs
-from .core.env import env_value, parse_flag_from_env
+from .core.env import parse_flag_from_env
 from .core.enums import TORCH_DISTRIBUTED_TYPES, DistributedType, PrecisionType
 from .core.errors import ConfigError, StateResetError
 from .distributed import cluster as environment
@@ -184,7 +184,7 @@ class PartialState(_SharedState):
         self.local_process_index = xla.local_ordinal()
 
     def _pick_device(self, device_type: str) -> torch.device:
-        forced = env_value("TORCH_DEVICE")
+        forced = _setting("torch_device")
         if forced:
             return torch.device(forced)
         if device_type in ("cpu", "mps"):

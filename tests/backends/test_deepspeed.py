@@ -55,6 +55,13 @@ def test_plugin_reads_launcher_variables(monkeypatch):
     assert DeepSpeedPlugin(zero_stage=3).zero_stage == 3  # an argument beats the variable
 
 
+def test_the_launchers_config_file_variable_is_the_plugins_config(monkeypatch, tmp_path):
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({**CONFIG2, "train_micro_batch_size_per_gpu": 3}))
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", str(path))  # as `--deepspeed_config_file` exports it
+    assert DeepSpeedPlugin().deepspeed_config["train_micro_batch_size_per_gpu"] == 3
+
+
 @pytest.mark.parametrize("field, value, message", [
     ("zero_stage", 4, "0, 1, 2 or 3"),
     ("zero_stage", "zero2", "0, 1, 2 or 3"),
@@ -268,6 +275,31 @@ def test_jit_only_optimizers_are_refused_on_cpu_before_deepspeed_runs(monkeypatc
     with pytest.raises(ConfigError, match=message) as info:
         accelerator.prepare(model, DummyOptim(model.parameters()))
     assert "\n" not in str(info.value)
+
+
+@needs_deepspeed
+def test_allow_jit_lets_the_compiled_optimizer_through_to_deepspeed(monkeypatch):
+    """HASTEN_DEEPSPEED_ALLOW_JIT=1 lifts the refusal above: prepare goes on to deepspeed.initialize (stopped there:
+    compiling the op takes minutes; tests/workers/deepspeed_jit.py trains with it)."""
+    import deepspeed
+
+    from hasten import Accelerator
+    from hasten.backends.deepspeed import backend
+
+    class Reached(Exception):
+        pass
+
+    def initialize(**kwargs):
+        raise Reached
+
+    monkeypatch.setattr(backend, "_op_is_built", lambda op: False)
+    monkeypatch.setattr(deepspeed, "initialize", initialize)
+    monkeypatch.setenv("HASTEN_DEEPSPEED_ALLOW_JIT", "1")
+    accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config={
+        **CONFIG2, "optimizer": {"type": "AdamW", "params": {"lr": 0.1}}}))
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(Reached):
+        accelerator.prepare(model, DummyOptim(model.parameters()))
 
 
 @needs_deepspeed

@@ -53,10 +53,42 @@ def test_argument_beats_environment_beats_default(monkeypatch):
     assert from_env.auto_wrap_policy == "transformer_based_wrap"
     assert from_env.transformer_cls_names_to_wrap == ["Block", "Head"]
     assert from_env.min_num_params == 100
+    assert from_env.state_dict_type.name == "FULL_STATE_DICT"  # FSDP2's default is SHARDED_STATE_DICT
     assert from_env.sources["fsdp_version"] == "environment variable FSDP_VERSION"
-    explicit = FullyShardedDataParallelPlugin(reshard_after_forward=True, min_num_params=5)
+    explicit = FullyShardedDataParallelPlugin(reshard_after_forward=True, min_num_params=5,
+                                              state_dict_type="SHARDED_STATE_DICT", cpu_offload=True,
+                                              activation_checkpointing=True)
     assert (explicit.reshard_after_forward, explicit.min_num_params) == (True, 5)
+    assert explicit.state_dict_type.name == "SHARDED_STATE_DICT" and explicit.activation_checkpointing is True
+    assert type(explicit.cpu_offload).__name__ == "CPUOffloadPolicy"  # FSDP2's offload of parameters to the CPU
     assert explicit.sources["min_num_params"] == "argument"
+
+
+def test_offload_and_checkpointing_variables_reach_the_plugin(monkeypatch):
+    """FSDP_OFFLOAD_PARAMS / FSDP_ACTIVATION_CHECKPOINTING (as `hasten launch` exports them) are the plugin's;
+    FSDP_ACTIVATION_CHECKPOINTING_OFFLOAD, not built, is refused in one line."""
+    monkeypatch.setenv("FSDP_VERSION", "2")
+    monkeypatch.setenv("FSDP_OFFLOAD_PARAMS", "true")
+    monkeypatch.setenv("FSDP_ACTIVATION_CHECKPOINTING", "true")
+    plugin = FullyShardedDataParallelPlugin()
+    assert type(plugin.cpu_offload).__name__ == "CPUOffloadPolicy" and plugin.activation_checkpointing is True
+    monkeypatch.setenv("FSDP_ACTIVATION_CHECKPOINTING_OFFLOAD", "true")
+    with pytest.raises(ConfigError, match="activation_checkpointing_offload moves saved activations"):
+        FullyShardedDataParallelPlugin()
+
+
+def test_fsdp1_variables_and_the_optimizer_state_config_reach_the_plugin(monkeypatch):
+    from torch.distributed.fsdp import FullOptimStateDictConfig
+
+    monkeypatch.setenv("FSDP_VERSION", "1")
+    monkeypatch.setenv("FSDP_FORWARD_PREFETCH", "true")
+    monkeypatch.setenv("FSDP_SYNC_MODULE_STATES", "true")
+    plugin = FullyShardedDataParallelPlugin()
+    assert plugin.forward_prefetch is True and plugin.sync_module_states is True  # both default to False
+    given = FullyShardedDataParallelPlugin(state_dict_type="FULL_STATE_DICT", optim_state_dict_config=(
+        FullOptimStateDictConfig(offload_to_cpu=False, rank0_only=False)))  # the default gathers on rank 0's CPU
+    config = given.optim_state_dict_config
+    assert (config.offload_to_cpu, config.rank0_only) == (False, False)
 
 
 def test_launcher_defaults_do_not_break_fsdp2(monkeypatch):
@@ -372,6 +404,10 @@ def test_fsdp1_only_keys_from_the_environment_warn_under_fsdp2(monkeypatch, capl
     with caplog.at_level("WARNING", logger="hasten.utils.dataclasses"):
         FullyShardedDataParallelPlugin(fsdp_version=2, backward_prefetch="BACKWARD_POST")
     assert "backward_prefetch is not supported in FSDP2" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="hasten.utils.dataclasses"):
+        FullyShardedDataParallelPlugin(fsdp_version=2, sync_module_states=True)
+    assert "sync_module_states is obsolete in FSDP2" in caplog.text and "FullyShardedDataParallelPlugin(...)" in caplog.text
 
 
 def test_fsdp1_strategy_is_sharding_strategy_and_reshard_after_forward_stays_unset(monkeypatch):

@@ -234,7 +234,7 @@ def test_sharded_and_bin_checkpoints_load_the_same_model(reference, checkpoints)
 def test_skip_and_keep_in_fp32_modules_stay_unquantized(reference, checkpoints):
     fp32, inputs, expected = reference
     config = BnbQuantizationConfig(load_in_8bit=True, torch_dtype="bf16", skip_modules=["blocks.0.fc1", "head"],
-                                   keep_in_fp32_modules=["blocks.1"])
+                                   keep_in_fp32_modules=["blocks.1"], llm_int8_threshold=4.0)
     model = _load(config, checkpoints["sharded"])
     for name in ("blocks.0.fc1", "head"):
         layer = model.get_submodule(name)
@@ -245,6 +245,7 @@ def test_skip_and_keep_in_fp32_modules_stay_unquantized(reference, checkpoints):
         assert type(layer) in (nn.Linear, nn.LayerNorm) and layer.weight.dtype == torch.float32, name
         assert torch.equal(layer.weight, fp32.get_submodule(name).weight)
     assert isinstance(model.blocks[0].fc2, bnb.nn.Linear8bitLt) and isinstance(model.proj, bnb.nn.Linear8bitLt)
+    assert model.proj.state.threshold == 4.0  # the outlier threshold of int8 matmuls (default 6.0)
     assert model.blocks[0].norm.weight.dtype == torch.bfloat16
     assert config.skip_modules == ["blocks.0.fc1", "head"]  # the caller's config is not modified
     with torch.no_grad():

@@ -117,6 +117,15 @@ def test_gradients_are_saved_only_inside_an_accumulation_window(tmp_path):
     _reset()
 
 
+def test_project_configuration_iteration_is_the_first_automatic_name(tmp_path):
+    _reset()
+    accelerator = Accelerator(project_config=ProjectConfiguration(project_dir=str(tmp_path),
+                                                                  automatic_checkpoint_naming=True, iteration=7))
+    accelerator.prepare(torch.nn.Linear(3, 2))
+    assert accelerator.save_state().endswith("checkpoint_7") and accelerator.project_configuration.iteration == 8
+    _reset()
+
+
 def test_automatic_naming_rotation_and_iteration(tmp_path):
     accelerator, model, optimizer, scheduler = _setup(tmp_path, total_limit=2)
     for _ in range(4):

@@ -44,6 +44,8 @@ FLAGS = {
     "deepspeed launcher": (["--use_deepspeed", "--deepspeed_multinode_launcher", "pdsh"],
                            "--deepspeed_multinode_launcher: DeepSpeed's own multi-node launchers"),
     "deepspeed option": (["--zero_stage", "2"], "--zero_stage needs --use_deepspeed"),
+    "megatron sequence parallelism": (["--use_megatron_lm", "--megatron_lm_sequence_parallelism", "true"],
+                                      "--megatron_lm_sequence_parallelism: Megatron"),
     "fsdp option without fsdp": (["--fsdp_version", "2"], "--fsdp_version needs --use_fsdp"),
     "module and no_python": (["-m", "--no_python"], "--module and --no_python cannot be combined"),
     "machines without address": (["--num_machines", "2", "--num_processes", "2"], "needs --main_process_ip"),

@@ -68,6 +68,30 @@ def test_simple_launcher_runs_the_script_and_raises_on_failure(tmp_path):
         simple_launcher(parser.parse_args(["--quiet", str(bad)]))
 
 
+def test_simple_launcher_runs_a_module_with_dash_m(tmp_path):
+    import json
+
+    source, target = tmp_path / "in.json", tmp_path / "out.json"
+    source.write_text('{"a": 1}')
+    simple_launcher(launch_command_parser().parse_args(["--cpu", "-m", "json.tool", str(source), str(target)]))
+    assert json.loads(target.read_text()) == {"a": 1}
+
+
+def test_role_and_log_dir_are_what_torchruns_agent_is_given(tmp_path, monkeypatch):
+    """--role names the workers' role in torchrun's agent (its workers read it as ROLE_NAME) and --log_dir is where
+    it writes each worker's logs: the values handed over."""
+    import hasten.launch.run as run
+
+    given = []
+    monkeypatch.setattr(run, "_start_workers", lambda config, entrypoint, args: given.append(
+        (config.role, config.logs_specs.root_log_dir if config.logs_specs else None)))
+    script = tmp_path / "noop.py"
+    script.write_text("")
+    multi_gpu_launcher(launch_command_parser().parse_args(["--cpu", "--num_processes", "2", "--role", "trainer",
+                                                          "--log_dir", str(tmp_path / "logs"), str(script)]))
+    assert given == [("trainer", str(tmp_path / "logs"))]
+
+
 def test_multi_gpu_launcher_starts_the_processes_through_torchrun(tmp_path):
     script = tmp_path / "two.py"
     out = tmp_path / "ranks"

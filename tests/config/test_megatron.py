@@ -51,6 +51,8 @@ def test_fields_are_read_from_the_launchers_variables(monkeypatch):
     plugin = MegatronLMPlugin(pp_degree=2)  # code beats the variable
     assert (plugin.tp_degree, plugin.pp_degree, plugin.num_micro_batches) == (2, 2, 8)
     assert plugin.gradient_clipping == 0.25 and plugin.recompute_activations is True
+    given = MegatronLMPlugin(gradient_clipping=2.0, recompute_activations=False)
+    assert (given.gradient_clipping, given.recompute_activations) == (2.0, False)
 
 
 @pytest.mark.parametrize(

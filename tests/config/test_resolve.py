@@ -303,3 +303,31 @@ def test_cpu_alone_skips_the_default_config_file_as_accelerate(home):
     assert launch.settings.values["mixed_precision"].source == "default"
     launch = plan("--config_file", path, "--cpu")
     assert (launch.num_processes, launch.settings.values["mixed_precision"].value) == (3, "bf16")
+
+
+def test_rdzv_conf_from_the_flag_or_the_file_is_what_torchrun_gets(home):
+    """--rdzv_conf (or the file's rdzv_conf) becomes the rendezvous options of torchrun's LaunchConfig (the CPU part:
+    two "machines" on one host rendezvous whatever is_host says; tests/commands/test_launch.py runs them)."""
+    assert plan("--rdzv_conf", "is_host=1,join_timeout=120").rdzv_conf == {"is_host": "1", "join_timeout": "120"}
+    write_config(home, "rdzv_conf: timeout=900\n")
+    assert plan().rdzv_conf == {"timeout": "900"}
+
+
+def test_launch_structure_flags_are_what_torchrun_and_the_processes_get(home):
+    """The CPU part of the machine-layout flags: the values handed to torchrun's LaunchConfig and exported to the
+    processes (one host; tests/commands/test_launch.py runs two "machines" through c10d)."""
+    launch = plan("--cpu", "--num_processes", "4", "--num_machines", "2", "--machine_rank", "1", "--main_process_ip",
+                  "10.1.2.3", "--main_process_port", "29555", "--rdzv_backend", "c10d", "--max_restarts", "3",
+                  "--num_cpu_threads_per_process", "3", "--downcast_bf16")
+    assert (launch.nproc_per_node, launch.machine_rank, launch.main_process_ip, launch.main_process_port,
+            launch.rdzv_backend, launch.max_restarts) == (2, 1, "10.1.2.3", 29555, "c10d", 3)
+    assert launch.env["OMP_NUM_THREADS"] == "3" and launch.env["HASTEN_DOWNCAST_BF16"] == "true"
+    assert plan("--gpu_ids", "1,2").env["CUDA_VISIBLE_DEVICES"] == "1,2"
+
+
+def test_the_files_dynamo_block_is_what_the_processes_get(home):
+    write_config(home, "distributed_type: NO\ndynamo_config:\n  dynamo_backend: INDUCTOR\n  dynamo_mode: max-autotune\n"
+                       "  dynamo_use_regional_compilation: true\n")
+    env = plan().env
+    assert (env["HASTEN_DYNAMO_BACKEND"], env["HASTEN_DYNAMO_MODE"], env["HASTEN_DYNAMO_USE_REGIONAL_COMPILATION"]) == (
+        "inductor", "max-autotune", "true")

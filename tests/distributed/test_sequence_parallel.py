@@ -122,6 +122,34 @@ def test_sp_from_the_environment_alone_builds_the_config(monkeypatch):
     assert config is not None and config.sp_size == 2 and config.native_sp_enabled
 
 
+def test_deepspeed_ulysses_is_handed_the_handlers_fields(monkeypatch):
+    """DeepSpeedSequenceParallelConfig's fields reach DeepSpeed's registration as Accelerate hands them (the CPU part:
+    a fixed sequence length shapes DeepSpeed's buffers on an accelerator, the run itself is tests/workers/sp_deepspeed.py)."""
+    pytest.importorskip("deepspeed")
+    from types import SimpleNamespace
+
+    from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF
+
+    from hasten.backends.deepspeed import ulysses
+    from hasten.utils.dataclasses import DeepSpeedSequenceParallelConfig
+
+    for name in ("SP_SEQ_LENGTH", "SP_SEQ_LENGTH_IS_VARIABLE", "SP_ATTN_IMPLEMENTATION"):
+        monkeypatch.delenv(f"PARALLELISM_CONFIG_{name}", raising=False)
+    seen = {}
+    monkeypatch.setattr(UlyssesSPAttentionHF, "register_with_transformers",
+                        staticmethod(lambda **kwargs: seen.update(kwargs) or "mpu"))
+    handler = DeepSpeedSequenceParallelConfig(sp_seq_length=64, sp_seq_length_is_variable=False,
+                                              sp_attn_implementation="sdpa")
+    config = ParallelismConfig(sp_backend="deepspeed", sp_size=2, sp_handler=handler)
+    model = torch.nn.Linear(2, 2)
+    model.config = SimpleNamespace()  # transformers' models carry one; registration asks for it
+    assert ulysses.register(SimpleNamespace(parallelism_config=config), model, micro_batch_size=3) == "mpu"
+    handed = {key: seen[key] for key in ("sequence_parallel_size", "seq_length", "seq_length_is_variable",
+                                         "core_attn_implementation", "micro_batch_size")}
+    assert handed == {"sequence_parallel_size": 2, "seq_length": 64, "seq_length_is_variable": False,
+                      "core_attn_implementation": "sdpa", "micro_batch_size": 3}
+
+
 def test_the_dl_adapter_is_deepspeeds_and_a_no_op_without_sp():
     accelerator = Accelerator(cpu=True)
     loader = torch.utils.data.DataLoader(range(4))

@@ -68,7 +68,9 @@ def test_peak_rss_matches_proc_with_a_large_tensor_held(tmp_path):
     assert width >= 600 and height >= 200
 
 
-def test_default_folder_is_under_the_project_and_json_only_without_plot(tmp_path):
+def test_default_folder_is_under_the_project_and_json_only_without_plot(tmp_path, monkeypatch):
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")  # without the project folder nothing lands in the caller's folder
     accelerator = Accelerator(cpu=True, project_dir=str(tmp_path))
     tracker = accelerator.track_memory(plot=False, interval=0.05).start()
     report = tracker.stop()

@@ -32,12 +32,15 @@ def _profiler_steps(path):
     return sorted(e["name"] for e in _events(path) if e.get("name", "").startswith("ProfilerStep#"))
 
 
-def test_chrome_trace_is_written_per_rank_name(tmp_path):
+def test_chrome_trace_is_written_per_rank_name(tmp_path, monkeypatch):
+    handed = []  # activities reach torch's profiler (on a CPU machine its default is the CPU alone: the CPU part)
+    real = torch.profiler.profile
+    monkeypatch.setattr(torch.profiler, "profile", lambda **kwargs: handed.append(kwargs["activities"]) or real(**kwargs))
     handler = ProfileKwargs(activities=["cpu"], output_trace_dir=str(tmp_path / "t"))
     accelerator = Accelerator(cpu=True, kwargs_handlers=[handler])
     with accelerator.profile() as prof:
         _train_steps(torch.nn.Linear(8, 4), 2)
-    assert isinstance(prof, torch.profiler.profile)
+    assert isinstance(prof, real) and handed == [[torch.profiler.ProfilerActivity.CPU]]
     assert [p.name for p in (tmp_path / "t").iterdir()] == ["profile_0.json"]  # profile_{process_index}.json
     names = {e["name"] for e in _events(tmp_path / "t" / "profile_0.json")}
     assert "aten::addmm" in names and "Optimizer.step#SGD.step" in names

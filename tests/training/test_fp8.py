@@ -214,9 +214,13 @@ def test_te_recipe_defaults_and_normalisation_follow_accelerate():
 
 def test_te_recipe_reads_accelerates_variables(monkeypatch):
     monkeypatch.setenv("ACCELERATE_FP8_AMAX_HISTORY_LEN", "32")
+    monkeypatch.setenv("ACCELERATE_FP8_OVERRIDE_FPROP", "true")
     monkeypatch.setenv("ACCELERATE_FP8_OVERRIDE_WGRAD", "true")
+    monkeypatch.setenv("ACCELERATE_FP8_INTERVAL", "3")
+    monkeypatch.setenv("ACCELERATE_FP8_USE_AUTOCAST_DURING_EVAL", "true")
     handler = TERecipeKwargs()
-    assert handler.amax_history_len == 32 and handler.override_linear_precision == (False, False, True)
+    assert handler.amax_history_len == 32 and handler.override_linear_precision == (True, False, True)
+    assert handler.interval == 3 and handler.use_autocast_during_eval is True
     monkeypatch.setenv("HASTEN_FP8_MARGIN", "lots")
     with pytest.raises(ConfigError, match="environment variable HASTEN_FP8_MARGIN='lots' is not valid for fp8_margin"):
         TERecipeKwargs()
@@ -228,6 +232,12 @@ def test_ao_recipe_fields_and_filter_check(monkeypatch):
     assert (handler.config is not None) == is_torchao_available()
     monkeypatch.setenv("ACCELERATE_FP8_PAD_INNER_DIM", "false")
     assert AORecipeKwargs().pad_inner_dim is False
+    chosen = AORecipeKwargs(pad_inner_dim=True, enable_fsdp_float8_all_gather=False)  # the code beats the variable
+    assert chosen.pad_inner_dim is True and chosen.enable_fsdp_float8_all_gather is False
+    if is_torchao_available():  # and the torchao config built from them
+        assert (chosen.config.pad_inner_dim, chosen.config.enable_fsdp_float8_all_gather) == (True, False)
+    given = object()  # the user's own Float8LinearConfig is the one used, nothing is built from the variables
+    assert AORecipeKwargs(config=given).config is given
     with pytest.raises(ConfigError, match="module_filter_func=3. must be a function"):
         AORecipeKwargs(module_filter_func=3)
     with pytest.raises(ConfigError, match="AORecipeKwargs.pad_inner_dim='maybe'."):

@@ -106,7 +106,8 @@ def test_override_dgrad_and_mxfp8_variables_reach_the_recipe(te, monkeypatch):
 
 def test_opt_level_is_refused_in_one_line():
     """FP8RecipeKwargs(opt_level=) and MSAMPRecipeKwargs(opt_level=) are MS-AMP's, which hasten does not build."""
-    for make in (lambda: _older(opt_level="O1"), lambda: MSAMPRecipeKwargs(opt_level="O2")):
+    for make, given in ((lambda: _older(opt_level="O1"), "FP8RecipeKwargs"),
+                        (lambda: MSAMPRecipeKwargs(opt_level="O2"), "MSAMPRecipeKwargs(opt_level='O2')")):
         with pytest.raises(NotBuiltError, match="MS-AMP") as caught:
             make()
-        assert "\n" not in str(caught.value)
+        assert "\n" not in str(caught.value) and str(caught.value).startswith(given)

@@ -15,11 +15,12 @@ from hasten import Accelerator, DistributedDataParallelKwargs, InitProcessGroupK
 from hasten.state import AcceleratorState, GradientState
 
 rendezvous = Path(sys.argv[1]) / "rendezvous"
-# InitProcessGroupKwargs(backend=, init_method=, timeout=) are handed to init_process_group.
-accelerator = Accelerator(kwargs_handlers=[InitProcessGroupKwargs(backend="gloo", init_method=f"file://{rendezvous}",
+# InitProcessGroupKwargs(backend=, init_method=, timeout=) are handed to init_process_group ("cpu:gloo": torch's
+# device-to-backend spelling, which the CPU default "gloo" is not).
+accelerator = Accelerator(kwargs_handlers=[InitProcessGroupKwargs(backend="cpu:gloo", init_method=f"file://{rendezvous}",
                                                                   timeout=timedelta(seconds=77))])
 rank = accelerator.process_index
-assert accelerator.state.backend == "gloo" and dist.get_backend() == "gloo"
+assert accelerator.state.backend == "cpu:gloo" and dist.get_backend() == "cpu:gloo", dist.get_backend()
 assert rendezvous.exists(), "init_method file:// was not used"  # the default path uses a TCP store instead
 assert dist.group.WORLD._get_backend(torch.device("cpu")).options._timeout == timedelta(seconds=77)
 print("OK InitProcessGroupKwargs", flush=True)

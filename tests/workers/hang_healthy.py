@@ -24,6 +24,7 @@ debug = accelerator.state.debug
 wrapped = [name for name in hang_doctor.WRAPPED if getattr(getattr(dist, name), "_hasten_doctor", False)]
 if debug:
     assert hang_doctor.active()
+    assert hang_doctor._DOCTOR.wait == 1.0  # HASTEN_HANG_DOCTOR_WAIT=1 (the test's) is the doctor's wait (default 2)
     assert wrapped == list(hang_doctor.WRAPPED), wrapped
     assert c10d.all_reduce is dist.all_reduce and c10d.all_reduce.__wrapped__ is not None
 else:

@@ -47,6 +47,9 @@ def check_equivalence(precision, tolerance):
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     model, opt = acc.prepare(model, opt)
     assert isinstance(model, torch.nn.parallel.DistributedDataParallel)
+    computed = set()
+    first = next(m for m in acc.unwrap_model(model).modules() if isinstance(m, torch.nn.Linear))
+    first.register_forward_hook(lambda module, inputs, output: computed.add(output.dtype))
     data = batches(6)
     for x, y in data:
         x, y = x.chunk(2)[acc.process_index], y.chunk(2)[acc.process_index]
@@ -58,6 +61,8 @@ def check_equivalence(precision, tolerance):
     expected = reference_weights(data, precision)
     for p, q in zip(acc.unwrap_model(model).parameters(), expected):
         torch.testing.assert_close(p.detach(), q, rtol=tolerance, atol=tolerance)
+    # the precision took effect: the layers computed in it (autocast), whatever the outputs are converted to
+    assert computed == {torch.bfloat16 if precision == "bf16" else torch.float32}, computed
     # every rank holds the same weights
     flat = torch.cat([p.detach().flatten() for p in model.parameters()])
     both = gather(flat[None])

@@ -87,6 +87,9 @@ def check_gather_for_metrics_and_skip():
     for (batch,) in loader:
         objects += acc.gather_for_metrics(batch.tolist(), use_gather_object=True)
     assert sorted(objects) == list(range(9))
+    # a tensor too goes as objects: a list of the ranks' elements (gather_object flattens one level), not a tensor
+    as_objects = acc.gather_for_metrics(next(iter(loader))[0], use_gather_object=True)
+    assert isinstance(as_objects, list) and [int(t) for t in as_objects] == [0, 1, 2, 3], as_objects
     skipped = acc.skip_first_batches(loader, 1)
     firsts = [b[0].tolist() for b in skipped]
     assert firsts == ([[4, 5], [8, 0]] if acc.process_index == 0 else [[6, 7], [1, 2]]), firsts

@@ -131,7 +131,8 @@ class MSAMPRecipeKwargs(KwargsHandler):
     opt_level: Optional[str] = None
 
     def __post_init__(self):
-        raise NotBuiltError(f"MSAMPRecipeKwargs: {MSAMP_REFUSAL}")
+        given = "" if self.opt_level is None else f"opt_level={self.opt_level!r}"  # the refusal names what was asked
+        raise NotBuiltError(f"MSAMPRecipeKwargs({given}): {MSAMP_REFUSAL}")
 
 
 @dataclass

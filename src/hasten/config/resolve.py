@@ -246,7 +246,7 @@ def runtime_value(name: str, code=None, env: Mapping[str, str] | None = None):
 
     A value hasten has not built (mixed_precision fp8, ...) is refused with the table's one-line NotBuiltError.
     """
-    setting = BY_NAME[name]
+    setting = BY_NAME.get(name) or table.BY_NAME[name]  # a variable-only row (role "environment") resolves alike
     resolved = resolve(code={name: code} if code is not None else None, env=env, settings=[setting])[name]
     if setting.refusal(resolved.value) is not None:
         where = {"code": f"{setting.owner}({setting.code}={resolved.value!r})", "default": "the default"}

@@ -122,12 +122,9 @@ class DeepSpeedBackend(Backend):
         op = _CPU_JIT_OPTIMIZERS.get(kind)
         if op is None or (kind in ("adam", "adamw") and params.get("torch_adam")):
             return
-        from ...core.env import parse_bool
+        from ...config.resolve import runtime_value
 
-        try:
-            allowed = parse_bool(os.environ.get(_ALLOW_JIT_VARIABLE) or "0")
-        except ValueError:
-            raise ConfigError(f"{_ALLOW_JIT_VARIABLE}={os.environ[_ALLOW_JIT_VARIABLE]!r} is not true or false") from None
+        allowed = runtime_value("deepspeed_allow_jit").value  # HASTEN_DEEPSPEED_ALLOW_JIT, checked by the table
         if allowed or _op_is_built(op):
             return
         raise ConfigError(

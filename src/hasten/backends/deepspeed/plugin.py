@@ -739,19 +739,21 @@ class DeepSpeedSequenceParallelConfig:
     NO_SEQUENCE_PARALLEL_ATTENTION = ("eager", "flex_attention")
 
     def __post_init__(self):
-        if self.sp_seq_length_is_variable is None:
-            from ...core.env import parse_bool
+        from ...config.resolve import runtime_value  # the PARALLELISM_CONFIG_SP_* variables, by the settings table
 
-            self.sp_seq_length_is_variable = parse_bool(os.environ.get("PARALLELISM_CONFIG_SP_SEQ_LENGTH_IS_VARIABLE",
-                                                                       "true"))
+        if self.sp_seq_length_is_variable is None:
+            found = runtime_value("parallelism_config_sp_seq_length_is_variable").value
+            self.sp_seq_length_is_variable = True if found is None else found  # unset: variable, as Accelerate
         if not self.sp_seq_length_is_variable and self.sp_seq_length is None:
-            given = os.environ.get("PARALLELISM_CONFIG_SP_SEQ_LENGTH")
-            if given is None:
-                raise ValueError("when `sp_seq_length_is_variable` is `False` `sp_seq_length` must be provided either "
-                                 "through the constructor or the environment variable PARALLELISM_CONFIG_SP_SEQ_LENGTH")
-            self.sp_seq_length = None if given == "None" else int(given)
+            # Accelerate's launcher writes the string "None" for an unset length; the table reads numbers only
+            if os.environ.get("PARALLELISM_CONFIG_SP_SEQ_LENGTH") != "None":
+                self.sp_seq_length = runtime_value("parallelism_config_sp_seq_length").value
+                if self.sp_seq_length is None:
+                    raise ValueError("when `sp_seq_length_is_variable` is `False` `sp_seq_length` must be provided "
+                                     "either through the constructor or the environment variable "
+                                     "PARALLELISM_CONFIG_SP_SEQ_LENGTH")
         if self.sp_attn_implementation is None:
-            self.sp_attn_implementation = os.environ.get("PARALLELISM_CONFIG_SP_ATTN_IMPLEMENTATION")
+            self.sp_attn_implementation = runtime_value("parallelism_config_sp_attn_implementation").value
         attention = self.sp_attn_implementation
         if attention is None or attention in self.BUILT_ATTENTION:
             return

@@ -141,7 +141,7 @@ class FullyShardedDataParallelPlugin:
     transformer_cls_names_to_wrap: Optional[list] = None
     min_num_params: Optional[int] = None
     #: Where each field's value came from ("argument", "environment variable FSDP_X" or "default").
-    sources: dict = field(default_factory=dict, repr=False, compare=False)
+    sources: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # a record, not a setting
 
     def __post_init__(self):
         self._resolve_version()
