@@ -46,3 +46,12 @@ def test_a_failing_replica_prints_its_own_error_and_releases_the_other():
     assert done.returncode != 0, output[-3000:]
     assert "XLA replica 1 failed" in output and "ValueError: replica 1 gave up" in output, output[-3000:]
     assert "XLA replica 0: another replica failed" in output, output[-3000:]  # released, not ended by XLA
+
+
+def test_a_replica_that_crashes_prints_its_python_stacks():
+    # A replica process killed by a signal: before, the output was only pjrt.spawn's "terminated abruptly".
+    done = subprocess.run([sys.executable, str(HERE / "workers" / "notebook.py"), "2", "crash"], env=xla_env(2),
+                          capture_output=True, text=True, timeout=CASE_TIMEOUT, check=False)
+    output = done.stdout + done.stderr
+    assert done.returncode != 0, output[-3000:]
+    assert "Segmentation fault" in output and "in training_function" in output, output[-3000:]

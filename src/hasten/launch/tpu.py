@@ -96,9 +96,6 @@ class Replica:
 
     def __call__(self, index: int, *args):
         os.environ["FORK_LAUNCHED"] = "1"
-        # A replica process that dies of a signal (a crash in native code) prints every thread's Python stack
-        # first, instead of only the parent's "terminated abruptly".
-        faulthandler.enable(all_threads=True)
         try:
             return self.function(*args)
         except BaseException:
@@ -117,8 +114,20 @@ def spawn(xmp, launcher, args, replicas, env: dict, start_method: str = "spawn")
     env = dict(env)
     if replicas and replicas > 1 and os.environ.get("PJRT_DEVICE", "").upper() == "CPU":
         env.setdefault("CPU_NUM_DEVICES", os.environ.get("CPU_NUM_DEVICES", str(replicas)))
-    with patch_environment(**env):
-        return xmp.spawn(launcher, args=args, nprocs=1 if replicas == 1 else None, start_method=start_method)
+    # A replica process that dies of a signal (a crash in native code) prints every thread's Python stack first,
+    # where pjrt.spawn alone says only that a process "was terminated abruptly": spawned processes through
+    # PYTHONFAULTHANDLER, forked ones by inheriting this process's handler (on the real stderr: a notebook's
+    # sys.stderr has no file descriptor).
+    env.setdefault("PYTHONFAULTHANDLER", os.environ.get("PYTHONFAULTHANDLER", "1"))
+    was_enabled = faulthandler.is_enabled()
+    if sys.__stderr__ is not None:
+        faulthandler.enable(file=sys.__stderr__, all_threads=True)
+    try:
+        with patch_environment(**env):
+            return xmp.spawn(launcher, args=args, nprocs=1 if replicas == 1 else None, start_method=start_method)
+    finally:
+        if not was_enabled:
+            faulthandler.disable()
 
 
 def tpu_pod_command(args, current_env: dict) -> list:
