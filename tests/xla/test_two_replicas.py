@@ -9,7 +9,7 @@ pytest.importorskip("torch_xla", reason="no torch_xla here: scripts/test.sh runs
 from xla_runs import HERE, run  # noqa: E402
 
 
-@pytest.mark.parametrize("case", ["train", "collectives", "checkpoint"])
+@pytest.mark.parametrize("case", ["train", "collectives", "checkpoint", "late"])
 def test_two_replicas(case, tmp_path):
     output = run([HERE / "workers" / "replicas.py", case], replicas=2, HASTEN_XLA_TEST_DIR=str(tmp_path))
     assert "OK 0" in output and "OK 1" in output, output[-3000:]

@@ -8,8 +8,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-# Per case: a bound for a hang, not a speed target (two replicas train in ~50-80 s on 2 shared cores; a loaded
-# machine may need more: HASTEN_XLA_CASE_TIMEOUT).
+# Per case: a bound for a hang, not a speed target (two replicas train in ~50-80 s on 2 shared cores, up to ~160 s
+# beside other test runs; a machine busier still may need more: HASTEN_XLA_CASE_TIMEOUT).
 CASE_TIMEOUT = float(os.environ.get("HASTEN_XLA_CASE_TIMEOUT", "240"))
 
 

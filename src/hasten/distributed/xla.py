@@ -8,12 +8,14 @@ does not initialise.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import pickle
+import threading
 
 import torch
 
-from ..core.errors import NotSupportedYetError
+from ..core.errors import HangDetectedError, NotSupportedYetError
 
 # Set by PartialState when it chooses the XLA device (all replicas of a process are XLA replicas).
 ACTIVE = False
@@ -75,13 +77,73 @@ def to_cpu(data):
     return torch.utils._pytree.tree_map(move, data)
 
 
+# -- replicas that are threads of one process (torch_xla's CPU device) ------------------------------------------
+# On the CPU device, XLA runs a collective as an in-process rendezvous of the replica threads, and that rendezvous
+# ends the whole process (std::exit; "Termination timeout ... of 10 seconds exceeded. Exiting to ensure a consistent
+# program state") when one replica arrives more than ~15 s (a 5 s warning, then 10 s) after the other. Nothing
+# can raise those limits, and one replica falls that far behind whenever the machine is busy: each compiles its
+# own graphs, replica 0 alone writes checkpoints. The run then died without a Python traceback (pjrt.spawn reports
+# a BrokenProcessPool). So on that device every collective is taken alone, with the replicas lined up first:
+# run what is pending (this replica's own work, no collective in it), wait at a host barrier of the replica
+# threads (no time limit there), then build and run the collective at once. Each collective costs two extra step
+# cuts, on the CPU device only; a TPU's collectives keep their place in the step's graph.
+BARRIER_TIMEOUT = 900.0  # s: a replica that never comes (it died outside hasten's launcher) fails the others
+_barriers: dict = {}
+_barriers_lock = threading.Lock()
+
+
+def threaded_replicas() -> bool:
+    """Whether this run's replicas are threads of this one process on the CPU device (xmp.spawn runs one thread
+    per device it addresses; every CPU device is this process's)."""
+    return replicated() and modules()[2].device_type() == "CPU" and modules()[2].addressable_device_count() > 1
+
+
+def _barrier() -> threading.Barrier:
+    # One per process, never renewed: xmp.spawn runs the replica threads of a run in a fresh process, and once a
+    # replica has failed every later collective of that run must fail too.
+    with _barriers_lock:
+        return _barriers.setdefault(world_size(), threading.Barrier(world_size()))
+
+
+def abandon() -> None:
+    """A replica thread failed: the others raise at the host barrier (now, or when they reach it) instead of
+    waiting for it."""
+    _barrier().abort()
+
+
+def settle() -> None:
+    """Cut the step and wait until this replica's device has run it."""
+    torch_xla, xm, _ = modules()
+    torch_xla.sync()
+    xm.wait_device_ops(xm.xla_real_devices([str(torch_xla.device())]))  # its runtime name (CPU:0), not xla:0
+
+
+@contextlib.contextmanager
+def lined_up():
+    """Around a collective: on the CPU device, the replicas meet before it and it runs right after (see above);
+    elsewhere nothing happens."""
+    if not threaded_replicas():
+        yield
+        return
+    settle()
+    try:
+        _barrier().wait(BARRIER_TIMEOUT)
+    except threading.BrokenBarrierError:
+        raise HangDetectedError(
+            f"XLA replica {global_ordinal()}: another replica failed or did not reach this collective within "
+            f"{BARRIER_TIMEOUT:.0f} s (its own error is printed above)") from None
+    yield
+    settle()
+
+
 # -- collectives (every replica calls each, in the same order) ---------------------------------------------------
 def all_gather(tensor: torch.Tensor) -> torch.Tensor:
     """Every replica's tensor, concatenated along dim 0."""
     xm = modules()[1]
     if tensor.ndim == 0:
         tensor = tensor[None]
-    return xm.all_gather(tensor, dim=0)
+    with lined_up():
+        return xm.all_gather(tensor, dim=0)
 
 
 def all_reduce(tensor: torch.Tensor, reduction: str, scale: float = 1.0) -> torch.Tensor:
@@ -89,14 +151,20 @@ def all_reduce(tensor: torch.Tensor, reduction: str, scale: float = 1.0) -> torc
     xm = modules()[1]
     out = tensor.clone()
     factor = scale / world_size() if reduction == "mean" else scale
-    xm.all_reduce(xm.REDUCE_MAX if reduction == "max" else xm.REDUCE_SUM, [out], scale=factor)
+    all_reduce_([out], xm.REDUCE_MAX if reduction == "max" else xm.REDUCE_SUM, factor)
     return out
+
+
+def all_reduce_(tensors: list, reduce_type: str, scale: float = 1.0) -> None:
+    """`tensors` reduced in place across replicas (torch_xla's reduce type names), times `scale`."""
+    with lined_up():
+        modules()[1].all_reduce(reduce_type, tensors, scale=scale)
 
 
 def broadcast_(tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
     """`tensor` overwritten in place with replica `src`'s."""
-    xm = modules()[1]
-    xm.collective_broadcast([tensor], root_ordinal=src)
+    with lined_up():
+        modules()[1].collective_broadcast([tensor], root_ordinal=src)
     return tensor
 
 
@@ -117,4 +185,5 @@ def broadcast_object(value, src: int = 0):
 
 def rendezvous(tag: str) -> None:
     """Wait until every replica reaches `tag`."""
-    modules()[1].rendezvous(tag)
+    with lined_up():
+        modules()[1].rendezvous(tag)

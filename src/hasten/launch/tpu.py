@@ -4,11 +4,13 @@ main function), a pod (`tpu_pod_launcher`: the same `hasten launch --tpu` on eve
 
 from __future__ import annotations
 
+import faulthandler
 import importlib
 import os
 import shlex
 import subprocess
 import sys
+import traceback
 from pathlib import Path
 
 from ..core.errors import ConfigError, LaunchError, NotSupportedYetError
@@ -82,14 +84,26 @@ def tpu_launcher(args):
 
 class Replica:
     """`function` as xmp.spawn calls it, `(index, *args)`: marked fork-launched (the process group is not the
-    replica's to destroy), then `function(*args)`. Accelerate's PrepareForLaunch does the same for XLA."""
+    replica's to destroy), then `function(*args)`. Accelerate's PrepareForLaunch does the same for XLA.
+
+    A replica that fails prints its own traceback at once and releases the others from their wait: replicas may
+    be threads of one process, where torch_xla reports the first error only after every thread has ended, and
+    a thread still waiting in an XLA collective ends the process first (pjrt.spawn then says only "a process in
+    the process pool was terminated abruptly", and the error was lost)."""
 
     def __init__(self, function):
         self.function = function
 
     def __call__(self, index: int, *args):
         os.environ["FORK_LAUNCHED"] = "1"
-        return self.function(*args)
+        try:
+            return self.function(*args)
+        except BaseException:
+            from ..distributed import xla
+
+            print(f"XLA replica {index} failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+            xla.abandon()
+            raise
 
 
 def spawn(xmp, launcher, args, replicas, env: dict, start_method: str = "spawn"):
@@ -100,8 +114,20 @@ def spawn(xmp, launcher, args, replicas, env: dict, start_method: str = "spawn")
     env = dict(env)
     if replicas and replicas > 1 and os.environ.get("PJRT_DEVICE", "").upper() == "CPU":
         env.setdefault("CPU_NUM_DEVICES", os.environ.get("CPU_NUM_DEVICES", str(replicas)))
-    with patch_environment(**env):
-        return xmp.spawn(launcher, args=args, nprocs=1 if replicas == 1 else None, start_method=start_method)
+    # A replica process that dies of a signal (a crash in native code) prints every thread's Python stack first,
+    # where pjrt.spawn alone says only that a process "was terminated abruptly": spawned processes through
+    # PYTHONFAULTHANDLER, forked ones by inheriting this process's handler (on the real stderr: a notebook's
+    # sys.stderr has no file descriptor).
+    env.setdefault("PYTHONFAULTHANDLER", os.environ.get("PYTHONFAULTHANDLER", "1"))
+    was_enabled = faulthandler.is_enabled()
+    if sys.__stderr__ is not None:
+        faulthandler.enable(file=sys.__stderr__, all_threads=True)
+    try:
+        with patch_environment(**env):
+            return xmp.spawn(launcher, args=args, nprocs=1 if replicas == 1 else None, start_method=start_method)
+    finally:
+        if not was_enabled:
+            faulthandler.disable()
 
 
 def tpu_pod_command(args, current_env: dict) -> list:

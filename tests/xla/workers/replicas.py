@@ -1,11 +1,12 @@
 """Two XLA replicas (threads of one process, `xmp.spawn`, CPU_NUM_DEVICES=2) run one case of an Accelerate-style
-script under hasten. Usage: python replicas.py train|collectives|checkpoint. Each replica prints `OK <ordinal>`.
+script under hasten. Usage: python replicas.py train|collectives|checkpoint|late. Each replica prints `OK <ordinal>`.
 
 Replica threads share torch's global CPU generator, so weights and data come from generators of their own."""
 
 import os
 import sys
 import tempfile
+import time
 
 import torch
 import torch_xla.distributed.xla_multiprocessing as xmp
@@ -114,8 +115,20 @@ def checkpoint(index):
     assert torch.equal(after, again), (after, again)
 
 
+def late(index):
+    """Replica 1 reaches a collective 20 s after replica 0 (a busy machine; replica 0 alone writing a checkpoint).
+    XLA's CPU rendezvous would end the process after ~15 s of waiting; hasten lines the replicas up before it."""
+    from hasten.utils import reduce
+
+    accelerator, *_ = setup()
+    if index == 1:
+        time.sleep(20)
+    total = reduce(torch.tensor([float(index + 1)], device=accelerator.device), "sum")
+    assert total.cpu().tolist() == [3.0], total
+
+
 def main(index, case):
-    {"train": train, "collectives": collectives, "checkpoint": checkpoint}[case](index)
+    {"train": train, "collectives": collectives, "checkpoint": checkpoint, "late": late}[case](index)
     print(f"OK {index}", flush=True)
 
 

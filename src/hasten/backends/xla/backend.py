@@ -34,8 +34,7 @@ def reduce_gradients(optimizer) -> None:
     if xla.replicated():
         gradients = _gradients(optimizer.optimizer)
         if gradients:
-            _, xm, _ = xla.modules()
-            xm.all_reduce(xm.REDUCE_SUM, gradients, scale=1.0 / xla.world_size())
+            xla.all_reduce_(gradients, xla.modules()[1].REDUCE_SUM, scale=1.0 / xla.world_size())
     state.is_xla_gradients_synced = True
 
 
