@@ -553,3 +553,40 @@ def test_streaming_rank0_weights_walks_the_model_once(monkeypatch):
     backend._stream_weights_from_rank0(model, dict(source.state_dict()))
     assert len(walks) == 1
     assert all(torch.equal(p.to_local(), source.state_dict()[n]) for n, p in model.named_parameters())
+
+
+class _TiedLM(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(16, 8)
+        self.block = torch.nn.Linear(8, 8)
+        self.head = torch.nn.Linear(8, 16, bias=False)
+        self.head.weight = self.embed.weight  # tied, as GPT-2's and most language models' output heads are
+
+    def forward(self, ids):
+        return self.head(self.block(self.embed(ids)))
+
+
+def test_ram_efficient_loading_keeps_tied_weights_tied_and_filled():
+    """`hasten launch --use_fsdp` turns cpu_ram_efficient_loading on (as Accelerate's launcher does). Sharding a
+    meta copy and materialising it gave the output head its own uninitialised tensor, which rank 0's weights never
+    reached: a tied language model trained (and saved, and loaded adapters into) a head of garbage until its
+    first forward re-pointed it. The head must be the embedding's parameter, filled with rank 0's values."""
+    import torch.distributed as dist
+
+    from hasten import Accelerator
+    from hasten.backends.fsdp.plugin import FullyShardedDataParallelPlugin
+
+    made_group = not dist.is_initialized()
+    try:
+        torch.manual_seed(0)
+        model = _TiedLM()
+        expected = model.embed.weight.detach().clone()
+        plugin = FullyShardedDataParallelPlugin(fsdp_version=2, cpu_ram_efficient_loading=True)
+        model = Accelerator(fsdp_plugin=plugin).prepare(model)
+        assert model.head.weight is model.embed.weight
+        assert torch.equal(model.head.weight.full_tensor(), expected)
+        assert len(list(model.parameters())) == 3  # embedding (= head), block weight and bias
+    finally:
+        if made_group and dist.is_initialized():
+            dist.destroy_process_group()

@@ -177,6 +177,7 @@ class FSDPBackend(Backend):
         if ram_efficient:
             # Everyone shards an empty (meta) model; rank 0 then streams its weights in tensor by tensor.
             full = _named_tensors(model) if dist.get_rank() == 0 else {}
+            ties = sharding.shared_parameters(model)
             model.to("meta")
         if plugin.activation_checkpointing:
             # As Accelerate's prepare (fsdp2_apply_ac): each block inside torch's CheckpointWrapper, before sharding.
@@ -200,6 +201,7 @@ class FSDPBackend(Backend):
         sharding.shard_units(model, kwargs, wants_own_unit, can_be_unit=_can_be_unit, after_unit=free_replaced)
         if ram_efficient:
             materialize(model, self.state.device, offload=plugin.offloads_params)
+            sharding.retie(ties)
             _stream_weights_from_rank0(model, full, self.state.device)
         new_params = plain_named_parameters(model)
         for name, old in old_params.items():

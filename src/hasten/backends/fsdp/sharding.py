@@ -37,6 +37,28 @@ def named_tensors(model) -> dict:
     return tensors
 
 
+def shared_parameters(model) -> list:
+    """Each parameter held in more than one place (tied weights: an embedding and an output head), as its
+    `(module, attribute)` places in `model.modules()` order, the place FSDP2 tracks first."""
+    places = {}
+    for module in model.modules():
+        for attr, param in module._parameters.items():
+            if param is not None:
+                places.setdefault(id(param), []).append((module, attr))
+    return [group for group in places.values() if len(group) > 1]
+
+
+def retie(groups: list) -> None:
+    """Make every place of each group (`shared_parameters`) hold its first place's parameter again. Materialising
+    a sharded meta model (`to_empty`) gives each module its own new tensor, which cuts a tie: the second place was
+    left uninitialised, rank 0's weights never reached it (it has no name of its own in a state dict), and it stayed
+    so until FSDP2's first forward re-pointed it (a checkpoint or an optimizer made before then saw the garbage)."""
+    for (owner, attr), *aliases in groups:
+        param = owner._parameters[attr]
+        for module, name in aliases:
+            module._parameters[name] = param
+
+
 def shard_kwargs(plugin, mesh) -> dict:
     """`fully_shard`'s keywords from the plugin (torch's defaults where it holds none)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, OffloadPolicy
@@ -103,7 +125,9 @@ def load_full_state_dict(model, full_state: dict, device, cpu_offload: bool = Fa
     from .streaming import stream_from_rank0
 
     if any(t.is_meta for t in named_tensors(model).values()):
+        ties = shared_parameters(model)
         materialize(model, device, offload=cpu_offload)
+        retie(ties)
     stream_from_rank0(named_tensors(model), dict(full_state) if dist.get_rank() == 0 else {}, torch.device(device))
     if cpu_offload:
         # FSDP2's CPUOffloadPolicy expects the sharded parameters in CPU memory between uses.
