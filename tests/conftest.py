@@ -1,3 +1,4 @@
+import logging
 import os
 
 import pytest
@@ -6,6 +7,28 @@ import pytest
 # Variables of the test run itself, not settings: the GPU suite's figures file (scripts/gpu_check.sh) must reach
 # tests/gpu/conftest.py's record_figure, or the figures table is always empty.
 KEPT = frozenset({"HASTEN_GPU_FIGURES"})
+
+
+def _logging_state():
+    manager = logging.root.manager
+    loggers = {name: lg for name, lg in manager.loggerDict.items() if isinstance(lg, logging.Logger)}
+    return logging.root.level, list(logging.root.handlers), {
+        name: (lg, lg.disabled, lg.propagate, lg.level) for name, lg in loggers.items()}
+
+
+def _restore_logging(state):
+    root_level, root_handlers, loggers = state
+    logging.root.setLevel(root_level)
+    logging.root.handlers[:] = root_handlers
+    for lg, disabled, propagate, level in loggers.values():
+        lg.disabled, lg.propagate = disabled, propagate
+        lg.setLevel(level)
+
+
+def _group_is_up() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
 
 
 @pytest.fixture(autouse=True)
@@ -21,9 +44,19 @@ def fresh_state(monkeypatch):
 
     AcceleratorState._reset_state(reset_partial_state=True)
     GradientState._reset_state()
+    # Tests run two files side by side, each worker in its own order (scripts/test.sh): what one test leaves in the
+    # process (a one-process group, which a later fork inherits; a logger another library's setup disabled or
+    # raised) must not reach the next.
+    group_was_up = _group_is_up()
+    logging_state = _logging_state()
     yield
     AcceleratorState._reset_state(reset_partial_state=True)
     GradientState._reset_state()
+    if not group_was_up and _group_is_up():
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+    _restore_logging(logging_state)
     if os.environ != saved_environment:
         os.environ.clear()
         os.environ.update(saved_environment)
