@@ -15,6 +15,7 @@ import torch
 
 from ...core.errors import NotSupportedYetError
 from . import checkpoint
+from .sharding import state_name
 
 _HINT = "adapter_only=True needs peft: pip install peft"
 
@@ -66,7 +67,12 @@ def save_adapter(fsdp_plugin, model, output_dir: str, index: int):
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
     def trainable(options):
-        return get_model_state_dict(model, options=replace(options, ignore_frozen_params=True))
+        state = get_model_state_dict(model, options=replace(options, ignore_frozen_params=True))
+        # torch leaves out a frozen parameter under its first name only: a tied one (GPT-2's output head shares the
+        # frozen embedding) stayed in under its second name, and loading the "adapter" then overwrote the base.
+        frozen = {state_name(name) for name, param in model.named_parameters(remove_duplicate=False)
+                  if not param.requires_grad}
+        return {key: value for key, value in state.items() if key not in frozen}
 
     name = checkpoint.full_name(checkpoint.MODEL_NAME, index)
     state = checkpoint._gather(trainable, fsdp_plugin.state_dict_config)
