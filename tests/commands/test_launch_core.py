@@ -177,6 +177,32 @@ def test_gpu_count_errors_are_not_swallowed(monkeypatch, capsys):
         launch_settings._gpu_count(strict=True)
 
 
+def test_more_processes_than_visible_gpus_is_refused_at_launch(monkeypatch):
+    """CUDA_VISIBLE_DEVICES=0 with two processes: each process alone sees one GPU, as under a per-process binding,
+    so only the launcher can tell that both would sit on GPU 0. It refuses in one line; naming the device shares
+    it on purpose; as many processes as GPUs, or a CPU run, goes ahead."""
+    from hasten.commands.launch import launch_command_parser
+    from hasten.config import launch_settings
+    from hasten.core.errors import ConfigError
+
+    monkeypatch.setattr(launch_settings, "_gpu_count", lambda strict=False: 1)
+
+    def settle(*argv, env=None):
+        return launch_settings.resolve_launch(launch_command_parser().parse_args([*argv, "x.py"]), env=env or {})
+
+    with pytest.raises(ConfigError, match=r"2 processes per machine .* only GPUs 0 are visible "
+                       r"\(from environment CUDA_VISIBLE_DEVICES\).*fix: --num_processes 1"):
+        settle("--num_processes", "2", env={"CUDA_VISIBLE_DEVICES": "0"})
+    with pytest.raises(ConfigError, match=r"4 processes per machine .* only GPUs 0,1 are visible \(from --gpu_ids\).*fix: "
+                       r"--num_processes 4"):
+        settle("--num_processes", "8", "--num_machines", "2", "--main_process_ip", "10.0.0.1", "--gpu_ids", "0,1")
+    assert settle("--num_processes", "2", env={"HASTEN_TORCH_DEVICE": "cuda:0"}).values["num_processes"].value == 2
+    assert settle("--num_processes", "1").values["num_processes"].value == 1
+    with pytest.raises(ConfigError, match=r"3 processes per machine .* torch sees 1 GPU: .*--num_processes 1,"):
+        settle("--num_processes", "3")
+    assert settle("--cpu", "--num_processes", "2").values["num_processes"].value == 2
+
+
 def test_module_target_is_found_from_the_working_directory_as_python_m_finds_it(tmp_path):
     # `hasten launch -m pkg.train` started from the `hasten` command (whose sys.path[0] is its bin folder) must
     # import `pkg` from the working directory, as `python -m pkg.train` and Accelerate's launcher do.

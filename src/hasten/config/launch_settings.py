@@ -174,6 +174,8 @@ def resolve_launch(args, env: Mapping[str, str] | None = None, *, ignored_flags_
     per_task = bool(slurm.get("slurm_per_task"))
     _fill_num_processes(values, per_task, env)
     _check_values(values)
+    if not per_task:
+        _check_gpus_per_machine(values, env)
 
     rdzv = values["rdzv_conf"]
     rdzv_conf = parse_rdzv_conf(rdzv.value, "--rdzv_conf" if rdzv.source == "flag" else _where(rdzv))
@@ -305,6 +307,31 @@ def _fill_num_processes(values: dict, per_task: bool, env: Mapping[str, str]) ->
     else:
         count, why = max(1, gpus) * machines, f"one per GPU ({gpus} found) on each machine, at least 1"
     values["num_processes"] = Resolved("num_processes", count, "default", f"built-in default ({why})")
+
+
+def _check_gpus_per_machine(values: dict, env: Mapping[str, str]) -> None:
+    """More processes on a machine than the GPUs it shows put two ranks on one GPU. Each process alone cannot
+    always tell: with CUDA_VISIBLE_DEVICES=0 every process sees one GPU, as under a per-process binding, so the
+    launcher, which sees the whole machine, refuses it (Accelerate's processes stop at `set_device` with
+    "invalid device ordinal"). Naming a device (HASTEN_TORCH_DEVICE) shares it on purpose."""
+    from .resolve import runtime_value
+
+    v = {name: r.value for name, r in values.items()}
+    if v["use_cpu"] or v["tpu"] or runtime_value("torch_device", env=env).value:
+        return
+    gpu_ids = v["gpu_ids"]
+    named = gpu_ids is not None and str(gpu_ids).lower() != "all"
+    gpus = len(str(gpu_ids).split(",")) if named else _gpu_count(bool(v["strict"]))
+    per_machine = v["num_processes"] // max(1, v["num_machines"])
+    if gpus == 0 or per_machine <= gpus:
+        return
+    shown = (f"only GPUs {gpu_ids} are visible (from {_where(values['gpu_ids'])})" if named else
+             f"torch sees {gpus} GPU{'s' if gpus != 1 else ''}")
+    raise ConfigError(
+        f"{per_machine} processes per machine (num_processes from {_where(values['num_processes'])}) but {shown}: "
+        f"two processes would share a GPU; fix: --num_processes {gpus * max(1, v['num_machines'])}, make more "
+        "GPUs visible, or name the device to share with HASTEN_TORCH_DEVICE"
+    )
 
 
 def _check_values(values: dict) -> None:

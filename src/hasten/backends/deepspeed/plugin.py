@@ -726,9 +726,9 @@ class DummyScheduler:
 class DeepSpeedSequenceParallelConfig:
     """Accelerate's settings for DeepSpeed's Ulysses sequence parallelism (`ParallelismConfig(sp_handler=...)`).
 
-    The object is data, checked as Accelerate checks it (the `PARALLELISM_CONFIG_SP_*` variables fill unset fields);
-    hasten has not built Ulysses itself, so a run that asks for `sp_size` above 1 is refused in one line when the
-    Accelerator sets it up (`parallelism_config.backend_for_layout`).
+    The object is data, checked as Accelerate checks it (the `PARALLELISM_CONFIG_SP_*` variables fill unset fields).
+    With `sp_backend="deepspeed"` and `sp_size` above 1, `backends/deepspeed/ulysses.py` registers DeepSpeed's
+    Ulysses attention with these values, hands its `mpu` to the engine and wraps prepared loaders.
     """
 
     sp_seq_length: Optional[int] = None
