@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 from accelerate import Accelerator
 from accelerate.utils import load_fsdp_model, save_fsdp_model
+from checks import Checks
 from peft import LoraConfig, get_peft_model
 from torch.distributed.tensor import DTensor
 from transformers import GPT2Config, GPT2LMHeadModel
@@ -21,13 +22,7 @@ folder = sys.argv[1]
 accelerator = Accelerator()
 plugin = accelerator.state.fsdp_plugin
 rank = accelerator.process_index
-checks = 0
-
-
-def check(condition, what):
-    global checks
-    assert condition, f"rank {rank}: {what}"
-    checks += 1
+check = Checks(rank)
 
 
 def peft_model(seed):
@@ -82,4 +77,4 @@ for kind in ("FULL_STATE_DICT", "SHARDED_STATE_DICT"):
     check(not changed, f"{kind}: the base is untouched; these changed (max abs difference): {changed}")
 
 dist.barrier()
-print(f"CHECKS-PASSED {rank} {checks}", flush=True)
+check.done()

@@ -8,6 +8,7 @@ Usage: python -m hasten launch --use_fsdp --fsdp_version 1 --num_processes 2 ali
 import torch
 from accelerate import Accelerator
 from accelerate.utils import FullyShardedDataParallelPlugin
+from checks import Checks
 from peft import LoraConfig, get_peft_model
 from peft.utils.other import fsdp_auto_wrap_policy
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
@@ -22,14 +23,7 @@ model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["c_a
 policy = fsdp_auto_wrap_policy(model)  # reads FullyShardedDataParallelPlugin.get_module_class_from_name
 accelerator = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(auto_wrap_policy=policy, use_orig_params=True))
 rank = accelerator.process_index
-checks = 0
-
-
-def check(condition, what):
-    global checks
-    assert condition, f"rank {rank}: {what}"
-    checks += 1
-
+check = Checks(rank)
 
 check(type(accelerator) is hasten.Accelerator, f"`from accelerate import Accelerator` gave {type(accelerator)}")
 check(FullyShardedDataParallelPlugin is hasten.utils.FullyShardedDataParallelPlugin, "the plugin is hasten's")
@@ -48,4 +42,4 @@ for _ in range(4):
     optimizer.zero_grad()
     losses.append(loss.item())
 check(all(loss == loss for loss in losses) and losses[-1] < losses[0], f"the loss went down: {losses}")
-print(f"CHECKS-PASSED {rank} {checks}", flush=True)
+check.done()

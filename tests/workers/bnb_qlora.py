@@ -6,6 +6,7 @@ Run through `hasten launch` (see tests/big_model/test_bnb.py). Prints `CHECKS-PA
 import sys
 
 import torch
+from checks import Checks
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -15,13 +16,7 @@ from hasten.utils.bnb import BnbQuantizationConfig, load_and_quantize_model
 
 accelerator = Accelerator()
 rank = accelerator.process_index
-checks = 0
-
-
-def check(condition, what):
-    global checks
-    assert condition, f"rank {rank}: {what}"
-    checks += 1
+check = Checks(rank)
 
 
 class Net(nn.Module):
@@ -76,4 +71,4 @@ after = accelerator.unwrap_model(model).state_dict()
 check(all(torch.equal(frozen[k], after[k]) for k in frozen), "the 4-bit base is unchanged")
 adapters = gather(torch.cat([p.detach().reshape(-1) for p in model.parameters() if p.requires_grad])[None])
 check(torch.equal(adapters[0], adapters[-1]), "adapters are equal on every rank")
-print(f"CHECKS-PASSED {rank} {checks}", flush=True)
+check.done()

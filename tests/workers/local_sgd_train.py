@@ -4,6 +4,7 @@ Run through `hasten launch` (see tests/test_local_sgd.py). Prints `CHECKS-PASSED
 """
 
 import torch
+from checks import Checks
 
 from hasten import Accelerator
 from hasten.local_sgd import LocalSGD
@@ -12,13 +13,7 @@ from hasten.utils import gather
 K = 3
 accelerator = Accelerator()
 rank, world = accelerator.process_index, accelerator.num_processes
-checks = 0
-
-
-def check(condition, what):
-    global checks
-    assert condition, f"rank {rank}: {what}"
-    checks += 1
+check = Checks(rank)
 
 
 def flat_params(model):
@@ -64,4 +59,4 @@ for r in range(world):
     check(torch.allclose(final[r].double(), expected, atol=1e-6), f"exit: rank {r} is not the mean")
 check(local_sgd.num_steps == 2 * K + 2, "step counter")
 
-print(f"CHECKS-PASSED {rank} {checks}", flush=True)
+check.done()
