@@ -29,10 +29,11 @@ if [ $# -eq 0 ] && [ "${HASTEN_SKIP_XLA:-0}" != "1" ]; then
     # A two-replica run on torch_xla's CPU device once died in CI without any message (docs/tpu.md: its cause is
     # not known; XLA's 15 s rendezvous limit, which ended runs the same way, is worked around since). Such a
     # replica now prints its Python stacks; until one is seen and fixed, a failed case is run once more, and said
-    # so; a second failure fails CI.
+    # so, with each case's bound at 240 s instead of 60 (a slow machine's timeout is not a hang); a second failure
+    # fails CI.
     if ! PYTHONPATH=src "$xla_python" -m pytest -q tests/xla; then
-      echo "tests/xla: running the failed cases once more (two-replica runs on torch_xla's CPU device flake under load)" >&2
-      PYTHONPATH=src "$xla_python" -m pytest -q --lf tests/xla || status=$?
+      echo "tests/xla: running the failed cases once more, each bounded at 240 s (two-replica runs on torch_xla's CPU device flake under load)" >&2
+      HASTEN_XLA_CASE_TIMEOUT="${HASTEN_XLA_CASE_TIMEOUT:-240}" PYTHONPATH=src "$xla_python" -m pytest -q --lf tests/xla || status=$?
     fi
   else
     echo "tests/xla skipped: the XLA side environment could not be built (the line above says why)" >&2
