@@ -37,21 +37,24 @@ def test_notebook_launcher_spawns_replicas_on_the_xla_device(replicas):
     assert lines == [f"CELL {i} {replicas} hi" for i in range(replicas)], output[-3000:]
 
 
-def test_a_failing_replica_prints_its_own_error_and_releases_the_other():
-    # Replica 1 raises; replica 0 waits in a collective for it. Before, XLA ended the process after ~15 s and
-    # pjrt.spawn said only that a process "was terminated abruptly": replica 1's error was never printed.
-    done = subprocess.run([sys.executable, str(HERE / "workers" / "notebook.py"), "2", "fail"], env=xla_env(2),
+def failing_notebook(mode: str) -> str:
+    """The output of two notebook replicas of which replica 1 fails (`mode`: fail or crash); the run must fail."""
+    done = subprocess.run([sys.executable, str(HERE / "workers" / "notebook.py"), "2", mode], env=xla_env(2),
                           capture_output=True, text=True, timeout=CASE_TIMEOUT, check=False)
     output = done.stdout + done.stderr
     assert done.returncode != 0, output[-3000:]
+    return output
+
+
+def test_a_failing_replica_prints_its_own_error_and_releases_the_other():
+    # Replica 1 raises; replica 0 waits in a collective for it. Before, XLA ended the process after ~15 s and
+    # pjrt.spawn said only that a process "was terminated abruptly": replica 1's error was never printed.
+    output = failing_notebook("fail")
     assert "XLA replica 1 failed" in output and "ValueError: replica 1 gave up" in output, output[-3000:]
     assert "XLA replica 0: another replica failed" in output, output[-3000:]  # released, not ended by XLA
 
 
 def test_a_replica_that_crashes_prints_its_python_stacks():
     # A replica process killed by a signal: before, the output was only pjrt.spawn's "terminated abruptly".
-    done = subprocess.run([sys.executable, str(HERE / "workers" / "notebook.py"), "2", "crash"], env=xla_env(2),
-                          capture_output=True, text=True, timeout=CASE_TIMEOUT, check=False)
-    output = done.stdout + done.stderr
-    assert done.returncode != 0, output[-3000:]
+    output = failing_notebook("crash")
     assert "Segmentation fault" in output and "in training_function" in output, output[-3000:]
