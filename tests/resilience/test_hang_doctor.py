@@ -252,3 +252,39 @@ def test_checker_compares_each_collective_with_the_reference_ranks_in_batches():
     assert other._check_group(store, "default", mine, cache)
     assert found == [(_CHUNK + 1, {0: ("all_reduce", "float32[4] op=SUM", "train.py:7")})]
     assert other.checked_seqs["default"] == _CHUNK
+
+
+def test_a_completed_work_object_is_judged_by_wait_not_by_the_deprecated_exception_call():
+    """torch 2.11's `Work.exception()` cannot hand its value back to Python (a TypeError), and the watchdog thread
+    that asked it died at the first finished `async_op` collective: hangs went unreported from then on. A finished
+    work object is judged by `wait()`, which returns at once or raises the backend's error."""
+    import torch
+    import torch.distributed as dist
+
+    from hasten.resilience.completion import is_finished
+
+    class Work:
+        def __init__(self, completed, error=None):
+            self.completed, self.error = completed, error
+
+        def is_completed(self):
+            return self.completed
+
+        def wait(self):
+            if self.error is not None:
+                raise self.error
+            return True
+
+        def exception(self):  # as torch 2.11's binding behaves
+            raise TypeError("Unable to convert function return value to a Python type!")
+
+    assert is_finished(Work(True))
+    assert not is_finished(Work(False))
+    assert not is_finished(Work(True, RuntimeError("the backend's own timeout")))  # still named by a report
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        work = dist.all_reduce(torch.ones(2), async_op=True)
+        work.wait()
+        assert is_finished(work)
+    finally:
+        dist.destroy_process_group()

@@ -63,7 +63,8 @@ def train_steps(accelerator, model, optimizer, steps, max_norm=None):
     losses = []
     for step in steps:
         x, y = batch(step, accelerator.process_index, accelerator.num_processes)
-        loss = torch.nn.functional.mse_loss(model(x), y)
+        # .float(): FSDP2's bf16 output_dtype meets an fp32 target, whose mixed-dtype backward torch 2.11 fails
+        loss = torch.nn.functional.mse_loss(model(x).float(), y)
         accelerator.backward(loss)
         if max_norm is not None:
             accelerator.clip_grad_norm_(model.parameters(), max_norm)

@@ -54,7 +54,7 @@ def run(mixed_precision="no", fsdp_plugin=None, optimizer_after_prepare=False):
     losses = []
     for step in STEPS:
         x, y = batch(step, acc.process_index, acc.num_processes)
-        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss = torch.nn.functional.mse_loss(model(x).float(), y)  # .float(): see fsdp_common.train_steps
         acc.backward(loss)
         norms.append(float(acc.clip_grad_norm_(model.parameters(), MAX_NORM)))
         opt.step()
@@ -155,7 +155,7 @@ for step in range(3):
     for micro in range(2):
         with acc.accumulate(model):
             x, y = batch(step * 2 + micro, acc.process_index, acc.num_processes)
-            acc.backward(torch.nn.functional.mse_loss(model(x), y))
+            acc.backward(torch.nn.functional.mse_loss(model(x).float(), y))
             if micro == 0:
                 assert not acc.sync_gradients
                 # No reduce-scatter ran: the sharded gradients do not exist yet.
@@ -173,7 +173,7 @@ for version in (2, 1):
     model = make_model()
     model, opt = acc.prepare(model, sgd(model.parameters()))
     x, y = batch(0, acc.process_index, acc.num_processes)
-    acc.backward(torch.nn.functional.mse_loss(model(x), y))
+    acc.backward(torch.nn.functional.mse_loss(model(x).float(), y))
     if acc.process_index == 1:
         grad = next(p.grad for p in model.parameters() if p.grad is not None)
         (grad.to_local() if isinstance(grad, DTensor) else grad).fill_(float("inf"))

@@ -56,12 +56,13 @@ class PipelineBackend(LayoutBackend):
     def _pipeline(self, model):
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        from ..distributed.pipeline import PipelinedModel, prune, stage_blocks, stages_of_rank
+        from ..distributed.pipeline import PipelinedModel, prune, refuse_unstartable_schedule, stage_blocks, stages_of_rank
         from ..parallelism_config import fsdp_mesh
         from ..state import GradientState
 
         layout, handler = self.layout, self.layout.pp_handler
         mesh = layout.device_mesh
+        refuse_unstartable_schedule(handler.schedule, mesh.get_group("pp"))
         pp_rank, pp_size = mesh.get_local_rank("pp"), layout.pp_size
         num_stages = pp_size * handler.stages_per_rank
         names = stage_blocks(model, num_stages, handler.split_points)

@@ -139,6 +139,26 @@ def stages_per_rank_for(schedule: str, asked) -> int:
     return asked or 2
 
 
+def refuse_unstartable_schedule(schedule: str, group) -> None:
+    """A V schedule over gloo on torch without the stages' warm-up vote (torch 2.11; 2.13 has it) cannot start:
+    torch's set-up sends from the rank of the two middle stages to itself, which gloo refuses with "Pair is not
+    connected" on every rank. Refused here in one line instead."""
+    import torch.distributed as dist
+
+    if schedule in PP_V_SCHEDULES and not schedules_warm_up_by_vote() and dist.get_backend(group) == "gloo":
+        raise PipelineSplitError(f"pipeline schedule {schedule!r} cannot start over gloo on torch {torch.__version__}: "
+                                 "its set-up sends from one process to itself, which gloo cannot do; fix: "
+                                 "'Interleaved1F1B' (or '1F1B'), or torch 2.13 or newer")
+
+
+def schedules_warm_up_by_vote() -> bool:
+    """Whether torch's multi-stage schedules start their stages with the warm-up vote (torch 2.13), not with
+    sends to every neighbour stage, the middle stages of a V included (torch 2.11)."""
+    from torch.distributed.pipelining.schedules import PipelineScheduleMulti
+
+    return hasattr(PipelineScheduleMulti, "_warmup_p2p")
+
+
 def default_loss(output, labels):
     """Mean cross-entropy of logits (..., vocab) against labels (...), as a language model's train step."""
     return nn.functional.cross_entropy(output.reshape(-1, output.shape[-1]).float(), labels.reshape(-1))
@@ -222,15 +242,20 @@ class PipelinedModel(nn.Module):
             self._build(shapes, scale)  # the stages learn the shapes they exchange on their first run
         self._loss_scale.scale = scale
         losses = []
-        target = labels if labels is not None else None
+        holds_last = (self._num_stages - 1) in self._stage_ids
+        # Only the rank of stage 0 hands the schedule its inputs, and only the last stage's the targets: torch 2.11
+        # refuses inputs on a later stage ("Can't supply input args for shape inference on non-first stage").
+        # Contiguous, as the stages' shape inference assumes (torch 2.11 refuses a slice such as `ids[:, :-1]`).
+        step_args = (inputs.contiguous(),) if 0 in self._stage_ids else ()
+        target = labels.contiguous() if labels is not None else None
+        step_kwargs = {"target": target, "losses": losses} if holds_last else {}
         if self.training:
-            output = self._schedule.step(inputs, target=target, losses=losses)
+            output = self._schedule.step(*step_args, **step_kwargs)
         else:
             with torch.no_grad():
-                output = self._schedule.eval(inputs, target=target, losses=losses)
+                output = self._schedule.eval(*step_args, **step_kwargs)
         if labels is None:
             return output
-        holds_last = (self._num_stages - 1) in self._stage_ids
         loss = (torch.stack([l.detach().float() for l in losses]).sum() / scale / self._microbatches
                 if holds_last else torch.zeros((), device=self._device))
         loss = loss.to(self._device).reshape(())

@@ -26,10 +26,20 @@ def completion_marker(args, kwargs, result):
 
 def is_finished(marker) -> bool:
     """Completed without error. A work object the backend ended with an error (its own timeout) stays
-    unfinished, so that the report still names the collective."""
+    unfinished, so that the report still names the collective.
+
+    The error is read through `wait()`, which returns at once on a completed work object or raises its error:
+    `Work.exception()` is deprecated, and torch 2.11's binding cannot return its value at all (a TypeError
+    that once stopped the doctor's watchdog at the first finished `async_op` collective)."""
     if hasattr(marker, "query"):
         return marker.query()
-    return marker.is_completed() and marker.exception() is None
+    if not marker.is_completed():
+        return False
+    try:
+        marker.wait()
+    except RuntimeError:  # the backend's error (torch's DistBackendError is one)
+        return False
+    return True
 
 
 def _first_tensor(values):

@@ -551,7 +551,11 @@ class Doctor:
                             self._timeout_report(entry, self.survey(store), raise_here=False)
                 if self.cleaners:
                     self._clean(store)
-            except Exception:  # noqa: BLE001 - the store is gone (the run is ending): nothing left to watch
+            except (RuntimeError, OSError):  # torch's store errors: the store is gone (the run is ending)
+                return
+            except Exception as error:  # noqa: BLE001 - a fault of the doctor's own: said, never hidden
+                print(f"hasten hang doctor: rank {self.rank}'s watchdog stopped ({type(error).__name__}: {error}); "
+                      "hangs are no longer reported", file=sys.stderr, flush=True)
                 return
 
     def _limit(self, entry) -> float:
