@@ -247,8 +247,9 @@ class PipelinedModel(nn.Module):
         # refuses inputs on a later stage ("Can't supply input args for shape inference on non-first stage").
         # Contiguous, as the stages' shape inference assumes (torch 2.11 refuses a slice such as `ids[:, :-1]`).
         step_args = (inputs.contiguous(),) if 0 in self._stage_ids else ()
-        target = labels.contiguous() if labels is not None else None
-        step_kwargs = {"target": target, "losses": losses} if holds_last else {}
+        step_kwargs = {}
+        if holds_last:
+            step_kwargs = {"target": None if labels is None else labels.contiguous(), "losses": losses}
         if self.training:
             output = self._schedule.step(*step_args, **step_kwargs)
         else:
