@@ -32,6 +32,15 @@ def _group_is_up() -> bool:
     return dist.is_available() and dist.distributed_c10d.GroupMember.WORLD is not None
 
 
+@pytest.fixture
+def one_process_group():
+    """A one-process gloo group (the default group) for the test; fresh_state destroys it afterwards."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    return dist.group.WORLD
+
+
 @pytest.fixture(autouse=True)
 def fresh_state(monkeypatch):
     """Every test starts with no hasten state and no hasten/Accelerate variables from the outside, and leaves

@@ -106,28 +106,21 @@ def test_pp_size_is_read_from_the_environment(monkeypatch):
     assert config.pp_size == 2 and config.pp_handler.schedule == "GPipe"
 
 
-def test_a_v_schedule_that_cannot_start_over_gloo_is_refused_in_one_line(monkeypatch):
+def test_a_v_schedule_that_cannot_start_over_gloo_is_refused_in_one_line(monkeypatch, one_process_group):
     """torch 2.11 starts a V schedule's stages with a send from the middle stages' process to itself: gloo
     fails on every rank with "Pair is not connected". Without torch's warm-up vote (2.13 has it) that is refused
     at prepare; loop schedules, and V schedules on a torch that has the vote, go ahead."""
-    import torch.distributed as dist
-
     from hasten.distributed import pipeline
     from hasten.distributed.pipeline import refuse_unstartable_schedule
 
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        group = dist.group.WORLD
-        monkeypatch.setattr(pipeline, "schedules_warm_up_by_vote", lambda: True)
-        refuse_unstartable_schedule("ZBVZeroBubble", group)
-        monkeypatch.setattr(pipeline, "schedules_warm_up_by_vote", lambda: False)
-        for schedule in ("ZBVZeroBubble", "DualPipeV"):
-            with pytest.raises(PipelineSplitError, match=rf"'{schedule}' cannot start over gloo on torch .*itself.*"
-                                                         r"fix: 'Interleaved1F1B'"):
-                refuse_unstartable_schedule(schedule, group)
-        refuse_unstartable_schedule("Interleaved1F1B", group)
-    finally:
-        dist.destroy_process_group()
+    monkeypatch.setattr(pipeline, "schedules_warm_up_by_vote", lambda: True)
+    refuse_unstartable_schedule("ZBVZeroBubble", one_process_group)
+    monkeypatch.setattr(pipeline, "schedules_warm_up_by_vote", lambda: False)
+    for schedule in ("ZBVZeroBubble", "DualPipeV"):
+        with pytest.raises(PipelineSplitError, match=rf"'{schedule}' cannot start over gloo on torch .*itself.*"
+                                                     r"fix: 'Interleaved1F1B'"):
+            refuse_unstartable_schedule(schedule, one_process_group)
+    refuse_unstartable_schedule("Interleaved1F1B", one_process_group)
 
 
 def test_pp_two_processes_schedules_and_checkpoints_across_layouts(tmp_path):

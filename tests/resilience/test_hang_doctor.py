@@ -254,7 +254,7 @@ def test_checker_compares_each_collective_with_the_reference_ranks_in_batches():
     assert other.checked_seqs["default"] == _CHUNK
 
 
-def test_a_completed_work_object_is_judged_by_wait_not_by_the_deprecated_exception_call():
+def test_a_completed_work_object_is_judged_by_wait_not_by_the_deprecated_exception_call(one_process_group):
     """torch 2.11's `Work.exception()` cannot hand its value back to Python (a TypeError), and the watchdog thread
     that asked it died at the first finished `async_op` collective: hangs went unreported from then on. A finished
     work object is judged by `wait()`, which returns at once or raises the backend's error."""
@@ -281,10 +281,6 @@ def test_a_completed_work_object_is_judged_by_wait_not_by_the_deprecated_excepti
     assert is_finished(Work(True))
     assert not is_finished(Work(False))
     assert not is_finished(Work(True, RuntimeError("the backend's own timeout")))  # still named by a report
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        work = dist.all_reduce(torch.ones(2), async_op=True)
-        work.wait()
-        assert is_finished(work)
-    finally:
-        dist.destroy_process_group()
+    work = dist.all_reduce(torch.ones(2), async_op=True)
+    work.wait()
+    assert is_finished(work)
