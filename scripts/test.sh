@@ -20,7 +20,16 @@ status=0
 # Two pytest workers, a test file each at a time (module fixtures stay in one worker): many tests wait on
 # processes they launched (rendezvous, hang timeouts), so two files side by side halve the wall time on 2 cores
 # (tests/resilience: 259 s alone, 129 s so). Pass `-n 0` to run in one process.
+# The suite must leave the work tree as it found it (a save to a path made from None once put a None/ folder into
+# the repository, and it was committed): what git sees before and after the run is compared.
+tree_before="$(git status --porcelain --untracked-files=all 2>/dev/null || true)"
 .venv/bin/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile "$@" || status=$?
+tree_after="$(git status --porcelain --untracked-files=all 2>/dev/null || true)"
+if [ "$tree_before" != "$tree_after" ]; then
+  echo "the test run changed the work tree (fix the test that writes there; write under tmp_path instead):" >&2
+  diff <(printf '%s\n' "$tree_before") <(printf '%s\n' "$tree_after") | grep '^>' >&2 || true
+  status=1
+fi
 # tests/xla/ (torch_xla on its CPU device) runs in a side environment (torch 2.9.0 + torch_xla 2.9.0), built once
 # outside the clone by scripts/xla_env.sh and reused; the main environment stays free of torch_xla. When it cannot
 # be built, the XLA tests are skipped with the reason on one line. Skip it on purpose with HASTEN_SKIP_XLA=1.
