@@ -33,7 +33,8 @@ from .core.enums import DistributedType, DynamoBackend
 from .core.errors import ConfigError, NotSupportedYetError
 from .distributed import operations
 from .parallelism_config import mesh_rank
-from .resilience import auto_resume, preemption
+from .checkpoint import auto_resume
+from .resilience import preemption
 from .state import AcceleratorState, GradientState
 from .training.compilation import compile_model
 from .training.lomo import is_lomo_optimizer, lomo_backward

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from hasten import Accelerator, ProjectConfiguration
-from hasten.resilience.auto_resume import objects_in
+from hasten.checkpoint.auto_resume import objects_in
 from hasten.core.errors import CheckpointError, ConfigError
 from launching import launch
 

@@ -16,8 +16,8 @@ import logging
 import os
 import re
 
-from ..checkpoint import files
-from ..checkpoint import folder as folders
+from . import files
+from . import folder as folders
 from ..core.errors import ConfigError
 
 logger = logging.getLogger(__name__)
