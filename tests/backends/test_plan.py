@@ -236,7 +236,7 @@ TYPE_EXCEPTIONS = {
                 "plugin and layout classes import state (tests/test_import_cycles.py)",
 }
 # Rules that live beside their data and that only the plan may call.
-PLAN_ONLY_CALLS = {"backend_for_layout", "native_layout", "config_for_run"}
+PLAN_ONLY_CALLS = {"backend_for_layout", "config_for_run"}
 
 
 def _sources():

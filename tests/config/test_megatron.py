@@ -9,6 +9,7 @@ import torch
 
 from hasten.commands.launch import launch_command_parser
 from hasten.config.launch_settings import resolve_launch
+from hasten.backends.plan import megatron_layout
 from hasten.config.megatron import MegatronLMPlugin
 from hasten.core.errors import ConfigError, MegatronLMOnlyError, NotBuiltError
 from hasten.utils import megatron_lm
@@ -33,13 +34,13 @@ def test_defaults_are_accelerates():
 
 
 def test_parallel_fields_become_the_layout():
-    layout = MegatronLMPlugin(tp_degree=2, pp_degree=2, num_micro_batches=4).native_layout(8)
+    layout = megatron_layout(MegatronLMPlugin(tp_degree=2, pp_degree=2, num_micro_batches=4), 8)
     assert (layout.tp_size, layout.pp_size, layout.dp_replicate_size, layout.dp_shard_size) == (2, 2, 2, 1)
     assert layout.pp_handler.microbatches == 4
-    sharded = MegatronLMPlugin(tp_degree=2, use_distributed_optimizer=True).native_layout(8)
+    sharded = megatron_layout(MegatronLMPlugin(tp_degree=2, use_distributed_optimizer=True), 8)
     assert (sharded.tp_size, sharded.dp_shard_size, sharded.dp_replicate_size, sharded.pp_size) == (2, 4, 1, 1)
     with pytest.raises(ConfigError, match="does not divide the 6"):
-        MegatronLMPlugin(tp_degree=4).native_layout(6)
+        megatron_layout(MegatronLMPlugin(tp_degree=4), 6)
 
 
 def test_fields_are_read_from_the_launchers_variables(monkeypatch):

@@ -259,12 +259,28 @@ def _megatron_layout(plugin, num_processes: int, parallelism_config, fsdp_plugin
         if given is not None:
             raise ConfigError(f"Accelerator got both a Megatron-LM plugin and {name}; both describe how the model is "
                               "split: fix: pass one (the Megatron-LM plugin becomes a ParallelismConfig)")
-    layout = plugin.native_layout(num_processes)
+    layout = megatron_layout(plugin, num_processes)
     if plugin.recompute_activations:
         from .fsdp.plugin import FullyShardedDataParallelPlugin
 
         fsdp_plugin = FullyShardedDataParallelPlugin(fsdp_version=2, activation_checkpointing=True)
     return layout, fsdp_plugin
+
+
+def megatron_layout(plugin, num_processes: int):
+    """The ParallelismConfig a MegatronLMPlugin describes on `num_processes` processes: tp x pp, data parallelism
+    over the rest (replicas, or FSDP2 shards with use_distributed_optimizer)."""
+    from ..parallelism_config import ParallelismConfig, TorchPipelineParallelConfig
+
+    split = plugin.tp_degree * plugin.pp_degree
+    if num_processes % split:
+        raise ConfigError(f"MegatronLMPlugin tp_degree={plugin.tp_degree} x pp_degree={plugin.pp_degree} = {split} "
+                          f"does not divide the {num_processes} process(es); fix: launch a multiple of {split}")
+    data = num_processes // split
+    shard = data if plugin.use_distributed_optimizer else 1
+    handler = TorchPipelineParallelConfig(microbatches=plugin.num_micro_batches) if plugin.pp_degree > 1 else None
+    return ParallelismConfig(dp_replicate_size=data // shard, dp_shard_size=shard, tp_size=plugin.tp_degree,
+                             cp_size=1, sp_size=1, pp_size=plugin.pp_degree, pp_handler=handler)
 
 
 def _layout(config, processes: Cluster, fsdp_plugin, deepspeed_plugins):

@@ -1,7 +1,7 @@
 """`MegatronLMPlugin`: Megatron-LM's settings, run by hasten's own tensor, pipeline and data parallelism.
 
 hasten does not drive the Megatron-LM library. A setting that describes how the work is split or how memory is
-saved becomes hasten's native equivalent on the one device mesh (`native_layout`):
+saved becomes hasten's native equivalent on the one device mesh (`hasten.backends.plan.megatron_layout`):
 
     tp_degree                  -> ParallelismConfig(tp_size=...)           (hasten.distributed.tp_plan)
     pp_degree                  -> ParallelismConfig(pp_size=...)           (backends/pipeline.py)
@@ -228,22 +228,6 @@ class MegatronLMPlugin:
 
     def set_tensorboard_logging_options(self):
         raise _megatron_only("MegatronLMPlugin.set_tensorboard_logging_options", _TRACKING)
-
-    # -- the native layout ------------------------------------------------------------------------------------
-    def native_layout(self, num_processes: int):
-        """The ParallelismConfig this plugin describes on `num_processes` processes: tp x pp, data parallelism
-        over the rest (replicas, or FSDP2 shards with use_distributed_optimizer)."""
-        from ..parallelism_config import ParallelismConfig, TorchPipelineParallelConfig
-
-        split = self.tp_degree * self.pp_degree
-        if num_processes % split:
-            raise ConfigError(f"MegatronLMPlugin tp_degree={self.tp_degree} x pp_degree={self.pp_degree} = {split} "
-                              f"does not divide the {num_processes} process(es); fix: launch a multiple of {split}")
-        data = num_processes // split
-        shard = data if self.use_distributed_optimizer else 1
-        handler = TorchPipelineParallelConfig(microbatches=self.num_micro_batches) if self.pp_degree > 1 else None
-        return ParallelismConfig(dp_replicate_size=data // shard, dp_shard_size=shard, tp_size=self.tp_degree,
-                                 cp_size=1, sp_size=1, pp_size=self.pp_degree, pp_handler=handler)
 
 
 def _env_value(name: str):

@@ -132,3 +132,14 @@ def slurm_tasks_on_first_node(spec: str) -> int:
     """`SLURM_STEP_TASKS_PER_NODE` looks like `4(x2),3`; the count on this job's nodes is the first number."""
     match = re.match(r"(\d+)", spec or "")
     return int(match.group(1)) if match else 1
+
+
+def gloo_interface_words(env=None) -> str:
+    """Which network interface gloo uses, in words, for a start-up failure or a hang report."""
+    env = os.environ if env is None else env
+    chosen = env.get("GLOO_SOCKET_IFNAME")
+    if chosen:
+        source = " (from NCCL_SOCKET_IFNAME)" if env.get("NCCL_SOCKET_IFNAME") else ""
+        return f"gloo uses network interface {chosen} (GLOO_SOCKET_IFNAME={chosen}{source})"
+    return ("gloo picks its network interface from this machine's hostname (GLOO_SOCKET_IFNAME and "
+            "NCCL_SOCKET_IFNAME are unset)")

@@ -8,6 +8,7 @@ import atexit
 import os
 from datetime import timedelta
 
+from ..core.env import gloo_interface_words
 from ..resilience.error_file import record_uncaught_errors
 from . import cluster as environment
 from . import control
@@ -83,17 +84,6 @@ def gloo_interface_from_nccl(env=None) -> str | None:
         return None
     env["GLOO_SOCKET_IFNAME"] = ",".join(chosen)
     return env["GLOO_SOCKET_IFNAME"]
-
-
-def gloo_interface_words(env=None) -> str:
-    """Which network interface gloo uses, in words, for a start-up failure or a hang report."""
-    env = os.environ if env is None else env
-    chosen = env.get("GLOO_SOCKET_IFNAME")
-    if chosen:
-        source = " (from NCCL_SOCKET_IFNAME)" if env.get("NCCL_SOCKET_IFNAME") else ""
-        return f"gloo uses network interface {chosen} (GLOO_SOCKET_IFNAME={chosen}{source})"
-    return ("gloo picks its network interface from this machine's hostname (GLOO_SOCKET_IFNAME and "
-            "NCCL_SOCKET_IFNAME are unset)")
 
 
 def _make_control_group(timeout) -> None:

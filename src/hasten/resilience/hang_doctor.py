@@ -474,7 +474,7 @@ class Doctor:
     def _publish(self, headline, diverging, statuses, raise_here, kind="diverged", collective=None) -> None:
         report = format_report(headline, statuses, self.world_size, kind, collective)
         if kind == "timeout":  # a collective nobody left can be the network: say which interface gloo took
-            from ..distributed.bootstrap import gloo_interface_words
+            from ..core.env import gloo_interface_words
 
             report = report.replace("\nFix: ", f"\nNetwork: {gloo_interface_words()}.\nFix: ", 1)
         value = json.dumps({"report": report, "headline": headline, "diverging": list(diverging),
