@@ -185,7 +185,7 @@ class ParallelismConfig:
                               f"Got cp_size={self.cp_size} and sp_size={self.sp_size}. Please set either cp_size=1 or "
                               "sp_size=1.")
         if self.sp_size > 1 and self.sp_handler is None and self.sp_backend == "deepspeed":
-            from .backends.deepspeed.plugin import DeepSpeedSequenceParallelConfig
+            from .config.sequence_parallel import DeepSpeedSequenceParallelConfig
 
             self.sp_handler = DeepSpeedSequenceParallelConfig()
         if self.tp_size > 1 and self.tp_handler is None:

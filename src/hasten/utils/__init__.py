@@ -43,10 +43,9 @@ _SOURCES = {
         "ParallelismConfig", "TorchContextParallelConfig", "TorchTensorParallelConfig", "TorchTensorParallelPlugin",
     ],
     "hasten.distributed.tp_plan": ["get_model_tp_size", "model_has_dtensor"],
-    "hasten.backends.deepspeed.plugin": [
-        "DeepSpeedPlugin", "DummyOptim", "DummyScheduler", "HfDeepSpeedConfig", "get_active_deepspeed_plugin",
-        "DeepSpeedSequenceParallelConfig",
-    ],
+    "hasten.backends.deepspeed.plugin": ["DeepSpeedPlugin", "HfDeepSpeedConfig", "get_active_deepspeed_plugin"],
+    "hasten.backends.deepspeed.dummies": ["DummyOptim", "DummyScheduler"],
+    "hasten.config.sequence_parallel": ["DeepSpeedSequenceParallelConfig"],
     "hasten.backends.deepspeed.backend": ["GatheredParameters", "map_pytorch_optim_to_deepspeed"],
     "hasten.backends.deepspeed.wrappers": [
         "DeepSpeedEngineWrapper", "DeepSpeedOptimizerWrapper", "DeepSpeedSchedulerWrapper",

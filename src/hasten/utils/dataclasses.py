@@ -2,7 +2,8 @@
 
 from ..config.handlers import *  # noqa: F401,F403
 from ..config.handlers import KwargsHandler  # noqa: F401
-from ..backends.deepspeed.plugin import DeepSpeedPlugin, DeepSpeedSequenceParallelConfig  # noqa: F401
+from ..backends.deepspeed.plugin import DeepSpeedPlugin  # noqa: F401
+from ..config.sequence_parallel import DeepSpeedSequenceParallelConfig  # noqa: F401
 from ..config.fp8 import (  # noqa: F401
     AORecipeKwargs,
     FP8RecipeKwargs,

@@ -1,4 +1,4 @@
-"""Accelerate's `utils.deepspeed` path: an index over `hasten.backends.deepspeed.plugin` (plugin, config, placeholders)
+"""Accelerate's `utils.deepspeed` path: an index over `hasten.backends.deepspeed.plugin` (plugin, config), `.dummies` (placeholders)
 and `hasten.backends.deepspeed.wrappers` (what `prepare` returns). Importing it does not import deepspeed."""
 
 from ..backends.deepspeed.backend import map_pytorch_optim_to_deepspeed  # noqa: F401
@@ -7,10 +7,9 @@ from ..backends.deepspeed.wrappers import (  # noqa: F401
     DeepSpeedOptimizerWrapper,
     DeepSpeedSchedulerWrapper,
 )
+from ..backends.deepspeed.dummies import DummyOptim, DummyScheduler  # noqa: F401
 from ..backends.deepspeed.plugin import (  # noqa: F401
     DeepSpeedPlugin,
-    DummyOptim,
-    DummyScheduler,
     HfDeepSpeedConfig,
     get_active_deepspeed_plugin,
 )

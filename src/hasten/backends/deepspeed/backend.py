@@ -22,7 +22,8 @@ import torch.distributed as dist
 from torch.utils.weak import WeakIdKeyDictionary
 
 from . import ulysses
-from .plugin import AUTO, DummyOptim, DummyScheduler, _walk, get_active_deepspeed_plugin
+from .dummies import DummyOptim, DummyScheduler
+from .plugin import AUTO, _walk, get_active_deepspeed_plugin
 from ...core.errors import CheckpointError, ConfigError, NotBuiltError, NotSupportedYetError
 from ...distributed.bootstrap import collective_timeout
 from ...optimizer import inner_optimizer

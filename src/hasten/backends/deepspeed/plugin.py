@@ -1,5 +1,6 @@
-"""DeepSpeed settings with Accelerate's names: `DeepSpeedPlugin`, `HfDeepSpeedConfig`, `DummyOptim`,
-`DummyScheduler`, and the filling of a DeepSpeed config's `"auto"` values.
+"""DeepSpeed settings with Accelerate's names: `DeepSpeedPlugin`, `HfDeepSpeedConfig`, and the filling of a
+DeepSpeed config's `"auto"` values (the placeholders `DummyOptim`/`DummyScheduler` are in `dummies.py`, Ulysses'
+`DeepSpeedSequenceParallelConfig` in `hasten.config.sequence_parallel`).
 
 Nothing here imports deepspeed: a plugin can be built, checked and printed on a machine without it.
 
@@ -21,8 +22,6 @@ import os
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Optional
-
-import torch
 
 from ...core.errors import ConfigError, NotSupportedYetError
 from ...core.env import parse_bool, parse_int
@@ -684,83 +683,3 @@ def get_active_deepspeed_plugin(state):
     if not isinstance(plugins, dict):
         return plugins
     return next(plugin for plugin in plugins.values() if plugin.selected)
-
-
-# -- placeholders for an optimizer / scheduler the DeepSpeed config defines -------------------------------
-class DummyOptim(torch.optim.Optimizer):
-    """Stands for the optimizer in the DeepSpeed config's `"optimizer"` section; DeepSpeed builds the real one.
-
-    A real (empty-state) torch optimizer over `params`, so `prepare` recognises it and its `param_groups` tell
-    DeepSpeed which parameters to train; `lr` and `weight_decay` fill the config's `"auto"` values.
-    """
-
-    def __init__(self, params, lr: float = 0.001, weight_decay: float = 0, **kwargs):
-        super().__init__(params, {"lr": lr, "weight_decay": weight_decay, **kwargs})
-        self.params = self.param_groups
-        self.lr = lr
-        self.weight_decay = weight_decay
-        self.kwargs = kwargs
-
-    def step(self, closure=None):
-        raise ConfigError("DummyOptim only stands for DeepSpeed's optimizer: pass it to accelerator.prepare() first")
-
-
-class DummyScheduler:
-    """Stands for the scheduler in the DeepSpeed config's `"scheduler"` section (or `lr_scheduler_callable`)."""
-
-    def __init__(self, optimizer, total_num_steps=None, warmup_num_steps: int = 0, lr_scheduler_callable=None, **kwargs):
-        self.optimizer = optimizer
-        self.total_num_steps = total_num_steps
-        self.warmup_num_steps = warmup_num_steps
-        self.lr_scheduler_callable = lr_scheduler_callable
-        self.kwargs = kwargs
-
-    def step(self, *args, **kwargs):
-        raise ConfigError("DummyScheduler only stands for DeepSpeed's scheduler: pass it to accelerator.prepare() first")
-
-    def get_last_lr(self):
-        return [group["lr"] for group in self.optimizer.param_groups]
-
-
-@dataclass
-class DeepSpeedSequenceParallelConfig:
-    """Accelerate's settings for DeepSpeed's Ulysses sequence parallelism (`ParallelismConfig(sp_handler=...)`).
-
-    The object is data, checked as Accelerate checks it (the `PARALLELISM_CONFIG_SP_*` variables fill unset fields).
-    With `sp_backend="deepspeed"` and `sp_size` above 1, `backends/deepspeed/ulysses.py` registers DeepSpeed's
-    Ulysses attention with these values, hands its `mpu` to the engine and wraps prepared loaders.
-    """
-
-    sp_seq_length: Optional[int] = None
-    sp_seq_length_is_variable: Optional[bool] = None
-    sp_attn_implementation: Optional[str] = None
-
-    BUILT_ATTENTION = ("flash_attention_2", "flash_attention_3", "sdpa")
-    NO_SEQUENCE_PARALLEL_ATTENTION = ("eager", "flex_attention")
-
-    def __post_init__(self):
-        from ...config.resolve import runtime_value  # the PARALLELISM_CONFIG_SP_* variables, by the settings table
-
-        if self.sp_seq_length_is_variable is None:
-            found = runtime_value("parallelism_config_sp_seq_length_is_variable").value
-            self.sp_seq_length_is_variable = True if found is None else found  # unset: variable, as Accelerate
-        if not self.sp_seq_length_is_variable and self.sp_seq_length is None:
-            # Accelerate's launcher writes the string "None" for an unset length; the table reads numbers only
-            if os.environ.get("PARALLELISM_CONFIG_SP_SEQ_LENGTH") != "None":
-                self.sp_seq_length = runtime_value("parallelism_config_sp_seq_length").value
-                if self.sp_seq_length is None:
-                    raise ValueError("when `sp_seq_length_is_variable` is `False` `sp_seq_length` must be provided "
-                                     "either through the constructor or the environment variable "
-                                     "PARALLELISM_CONFIG_SP_SEQ_LENGTH")
-        if self.sp_attn_implementation is None:
-            self.sp_attn_implementation = runtime_value("parallelism_config_sp_attn_implementation").value
-        attention = self.sp_attn_implementation
-        if attention is None or attention in self.BUILT_ATTENTION:
-            return
-        if attention in self.NO_SEQUENCE_PARALLEL_ATTENTION:
-            raise ValueError(f"Invalid sp_attn_implementation: {attention}. 'eager' and 'flex_attention' are not "
-                             "supported with sequence parallelism.")
-        if "/" not in attention or "flash-attn" not in attention:  # a Hub-hosted flash attention kernel passes
-            raise ValueError(f"Invalid sp_attn_implementation: {attention}. Must be one of "
-                             f"{list(self.BUILT_ATTENTION)} or a hub-hosted flash attention kernel (e.g. "
-                             "'kernels-community/flash-attn2').")
