@@ -67,7 +67,7 @@ def _accelerator(args):
 
         return Accelerator()  # DeepSpeed settings come from `accelerate launch --use_deepspeed ...`
     from hasten import Accelerator, DeepSpeedPlugin
-    from hasten.backends.fsdp.plugin import FullyShardedDataParallelPlugin
+    from hasten.config.fsdp import FullyShardedDataParallelPlugin
 
     if args.worker == "fsdp2":
         return Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2))

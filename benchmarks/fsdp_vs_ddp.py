@@ -41,7 +41,7 @@ def worker(args) -> None:
     import torch
 
     from hasten import Accelerator
-    from hasten.backends.fsdp.plugin import FullyShardedDataParallelPlugin
+    from hasten.config.fsdp import FullyShardedDataParallelPlugin
 
     class Block(torch.nn.Module):
         def __init__(self, dim):

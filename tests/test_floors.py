@@ -24,11 +24,10 @@ import_graph = functools.lru_cache(maxsize=1)(test_import_cycles.import_graph)
 # (importer package, imported package) -> (why it stays, the module imports it is made of)
 UPWARD = {
     ("distributed", "state"): (
-        "Accelerate's public collectives (gather, broadcast, reduce...), set_seed(device_specific=True) and "
-        "sp_group() ask the shared PartialState/AcceleratorState who this process is, as Accelerate's do; the state "
-        "itself joins the process group through distributed/",
-        {("hasten.distributed.operations", "hasten.state"), ("hasten.distributed.rng", "hasten.state"),
-         ("hasten.distributed.sequence_parallel", "hasten.state")},
+        "Accelerate's public collectives (gather, broadcast, reduce...) and set_seed(device_specific=True) ask the "
+        "shared PartialState who this process is, as Accelerate's do; the state itself joins the process group "
+        "through distributed/",
+        {("hasten.distributed.operations", "hasten.state"), ("hasten.distributed.rng", "hasten.state")},
     ),
     ("big_model", "big_modeling"): (
         "load_and_quantize_model (Accelerate's utils.bnb) ends in Accelerate's dispatch_model/init_empty_weights, "
@@ -168,5 +167,5 @@ def test_the_check_sees_a_loop_and_orders_the_rest():
 
 
 def test_imports_inside_functions_count():
-    # backends/plan.py imports ParallelismConfig only inside functions: the graph must still see it.
-    assert "hasten.parallelism_config" in import_graph()["hasten.backends.plan"]
+    # plan/rules.py imports ParallelismConfig only inside functions: the graph must still see it.
+    assert "hasten.parallelism_config" in import_graph()["hasten.plan.rules"]

@@ -9,7 +9,7 @@ import pytest
 
 from hasten import Accelerator, ParallelismConfig
 from hasten.commands.launch import launch_command_parser, plan_launch
-from hasten.backends.fsdp.plugin import FullyShardedDataParallelPlugin
+from hasten.config.fsdp import FullyShardedDataParallelPlugin
 from hasten.core.errors import ConfigError, NotBuiltError
 from hasten.parallelism_config import (
     TorchContextParallelConfig,

@@ -13,7 +13,7 @@ from collections import OrderedDict
 import torch
 
 from .backends import create_backend
-from .backends.plan import detected_cluster, make_run_plan
+from .plan import make_run_plan
 from .backends.unwrap import is_compiled
 from .big_model.bnb_params import quantized_model_placement
 from .config import accelerator_args, megatron
@@ -35,7 +35,7 @@ from .distributed import operations
 from .parallelism_config import mesh_rank
 from .checkpoint import auto_resume
 from .resilience import preemption
-from .state import AcceleratorState, GradientState
+from .state import AcceleratorState, GradientState, detected_cluster, holds_deepspeed_plugins
 from .training.compilation import compile_model
 from .training.lomo import is_lomo_optimizer, lomo_backward
 from .training.precision import PrecisionPolicy
@@ -102,14 +102,14 @@ class Accelerator:
         # A timeout the script passed is honoured even when it equals the dataclass default (600 s): to_kwargs()
         # drops it, as in Accelerate, and the run would then get the collective timeout's own default.
         init_kwargs = given_kwargs(self.init_handler, ("timeout",)) if self.init_handler is not None else {}
-        # The run's setup, decided once (backends/plan.py); everything below builds what it names.
+        # The run's setup, decided once (hasten/plan/); everything below builds what it names.
         self.run_plan = make_run_plan(
             cluster=detected_cluster(cpu, **init_kwargs), mixed_precision=mixed_precision,
             gradient_accumulation_steps=gradient_accumulation_steps,
             gradient_accumulation_plugin=gradient_accumulation_plugin, deepspeed_plugin=deepspeed_plugin,
             deepspeed_plugins=deepspeed_plugins, fsdp_plugin=fsdp_plugin, torch_tp_plugin=torch_tp_plugin,
             megatron_lm_plugin=megatron_lm_plugin, dynamo_backend=dynamo_backend, dynamo_plugin=dynamo_plugin,
-            parallelism_config=parallelism_config)
+            parallelism_config=parallelism_config, earlier_deepspeed=holds_deepspeed_plugins())
         self.state = AcceleratorState(mixed_precision=mixed_precision, cpu=cpu, _from_accelerator=True,
                                       _run_plan=self.run_plan, **init_kwargs)
         self._build(self.run_plan)

@@ -18,9 +18,10 @@ import torch
 
 from .config.handlers import given_kwargs
 from .core.env import parse_flag_from_env
-from .core.enums import TORCH_DISTRIBUTED_TYPES, DistributedType, PrecisionType
+from .core.enums import TORCH_DISTRIBUTED_TYPES, DistributedType
 from .core.errors import ConfigError, StateResetError
 from .distributed import cluster as environment
+from .distributed import sequence_parallel
 from .distributed.bootstrap import collective_timeout, init_process_group
 
 __all__ = ["PartialState", "AcceleratorState", "GradientState", "DistributedType", "is_initialized"]
@@ -365,32 +366,22 @@ class AcceleratorState(_SharedState):
             )
         partial_state = PartialState(cpu, **kwargs)
         self.__dict__.update(partial_state.__dict__)
-        if _run_plan is not None:  # an Accelerator's: the run was decided by hasten.backends.plan.make_run_plan
-            self._take_plan(_run_plan)
-            return
-        # Built by hand (Accelerate's public constructor; an Accelerator always hands its plan): the given plugins
-        # set the distributed type, as Accelerate's constructor does. The plan cannot be made from here: it needs
-        # the plugin and layout classes, which import this module (tests/backends/test_plan.py names this branch).
-        self._mixed_precision = resolve_mixed_precision(mixed_precision)
-        self.dynamo_plugin = dynamo_plugin
-        self.deepspeed_plugins = deepspeed_plugin
-        self.fsdp_plugin = fsdp_plugin
-        self.megatron_lm_plugin = megatron_lm_plugin
-        self.torch_tp_plugin = torch_tp_plugin
-        self.parallelism_config = parallelism_config
-        self.device_mesh = None
-        if fsdp_plugin is not None:
-            # Unlike Accelerate, FSDP also runs on CPU processes (gloo) and on a single process (the backend then
-            # makes a one-process group), so that a sharded checkpoint resumes on any number of processes.
-            self.distributed_type = PartialState._shared_state["distributed_type"] = DistributedType.FSDP
-        if deepspeed_plugin is not None:
-            # As FSDP: DeepSpeed also runs on CPU processes (gloo) and in one process. Ranks stay hasten's own
-            # (torch.distributed), so every process knows its index and reads its share of the data.
-            self.distributed_type = PartialState._shared_state["distributed_type"] = DistributedType.DEEPSPEED
-            source = "Accelerator(mixed_precision=...)" if mixed_precision is not None else "the mixed_precision setting"
-            plugins = deepspeed_plugin.values() if isinstance(deepspeed_plugin, dict) else [deepspeed_plugin]
-            for plugin in plugins:
-                plugin.set_mixed_precision(self._mixed_precision, source)
+        if _run_plan is None:
+            # Built by hand (Accelerate's public constructor; an Accelerator always hands its plan): the same plan
+            # function decides, from the arguments given here, as an Accelerator's would.
+            from .plan import Cluster, make_run_plan
+
+            if isinstance(deepspeed_plugin, dict):
+                deepspeed_plugin, deepspeed_plugins = None, deepspeed_plugin
+            else:
+                deepspeed_plugins = None
+            _run_plan = make_run_plan(
+                cluster=lambda: Cluster(partial_state.num_processes, partial_state.device.type,
+                                        partial_state.distributed_type),
+                mixed_precision=mixed_precision, deepspeed_plugin=deepspeed_plugin, deepspeed_plugins=deepspeed_plugins,
+                fsdp_plugin=fsdp_plugin, torch_tp_plugin=torch_tp_plugin, megatron_lm_plugin=megatron_lm_plugin,
+                dynamo_plugin=dynamo_plugin, parallelism_config=parallelism_config, plan_accumulation=False)
+        self._take_plan(_run_plan)
 
     def _take_plan(self, plan) -> None:
         """Everything the state holds about how the run is distributed, as the run plan decided it."""
@@ -513,19 +504,30 @@ def _setting(name: str, code=None, env=None):
     return runtime_value(name, code, env).value
 
 
-def resolve_mixed_precision(value) -> str:
-    """Explicit value, else `HASTEN_/ACCELERATE_MIXED_PRECISION`, else "no"; anything unknown is an error."""
-    from .config.resolve import runtime_value
+def _run_layout():
+    """The ParallelismConfig of this process's run (the shared AcceleratorState's), or None."""
+    return AcceleratorState._shared_state.get("parallelism_config")
 
-    if value is not None:
-        text = str(value).lower()
-        if text not in PrecisionType:
-            raise ConfigError(
-                f"Unknown mixed precision {value!r} (from the mixed_precision argument); choose one of "
-                f"{PrecisionType.list()}"
-            )
-        value = text
-    return runtime_value("mixed_precision", value).value
+
+sequence_parallel.run_layout = _run_layout  # sp_group() reads the run's layout through it (distributed/ is below)
+
+
+def detected_cluster(cpu: bool = False, **kwargs):
+    """`make_run_plan`'s `cluster` in a training process: `PartialState(cpu, **kwargs)` (made on the first call,
+    which joins the process group) and the AcceleratorState an earlier Accelerator left, if any."""
+    from .plan import Cluster
+
+    def detect() -> Cluster:
+        state = PartialState(cpu, **kwargs)
+        settled = AcceleratorState() if is_initialized() else None
+        return Cluster(state.num_processes, state.device.type, state.distributed_type, settled)
+
+    return detect
+
+
+def holds_deepspeed_plugins() -> bool:
+    """Whether an earlier Accelerator of this process holds DeepSpeed plugins (read without making a state)."""
+    return bool(AcceleratorState._shared_state.get("deepspeed_plugins"))
 
 
 def is_initialized() -> bool:

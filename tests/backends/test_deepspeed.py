@@ -15,7 +15,7 @@ import sys
 import pytest
 import torch
 
-from hasten.backends.deepspeed.plugin import (
+from hasten.config.deepspeed import (
     DeepSpeedPlugin,
     DummyOptim,
     DummyScheduler,
@@ -566,7 +566,7 @@ def test_plugin_fields_reach_the_deepspeed_config_and_engine_inputs(monkeypatch)
 
     import transformers.integrations
 
-    import hasten.backends.deepspeed.plugin as ds_config
+    import hasten.config.deepspeed as ds_config
 
     class TransformersView:  # stands for transformers' HfDeepSpeedConfig, which needs the accelerate alias installed
         def __init__(self, config):

@@ -10,7 +10,7 @@ import torch
 
 from launching import launch
 
-from hasten.backends.fsdp.plugin import FullyShardedDataParallelPlugin
+from hasten.config.fsdp import FullyShardedDataParallelPlugin
 from hasten.core.errors import ConfigError
 
 
@@ -575,7 +575,7 @@ def test_ram_efficient_loading_keeps_tied_weights_tied_and_filled():
     import torch.distributed as dist
 
     from hasten import Accelerator
-    from hasten.backends.fsdp.plugin import FullyShardedDataParallelPlugin
+    from hasten.config.fsdp import FullyShardedDataParallelPlugin
 
     made_group = not dist.is_initialized()
     try:

@@ -9,7 +9,7 @@ import torch
 
 from hasten.commands.launch import launch_command_parser
 from hasten.config.launch_settings import resolve_launch
-from hasten.backends.plan import megatron_layout
+from hasten.plan import megatron_layout
 from hasten.config.megatron import MegatronLMPlugin
 from hasten.core.errors import ConfigError, MegatronLMOnlyError, NotBuiltError
 from hasten.utils import megatron_lm

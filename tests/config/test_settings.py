@@ -13,9 +13,9 @@ from hasten.commands.launch import launch_command_parser, plan_launch
 from hasten.config import file as config_file
 from hasten.config import settings as table
 from hasten.config.handlers import TorchDynamoPlugin
-from hasten.backends.deepspeed.plugin import DeepSpeedPlugin
+from hasten.config.deepspeed import DeepSpeedPlugin
 from hasten.config.fp8 import AORecipeKwargs, TERecipeKwargs
-from hasten.backends.fsdp.plugin import FullyShardedDataParallelPlugin
+from hasten.config.fsdp import FullyShardedDataParallelPlugin
 from hasten.core.enums import DynamoBackend, PrecisionType
 from hasten.core.errors import ConfigError, NotBuiltError
 from hasten.parallelism_config import ParallelismConfig, TorchContextParallelConfig, TorchPipelineParallelConfig

@@ -362,7 +362,7 @@ def test_benchmark_says_why_it_cannot_run_here():
 
 def test_fsdp_refuses_fp8_with_ram_efficient_loading():
     from hasten.backends.fsdp.backend import FSDPBackend
-    from hasten.backends.fsdp.plugin import FullyShardedDataParallelPlugin
+    from hasten.config.fsdp import FullyShardedDataParallelPlugin
     from hasten.training.precision import PrecisionPolicy
     from hasten.state import PartialState
 
@@ -379,7 +379,7 @@ def test_fsdp2_float8_all_gather_trains_the_sharded_fp8_layers():
     import torch.distributed as dist
 
     from hasten.backends.fsdp.backend import FSDPBackend
-    from hasten.backends.fsdp.plugin import FullyShardedDataParallelPlugin
+    from hasten.config.fsdp import FullyShardedDataParallelPlugin
     from hasten.training.precision import PrecisionPolicy
 
     state = AcceleratorState(cpu=True, _from_accelerator=True)  # the Accelerator refuses fp8 on a CPU

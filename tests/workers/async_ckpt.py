@@ -48,7 +48,7 @@ class Progress:
 def setup():
     kwargs = {}
     if mode == "fsdp":
-        from hasten.backends.fsdp.plugin import FullyShardedDataParallelPlugin
+        from hasten.config.fsdp import FullyShardedDataParallelPlugin
 
         kwargs["fsdp_plugin"] = FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="transformer_based_wrap",
                                                                state_dict_type="SHARDED_STATE_DICT")

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from fsdp_common import fresh_accelerator, full_params, make_model, max_diff, train_steps
-from hasten.backends.fsdp.plugin import FullyShardedDataParallelPlugin
+from hasten.config.fsdp import FullyShardedDataParallelPlugin
 from hasten.distributed import control
 from hasten.utils import ProjectConfiguration
 

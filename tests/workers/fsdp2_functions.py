@@ -7,7 +7,7 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
 
 from fsdp_common import DIM, Net, fresh_accelerator, make_model
-from hasten.backends.fsdp.plugin import FullyShardedDataParallelPlugin
+from hasten.config.fsdp import FullyShardedDataParallelPlugin
 from hasten.utils import fsdp2_apply_ac, fsdp2_load_full_state_dict, fsdp2_prepare_model
 
 CKPT = "_checkpoint_wrapped_module."

@@ -12,7 +12,7 @@ from torch.distributed.fsdp import FSDPModule
 import hasten.accelerator
 import hasten.utils.fsdp_utils as fsdp_utils
 from fsdp_common import fresh_accelerator, make_model, train_steps
-from hasten.backends.fsdp.plugin import FullyShardedDataParallelPlugin
+from hasten.config.fsdp import FullyShardedDataParallelPlugin
 
 
 def plugin():

@@ -5,7 +5,7 @@ from two different steps. Run by tests/test_optimizer.py (2 CPU processes, gloo)
 import torch
 
 from hasten import Accelerator
-from hasten.backends.fsdp.plugin import FullyShardedDataParallelPlugin
+from hasten.config.fsdp import FullyShardedDataParallelPlugin
 from hasten.utils import GradScalerKwargs
 
 acc = Accelerator(mixed_precision="fp16", fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=1),

@@ -12,7 +12,7 @@ from torch.distributed.fsdp import FullOptimStateDictConfig, FullStateDictConfig
 
 from fsdp_common import DIM, fresh_accelerator, make_model, train_steps
 from hasten.backends.fsdp.backend import _requires_gradient_sync
-from hasten.backends.fsdp.plugin import FullyShardedDataParallelPlugin
+from hasten.config.fsdp import FullyShardedDataParallelPlugin
 from hasten.core.errors import CheckpointError, ConfigError
 from hasten.utils import load_fsdp_model, save_fsdp_model
 

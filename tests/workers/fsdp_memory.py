@@ -7,7 +7,7 @@ import contextlib
 import torch
 
 from fsdp_common import Net, fresh_accelerator
-from hasten.backends.fsdp.plugin import FullyShardedDataParallelPlugin
+from hasten.config.fsdp import FullyShardedDataParallelPlugin
 
 DIM, DEPTH = 1024, 24  # ~25M parameters, ~100 MiB in fp32
 

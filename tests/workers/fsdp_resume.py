@@ -12,7 +12,7 @@ import sys
 import torch
 
 from fsdp_common import fresh_accelerator, full_params, make_model, max_diff, train_steps
-from hasten.backends.fsdp.plugin import FullyShardedDataParallelPlugin
+from hasten.config.fsdp import FullyShardedDataParallelPlugin
 
 TOL = 1e-5  # fp32; only the order of additions differs between 1 and 2 processes
 phase, root = sys.argv[1], sys.argv[2]

@@ -5,7 +5,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from fsdp_common import batch, fresh_accelerator, full_params, make_model, max_diff
-from hasten.backends.fsdp.plugin import FullyShardedDataParallelPlugin
+from hasten.config.fsdp import FullyShardedDataParallelPlugin
 from hasten.core.enums import DistributedType
 from hasten.core.errors import ConfigError, NotSupportedYetError
 

@@ -11,7 +11,7 @@ import torch.distributed as dist
 from gpu_common import ON_GPU, device_only
 
 from hasten import Accelerator
-from hasten.backends.fsdp.plugin import FullyShardedDataParallelPlugin
+from hasten.config.fsdp import FullyShardedDataParallelPlugin
 from hasten.distributed import control
 from hasten.state import AcceleratorState, GradientState
 

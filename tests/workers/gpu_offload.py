@@ -8,7 +8,7 @@ import torch
 from gpu_common import ON_GPU, device_only
 
 from hasten import Accelerator
-from hasten.backends.fsdp.plugin import FullyShardedDataParallelPlugin
+from hasten.config.fsdp import FullyShardedDataParallelPlugin
 
 
 class Net(torch.nn.Module):

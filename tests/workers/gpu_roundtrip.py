@@ -26,11 +26,11 @@ def make():
     GradientState._reset_state()
     kwargs = {}
     if backend.startswith("fsdp"):
-        from hasten.backends.fsdp.plugin import FullyShardedDataParallelPlugin
+        from hasten.config.fsdp import FullyShardedDataParallelPlugin
 
         kwargs["fsdp_plugin"] = FullyShardedDataParallelPlugin(fsdp_version=int(backend[-1]))
     elif backend.startswith("zero"):
-        from hasten.backends.deepspeed.plugin import DeepSpeedPlugin
+        from hasten.config.deepspeed import DeepSpeedPlugin
 
         kwargs["deepspeed_plugin"] = DeepSpeedPlugin(zero_stage=int(backend[-1]), gradient_clipping=MAX_NORM)
     elif backend == "tp":

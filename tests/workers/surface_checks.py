@@ -10,7 +10,7 @@ import torch
 
 from fsdp_common import fresh_accelerator, full_params, make_model, max_diff, train_steps
 from hasten.checkpointing import save_accelerator_state, save_custom_state
-from hasten.backends.fsdp.plugin import FullyShardedDataParallelPlugin
+from hasten.config.fsdp import FullyShardedDataParallelPlugin
 from hasten.launchers import test_launch
 from hasten.test_utils import are_the_same_tensors
 from hasten.utils import (load_fsdp_model, load_fsdp_optimizer, merge_fsdp_weights, save_fsdp_model,

@@ -1,6 +1,6 @@
 """Backends: one module or folder per way of distributing a model, created through `REGISTRY`.
 
-The run plan (`backends/plan.py`) names the backend; `create_backend` only builds it. To add one, write
+The run plan (`hasten/plan/`) names the backend; `create_backend` only builds it. To add one, write
 `backends/<name>.py` (or a folder) with a `Backend` subclass, add a line here and a rule in the plan; the facade
 never changes.
 """

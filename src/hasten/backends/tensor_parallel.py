@@ -26,7 +26,7 @@ class LayoutBackend(FSDPBackend):
 
     def __init__(self, state, precision=None, ddp_kwargs=None, plugin=None):
         if plugin is None:
-            from .fsdp.plugin import FullyShardedDataParallelPlugin
+            from ..config.fsdp import FullyShardedDataParallelPlugin
 
             plugin = FullyShardedDataParallelPlugin(fsdp_version=2)
         super().__init__(state, precision=precision, ddp_kwargs=ddp_kwargs, plugin=plugin)

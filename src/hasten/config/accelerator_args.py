@@ -1,5 +1,5 @@
 """The kwargs handlers `Accelerator(kwargs_handlers=[...])` is given, checked and sorted into their slots. (The
-plugins and gradient accumulation are the run plan's: hasten.backends.plan.)"""
+plugins and gradient accumulation are the run plan's: hasten.plan.)"""
 
 from __future__ import annotations
 

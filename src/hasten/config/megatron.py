@@ -1,7 +1,7 @@
 """`MegatronLMPlugin`: Megatron-LM's settings, run by hasten's own tensor, pipeline and data parallelism.
 
 hasten does not drive the Megatron-LM library. A setting that describes how the work is split or how memory is
-saved becomes hasten's native equivalent on the one device mesh (`hasten.backends.plan.megatron_layout`):
+saved becomes hasten's native equivalent on the one device mesh (`hasten.plan.megatron_layout`):
 
     tp_degree                  -> ParallelismConfig(tp_size=...)           (hasten.distributed.tp_plan)
     pp_degree                  -> ParallelismConfig(pp_size=...)           (backends/pipeline.py)

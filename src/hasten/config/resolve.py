@@ -24,6 +24,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from ..core.enums import PrecisionType
 from ..core.errors import ConfigError
 from . import settings as table
 from .settings import Setting
@@ -288,3 +289,16 @@ def data_own_rng() -> bool:
     `data_own_rng: true` in the config file). Off by default: shuffles and worker seeds draw from torch's global
     RNG as in Accelerate; on, iterating a prepared loader never touches it."""
     return bool(runtime_value("data_own_rng").value)
+
+
+def resolve_mixed_precision(value) -> str:
+    """Explicit value, else `HASTEN_/ACCELERATE_MIXED_PRECISION`, else "no"; anything unknown is an error."""
+    if value is not None:
+        text = str(value).lower()
+        if text not in PrecisionType:
+            raise ConfigError(
+                f"Unknown mixed precision {value!r} (from the mixed_precision argument); choose one of "
+                f"{PrecisionType.list()}"
+            )
+        value = text
+    return runtime_value("mixed_precision", value).value

@@ -47,13 +47,19 @@ def check_layout(config, deepspeed: bool) -> None:
                                 "at 1")
 
 
-def sp_group(state=None):
-    """The process group of this rank's sp group (hasten's Ulysses; None when sp is off)."""
-    if state is None:
-        from ..state import AcceleratorState
+def _no_run_layout():
+    return None
 
-        state = AcceleratorState()
-    config = getattr(state, "parallelism_config", None)
+
+# The ParallelismConfig of the run in this process, or None: `hasten.state` points this at the shared
+# AcceleratorState's when it is imported (the state stands above this package; no state, no run, no sp).
+run_layout = _no_run_layout
+
+
+def sp_group(state=None):
+    """The process group of this rank's sp group (hasten's Ulysses; None when sp is off). Without `state`, the
+    run's layout (the shared AcceleratorState's), as Accelerate's helpers read the shared state."""
+    config = run_layout() if state is None else getattr(state, "parallelism_config", None)
     if config is None or not config.native_sp_enabled:
         return None
     return config.submesh("sp").get_group()

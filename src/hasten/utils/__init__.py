@@ -23,7 +23,7 @@ _SOURCES = {
         "InitProcessGroupKwargs", "ProfileKwargs", "GradientAccumulationPlugin", "ProjectConfiguration",
         "DataLoaderConfiguration", "TorchDynamoPlugin",
     ],
-    "hasten.backends.fsdp.plugin": ["FullyShardedDataParallelPlugin"],
+    "hasten.config.fsdp": ["FullyShardedDataParallelPlugin"],
     # Megatron-LM's surface, served by hasten's TP/PP/FSDP; the library-only names refuse on use
     "hasten.config.megatron": ["MegatronLMPlugin", "add_model_config_to_megatron_parser"],
     "hasten.utils.megatron_lm": [
@@ -43,7 +43,7 @@ _SOURCES = {
         "ParallelismConfig", "TorchContextParallelConfig", "TorchTensorParallelConfig", "TorchTensorParallelPlugin",
     ],
     "hasten.distributed.tp_plan": ["get_model_tp_size", "model_has_dtensor"],
-    "hasten.backends.deepspeed.plugin": ["DeepSpeedPlugin", "HfDeepSpeedConfig", "get_active_deepspeed_plugin"],
+    "hasten.config.deepspeed": ["DeepSpeedPlugin", "HfDeepSpeedConfig", "get_active_deepspeed_plugin"],
     "hasten.backends.deepspeed.dummies": ["DummyOptim", "DummyScheduler"],
     "hasten.config.sequence_parallel": ["DeepSpeedSequenceParallelConfig"],
     "hasten.backends.deepspeed.backend": ["GatheredParameters", "map_pytorch_optim_to_deepspeed"],

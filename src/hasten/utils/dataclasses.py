@@ -2,7 +2,7 @@
 
 from ..config.handlers import *  # noqa: F401,F403
 from ..config.handlers import KwargsHandler  # noqa: F401
-from ..backends.deepspeed.plugin import DeepSpeedPlugin  # noqa: F401
+from ..config.deepspeed import DeepSpeedPlugin  # noqa: F401
 from ..config.sequence_parallel import DeepSpeedSequenceParallelConfig  # noqa: F401
 from ..config.fp8 import (  # noqa: F401
     AORecipeKwargs,
@@ -10,7 +10,7 @@ from ..config.fp8 import (  # noqa: F401
     MSAMPRecipeKwargs,
     TERecipeKwargs,
 )
-from ..backends.fsdp.plugin import FullyShardedDataParallelPlugin, get_module_class_from_name  # noqa: F401,E402
+from ..config.fsdp import FullyShardedDataParallelPlugin, get_module_class_from_name  # noqa: F401,E402
 from ..config.megatron import (  # noqa: F401,E402
     MODEL_CONFIGS_TO_MEGATRON_PARSERS,
     MegatronLMPlugin,

@@ -23,7 +23,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from . import ulysses
 from .dummies import DummyOptim, DummyScheduler
-from .plugin import AUTO, _walk, get_active_deepspeed_plugin
+from ...config.deepspeed import AUTO, _walk, get_active_deepspeed_plugin
 from ...core.errors import CheckpointError, ConfigError, NotBuiltError, NotSupportedYetError
 from ...distributed.bootstrap import collective_timeout
 from ...optimizer import inner_optimizer

@@ -62,7 +62,7 @@ class FSDPBackend(Backend):
 
     def __init__(self, state, precision=None, ddp_kwargs=None, plugin=None):
         if plugin is None:
-            from .plugin import FullyShardedDataParallelPlugin
+            from ...config.fsdp import FullyShardedDataParallelPlugin
 
             plugin = FullyShardedDataParallelPlugin()
         super().__init__(state, precision=precision, ddp_kwargs=ddp_kwargs, plugin=plugin)

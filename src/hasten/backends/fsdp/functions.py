@@ -12,7 +12,7 @@ import os
 
 import torch
 
-from .plugin import get_module_class_from_name  # noqa: F401 - published here too
+from ...config.fsdp import get_module_class_from_name  # noqa: F401 - published here too
 from ...core.errors import ConfigError
 from ...optimizer import inner_optimizer
 from ..base import Backend

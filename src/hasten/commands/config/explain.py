@@ -54,9 +54,9 @@ def explain_command(args) -> int:
 
 
 def run_plan(settings):
-    """The plan `hasten.backends.plan.make_run_plan` makes in the training processes from these launch settings:
+    """The plan `hasten.plan.make_run_plan` makes in the training processes from these launch settings:
     the same function, reading the variables the launcher exports, with the process count the launch starts."""
-    from ...backends.plan import Cluster, make_run_plan
+    from ...plan import Cluster, make_run_plan
     from ...distributed.cluster import detect_device_type, distributed_type_for
     from ...launch.machine import patch_environment
 

@@ -23,8 +23,8 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from ...core.errors import ConfigError, NotSupportedYetError
-from ...core.env import parse_bool, parse_int
+from ..core.errors import ConfigError, NotSupportedYetError
+from ..core.env import parse_bool, parse_int
 
 AUTO = "auto"
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
@@ -214,7 +214,7 @@ def _check_field(name: str, value, source: str):
 
 def _from_environment(setting: str):
     """The table's value of `setting` when a variable gives it (the launcher's export), else None."""
-    from ...config.resolve import runtime_value
+    from .resolve import runtime_value
 
     try:
         resolved = runtime_value(setting)
@@ -323,7 +323,7 @@ class DeepSpeedPlugin:
         try:
             return _check_field(name, value, source)
         except ConfigError as error:
-            from ...config.resolve import strict
+            from .resolve import strict
 
             if not source.startswith("DeepSpeedPlugin(") or strict():
                 raise
@@ -400,7 +400,7 @@ class DeepSpeedPlugin:
         if self.zero3_init_flag and not is_zero3:
             # Accelerate warns and turns the flag off (configs in the wild carry it on every stage); nothing
             # runs differently, so hasten does the same and refuses it only under its strict setting.
-            from ...config.resolve import strict
+            from .resolve import strict
 
             if strict():
                 raise ConfigError(
@@ -616,7 +616,7 @@ _FIELDS_BESIDE_CONFIG_FILE = ("gradient_accumulation_steps", "gradient_clipping"
 
 
 def _refuse_fields_beside_config_file() -> None:
-    from ...config.resolve import runtime_value
+    from .resolve import runtime_value
 
     listed = str(runtime_value("config_ds_fields").value or "").split(",")
     if any(name.strip() in _FIELDS_BESIDE_CONFIG_FILE for name in listed):

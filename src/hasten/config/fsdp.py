@@ -19,11 +19,11 @@ from typing import Any, Callable, Iterable, Optional, Union
 import torch
 from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy, StateDictType
 
-from ...core.enums import FSDP_AUTO_WRAP_POLICY
-from ...core.errors import ConfigError
-from ...core.env import parse_bool, parse_int
-from ...core.dtypes import PRECISION_DTYPES
-from ...config.settings import SETTINGS
+from ..core.enums import FSDP_AUTO_WRAP_POLICY
+from ..core.errors import ConfigError
+from ..core.env import parse_bool, parse_int
+from ..core.dtypes import PRECISION_DTYPES
+from .settings import SETTINGS
 
 _AUTO_WRAP_NAMES = tuple(name.lower() for name in FSDP_AUTO_WRAP_POLICY)
 
@@ -49,7 +49,7 @@ def _env(field_name: str) -> tuple[Optional[str], Optional[str]]:
     turned into the field's object below.
     """
     row = _ROWS[field_name]
-    from ...config.resolve import resolve
+    from .resolve import resolve
 
     try:  # the table's one precedence decides whether a variable is given, as for every other setting
         found = resolve(settings=[row])[row.name]
@@ -162,7 +162,7 @@ class FullyShardedDataParallelPlugin:
         # hasten says so in a warning, and refuses them under its strict setting.
         if self.fsdp_version != 2:
             return
-        from ...config.resolve import strict
+        from .resolve import strict
 
         dropped = []
         if self.param_init_fn is not None:
@@ -194,7 +194,7 @@ class FullyShardedDataParallelPlugin:
         """An FSDP1-only value is dropped under FSDP2: say so as Accelerate does (its words, on its logger
         `accelerate.utils.dataclasses`), then where the value came from. Not for the values `hasten launch`
         exports by default (Accelerate's launcher exports them too, and FSDP2 never reads them there)."""
-        from ...config.resolve import recorded_sources
+        from .resolve import recorded_sources
 
         if variable is None:
             where = "FullyShardedDataParallelPlugin(...)"
@@ -203,7 +203,7 @@ class FullyShardedDataParallelPlugin:
             if source == "default":
                 return
             where = f"environment variable {variable}" if source == "environment" else f"{source} {origin}"
-        from ...config.resolve import strict
+        from .resolve import strict
 
         if strict():
             raise ConfigError(f"fsdp {name} (from {where}) is an FSDP1 setting that FSDP2 ignores; fix: remove it, or "
@@ -313,7 +313,7 @@ class FullyShardedDataParallelPlugin:
         if self.fsdp_version == 1 and self.cpu_ram_efficient_loading and not self.sync_module_states:
             # As Accelerate (its words): the other ranks start from empty weights and need rank 0's. A false value
             # the user set is refused under hasten's strict setting.
-            from ...config.resolve import strict
+            from .resolve import strict
 
             if strict() and self.sources.get("sync_module_states") != "default":
                 raise ConfigError(f"fsdp cpu_ram_efficient_loading is true but sync_module_states is false (from "

@@ -134,9 +134,12 @@ def _fsdp_line(plugin) -> str:
 def make_run_plan(*, cluster: Callable[[], Cluster], mixed_precision=None, gradient_accumulation_steps: int = 1,
                   gradient_accumulation_plugin=None, deepspeed_plugin=None, deepspeed_plugins=None, fsdp_plugin=None,
                   torch_tp_plugin=None, megatron_lm_plugin=None, dynamo_backend=None, dynamo_plugin=None,
-                  parallelism_config=None) -> RunPlan:
+                  parallelism_config=None, earlier_deepspeed: bool = False, plan_accumulation: bool = True) -> RunPlan:
     """The run plan for `Accelerator(...)`'s arguments of the same names. `cluster` is called when the plan first
-    needs the processes (in a run, that joins the process group), so argument errors come first."""
+    needs the processes (in a run, that joins the process group), so argument errors come first.
+    `earlier_deepspeed`: an earlier Accelerator of this process holds DeepSpeed plugins (a second one may not bring
+    its own). `plan_accumulation=False`: the plan of a hand-built `AcceleratorState`, which has no accumulation to agree
+    with DeepSpeed's config (the Accelerator made over it plans that)."""
     from ..config.handlers import TorchDynamoPlugin
     from ..parallelism_config import config_for_run
 
@@ -144,7 +147,7 @@ def make_run_plan(*, cluster: Callable[[], Cluster], mixed_precision=None, gradi
         raise ConfigError("pass either dynamo_backend or dynamo_plugin to Accelerator, not both")
     dynamo_plugin = dynamo_plugin or TorchDynamoPlugin(backend=dynamo_backend)
     fsdp_plugin = _fsdp_plugin(fsdp_plugin)
-    deepspeed_plugins = _deepspeed_plugins(deepspeed_plugin, deepspeed_plugins, fsdp_plugin)
+    deepspeed_plugins = _deepspeed_plugins(deepspeed_plugin, deepspeed_plugins, fsdp_plugin, earlier_deepspeed)
     megatron_lm_plugin = _megatron_plugin(megatron_lm_plugin)  # served by TP/PP/FSDP (config/megatron.py)
     if megatron_lm_plugin is not None:
         parallelism_config, fsdp_plugin = _megatron_layout(megatron_lm_plugin, cluster().num_processes,
@@ -165,26 +168,13 @@ def make_run_plan(*, cluster: Callable[[], Cluster], mixed_precision=None, gradi
         precision = _precision(mixed_precision, distributed_type, deepspeed_plugins)
     backend = _backend(layout, distributed_type, processes.num_processes)
     active_deepspeed = settled.deepspeed_plugin if settled is not None else _selected(deepspeed_plugins)
-    accumulation = _accumulation(gradient_accumulation_steps, gradient_accumulation_plugin, backend, active_deepspeed)
+    accumulation = (_accumulation(gradient_accumulation_steps, gradient_accumulation_plugin, backend, active_deepspeed)
+                    if plan_accumulation else Accumulation(None, "not planned (a hand-built AcceleratorState)", None))
     return RunPlan(backend=backend, distributed_type=distributed_type, num_processes=processes.num_processes,
                    device_type=processes.device_type, fsdp_plugin=fsdp_plugin, deepspeed_plugins=deepspeed_plugins,
                    megatron_lm_plugin=megatron_lm_plugin, dynamo_plugin=dynamo_plugin,
                    parallelism_config=parallelism_config, precision=precision, accumulation=accumulation,
                    settled=settled is not None)
-
-
-def detected_cluster(cpu: bool = False, **kwargs) -> Callable[[], Cluster]:
-    """`make_run_plan`'s `cluster` in a training process: `PartialState(cpu, **kwargs)` (made on the first call,
-    which joins the process group) and the AcceleratorState an earlier Accelerator left, if any."""
-
-    def detect() -> Cluster:
-        from ..state import AcceleratorState, PartialState, is_initialized
-
-        state = PartialState(cpu, **kwargs)
-        settled = AcceleratorState() if is_initialized() else None
-        return Cluster(state.num_processes, state.device.type, state.distributed_type, settled)
-
-    return detect
 
 
 # -- the rules, in the order make_run_plan applies them ----------------------------------------------------------------
@@ -196,7 +186,7 @@ def _fsdp_plugin(plugin):
     if plugin is None and not runtime_value("use_fsdp").value:
         return None
     try:
-        from .fsdp.plugin import FullyShardedDataParallelPlugin
+        from ..config.fsdp import FullyShardedDataParallelPlugin
     except ImportError:
         raise NotSupportedYetError("FSDP is not supported by this version of hasten yet") from None
     if plugin is None:
@@ -206,18 +196,22 @@ def _fsdp_plugin(plugin):
     return plugin
 
 
-def _deepspeed_plugins(deepspeed_plugin, deepspeed_plugins, fsdp_plugin):
+def _deepspeed_plugins(deepspeed_plugin, deepspeed_plugins, fsdp_plugin, earlier_deepspeed: bool):
     """{name: plugin} (the first selected), or None when DeepSpeed is not asked for (in code or by the launcher)."""
     from ..config.resolve import runtime_value
 
     if deepspeed_plugin is None and deepspeed_plugins is None and not runtime_value("use_deepspeed").value:
         return None
-    from .deepspeed.plugin import DeepSpeedPlugin, plugins_from
+    from ..config.deepspeed import DeepSpeedPlugin, plugins_from
 
     if deepspeed_plugin is None and deepspeed_plugins is None:
         deepspeed_plugin = DeepSpeedPlugin()
-    else:
-        _refuse_plugins_for_a_second_accelerator()
+    elif earlier_deepspeed:
+        # As Accelerate: the first Accelerator's DeepSpeed plugins are the process's; a second Accelerator given
+        # plugins would silently train with the first one's, so it is refused (in Accelerate's words and error type).
+        raise NotImplementedError(
+            "You cannot pass in a `deepspeed_plugin` when creating a second `Accelerator`. Please make sure the "
+            "first `Accelerator` is initialized with all the plugins you want to use.")
     if fsdp_plugin is not None:
         raise ConfigError("DeepSpeed and FSDP cannot be combined: pass one of deepspeed_plugin and fsdp_plugin")
     plugins = plugins_from(deepspeed_plugin, deepspeed_plugins)
@@ -226,17 +220,6 @@ def _deepspeed_plugins(deepspeed_plugin, deepspeed_plugins, fsdp_plugin):
     if not is_deepspeed_available():
         raise ImportError('DeepSpeed is not installed: pip install "hasten[deepspeed]"')
     return plugins
-
-
-def _refuse_plugins_for_a_second_accelerator() -> None:
-    """As Accelerate: the first Accelerator's DeepSpeed plugins are the process's; a second Accelerator given
-    plugins would silently train with the first one's, so it is refused (in Accelerate's words and error type)."""
-    from ..state import AcceleratorState
-
-    if AcceleratorState._shared_state and getattr(AcceleratorState(), "deepspeed_plugins", None):
-        raise NotImplementedError(
-            "You cannot pass in a `deepspeed_plugin` when creating a second `Accelerator`. Please make sure the "
-            "first `Accelerator` is initialized with all the plugins you want to use.")
 
 
 def _megatron_plugin(plugin):
@@ -261,7 +244,7 @@ def _megatron_layout(plugin, num_processes: int, parallelism_config, fsdp_plugin
                               "split: fix: pass one (the Megatron-LM plugin becomes a ParallelismConfig)")
     layout = megatron_layout(plugin, num_processes)
     if plugin.recompute_activations:
-        from .fsdp.plugin import FullyShardedDataParallelPlugin
+        from ..config.fsdp import FullyShardedDataParallelPlugin
 
         fsdp_plugin = FullyShardedDataParallelPlugin(fsdp_version=2, activation_checkpointing=True)
     return layout, fsdp_plugin
@@ -292,7 +275,7 @@ def _layout(config, processes: Cluster, fsdp_plugin, deepspeed_plugins):
                                 deepspeed=deepspeed_plugins is not None, device_type=processes.device_type)
     shards = layout == "fsdp" or (layout in _LAYOUT_BACKENDS and config.data_parallel_size > 1)
     if shards and fsdp_plugin is None:
-        from .fsdp.plugin import FullyShardedDataParallelPlugin
+        from ..config.fsdp import FullyShardedDataParallelPlugin
 
         fsdp_plugin = FullyShardedDataParallelPlugin(fsdp_version=2)
     return layout, fsdp_plugin
@@ -313,8 +296,7 @@ def _precision(argument, distributed_type: DistributedType, deepspeed_plugins) -
     """The mixed_precision setting (argument > launcher/environment > "no") and where it came from. DeepSpeed takes
     it into each plugin's config (whose own fp16/bf16 block may decide, as in Accelerate); FSDP's backend takes it
     from the precision policy built from `trains_in`."""
-    from ..config.resolve import runtime_value
-    from ..state import resolve_mixed_precision
+    from ..config.resolve import resolve_mixed_precision, runtime_value
 
     setting = resolve_mixed_precision(argument)
     if argument is not None:
@@ -379,7 +361,7 @@ def _accumulation(steps_argument, plugin, backend: str, deepspeed_plugin) -> Acc
 
 def _deepspeed_accumulation(plugin, steps: int, source: str) -> tuple:
     """DeepSpeed's config and the Accelerator agree on the steps: a missing side takes the other's value."""
-    from .deepspeed.plugin import AUTO
+    from ..config.deepspeed import AUTO
 
     if plugin is None:
         raise ConfigError(
@@ -409,4 +391,4 @@ def _same_number(a, b) -> bool:
         return False
 
 
-__all__ = ["Accumulation", "Cluster", "Precision", "RunPlan", "detected_cluster", "make_run_plan"]
+__all__ = ["Accumulation", "Cluster", "Precision", "RunPlan", "make_run_plan", "megatron_layout"]

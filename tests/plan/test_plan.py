@@ -1,4 +1,4 @@
-"""The run plan (backends/plan.py): one function decides backend, distributed type, plugins, mesh, precision and
+"""The run plan (plan/rules.py): one function decides backend, distributed type, plugins, mesh, precision and
 accumulation; `Accelerator` hands it on; `hasten config explain --plan` prints it; no other module decides again."""
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from hasten.backends.plan import Cluster, RunPlan, make_run_plan
+from hasten.plan import Cluster, RunPlan, make_run_plan
 from hasten.core.enums import DistributedType
 from hasten.core.errors import ConfigError
 from hasten.parallelism_config import ParallelismConfig
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "hasten"
-PLAN = "backends/plan.py"
+PLAN = "plan/rules.py"
 
 
 def _cluster(processes=2, distributed_type=DistributedType.MULTI_CPU, device_type="cpu"):
@@ -25,13 +25,13 @@ def _cluster(processes=2, distributed_type=DistributedType.MULTI_CPU, device_typ
 
 
 def _fsdp(**kwargs):
-    from hasten.backends.fsdp.plugin import FullyShardedDataParallelPlugin
+    from hasten.config.fsdp import FullyShardedDataParallelPlugin
 
     return FullyShardedDataParallelPlugin(**kwargs)
 
 
 def _deepspeed(tmp_path, name="ds", **config):
-    from hasten.backends.deepspeed.plugin import DeepSpeedPlugin
+    from hasten.config.deepspeed import DeepSpeedPlugin
 
     path = tmp_path / f"{name}.json"
     config.setdefault("zero_optimization", {"stage": 2})
@@ -107,7 +107,7 @@ def test_data_parallel_and_pipeline_layouts():
 
 
 def _deepspeed_stub():
-    from hasten.backends.deepspeed.plugin import DeepSpeedPlugin
+    from hasten.config.deepspeed import DeepSpeedPlugin
 
     return DeepSpeedPlugin()
 
@@ -229,12 +229,8 @@ CONSTRUCTION_EXCEPTIONS = {
         "a layout without data-parallel dimensions reads FSDP2's settings (activation checkpointing, precision "
         "policy) from a default plugin; plan.fsdp_plugin stays None and the run is not FSDP",
 }
-# Where else DistributedType.FSDP/DEEPSPEED is set, and why.
-TYPE_EXCEPTIONS = {
-    "state.py": "AcceleratorState(...) built by hand (Accelerate's public constructor, never by an Accelerator, which "
-                "hands its plan): its plugins set its type as Accelerate's do; state cannot call the plan, whose "
-                "plugin and layout classes import state (tests/test_import_cycles.py)",
-}
+# Where else DistributedType.FSDP/DEEPSPEED is set, and why (nowhere: a hand-built AcceleratorState makes a plan too).
+TYPE_EXCEPTIONS = {}
 # Rules that live beside their data and that only the plan may call.
 PLAN_ONLY_CALLS = {"backend_for_layout", "config_for_run"}
 
@@ -278,7 +274,7 @@ def test_one_function_makes_the_plan_and_no_other_module_chooses_a_backend_or_pl
                 found.append(f"{module}:{node.lineno}: create_backend is given a name the plan did not choose")
             if name in PLAN_ONLY_CALLS and module != PLAN:
                 found.append(f"{module}:{node.lineno}: calls {name}, a rule only make_run_plan applies")
-    assert not found, "decided outside backends/plan.py:\n" + "\n".join(found)
+    assert not found, "decided outside plan/rules.py:\n" + "\n".join(found)
 
 
 def test_the_exceptions_are_still_needed():
