@@ -15,9 +15,8 @@ from hasten.parallelism_config import (
     TorchContextParallelConfig,
     TorchTensorParallelConfig,
     TorchTensorParallelPlugin,
-    backend_for_layout,
-    config_for_run,
 )
+from hasten.plan.layout import backend_for_layout, config_for_run
 from launching import launch
 
 SIZE_VARIABLES = ("DP_REPLICATE_SIZE", "DP_SHARD_SIZE", "TP_SIZE", "CP_SIZE", "CP_BACKEND", "CP_COMM_STRATEGY",

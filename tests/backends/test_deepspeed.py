@@ -15,12 +15,8 @@ import sys
 import pytest
 import torch
 
-from hasten.config.deepspeed import (
-    DeepSpeedPlugin,
-    DummyOptim,
-    DummyScheduler,
-    HfDeepSpeedConfig,
-)
+from hasten.backends.deepspeed.dummies import DummyOptim, DummyScheduler
+from hasten.config.deepspeed import DeepSpeedPlugin, HfDeepSpeedConfig
 from hasten.core.errors import ConfigError, NotBuiltError, NotSupportedYetError
 
 needs_deepspeed = pytest.mark.skipif(
@@ -474,7 +470,8 @@ def test_unbuilt_deepspeed_names_import_and_refuse_in_one_line(monkeypatch):
     imports work) and refuse when used, saying what to do instead. The Ulysses settings object is data, checked
     as Accelerate checks it; sp_size above 1 without DeepSpeed is refused (tests/distributed/test_sequence_parallel.py
     runs it with DeepSpeed)."""
-    from hasten.parallelism_config import ParallelismConfig, backend_for_layout
+    from hasten.parallelism_config import ParallelismConfig
+    from hasten.plan.layout import backend_for_layout
     from hasten.utils import DeepSpeedSequenceParallelConfig, prepare_deepspeed_cmd_env
     from hasten.utils.dataclasses import (
         DeepSpeedSequenceParallelConfig as from_dataclasses,

@@ -145,7 +145,8 @@ def test_dispatch_batches_under_tensor_parallelism():
 
 def test_the_deprecated_tp_plugin_becomes_a_parallelism_config():
     from hasten import ParallelismConfig
-    from hasten.parallelism_config import TorchTensorParallelPlugin, config_for_run
+    from hasten.parallelism_config import TorchTensorParallelPlugin
+    from hasten.plan.layout import config_for_run
 
     with pytest.warns(FutureWarning, match="TorchTensorParallelPlugin is deprecated"):
         config = config_for_run(None, TorchTensorParallelPlugin(tp_size=2))

@@ -81,7 +81,7 @@ def test_accelerates_errors_come_in_its_words(kwargs, error_type, expected):
                             "sp_backend='deepspeed'"),
 ])
 def test_layouts_hastens_sp_does_not_run_are_one_line(sizes, deepspeed, error_type, expected):
-    from hasten.parallelism_config import backend_for_layout
+    from hasten.plan.layout import backend_for_layout
 
     config = ParallelismConfig(sp_size=2, sp_backend="hasten", **sizes)
     with pytest.raises(error_type) as error:
@@ -114,7 +114,7 @@ def test_sp_on_the_launchers_flags_reaches_the_processes():
 
 
 def test_sp_from_the_environment_alone_builds_the_config(monkeypatch):
-    from hasten.parallelism_config import config_for_run
+    from hasten.plan.layout import config_for_run
 
     monkeypatch.setenv("PARALLELISM_CONFIG_SP_SIZE", "2")
     monkeypatch.setenv("PARALLELISM_CONFIG_SP_BACKEND", "hasten")

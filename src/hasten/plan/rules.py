@@ -7,8 +7,8 @@ precision policy and `GradientState` read it and decide nothing again. `hasten c
 plan the same function makes from the launch settings alone.
 
 Adding a backend: a rule in `_backend` (and, if it needs one, a plugin step below), a line in `REGISTRY`
-(backends/__init__.py) and its folder. Adding a layout dimension: `parallelism_config.backend_for_layout` refuses it
-or names the backend it needs; a backend that runs whatever the distributed type says joins `_LAYOUT_BACKENDS`. The
+(backends/__init__.py) and its folder. Adding a layout dimension: `plan/layout.backend_for_layout` refuses it
+or names the backend it needs; a backend that runs whatever the distributed type says joins `LAYOUT_BACKENDS` (plan/layout.py). The
 order of the steps is the order in which Accelerate checks its arguments, so the first error a script sees is the
 one it saw before the plan existed.
 """
@@ -22,13 +22,7 @@ from typing import Any, Callable
 
 from ..core.enums import DistributedType
 from ..core.errors import ConfigError, NotSupportedYetError
-
-# The backend a distributed type runs on when no layout asks for another (absent: DDP on many processes).
-_FOR_TYPE = {DistributedType.NO: "single", DistributedType.FSDP: "fsdp", DistributedType.DEEPSPEED: "deepspeed",
-             DistributedType.XLA: "xla"}
-# Layout backends that run whatever the distributed type says; they shard the data dimensions with FSDP2.
-_LAYOUT_BACKENDS = ("pipeline", "tensor_parallel")
-
+from .layout import backend_to_build
 
 @dataclass(frozen=True, slots=True)
 class Cluster:
@@ -141,7 +135,7 @@ def make_run_plan(*, cluster: Callable[[], Cluster], mixed_precision=None, gradi
     its own). `plan_accumulation=False`: the plan of a hand-built `AcceleratorState`, which has no accumulation to agree
     with DeepSpeed's config (the Accelerator made over it plans that)."""
     from ..config.handlers import TorchDynamoPlugin
-    from ..parallelism_config import config_for_run
+    from .layout import config_for_run
 
     if dynamo_backend is not None and dynamo_plugin is not None:
         raise ConfigError("pass either dynamo_backend or dynamo_plugin to Accelerator, not both")
@@ -166,7 +160,7 @@ def make_run_plan(*, cluster: Callable[[], Cluster], mixed_precision=None, gradi
     else:
         distributed_type = _distributed_type(processes.distributed_type, fsdp_plugin, deepspeed_plugins)
         precision = _precision(mixed_precision, distributed_type, deepspeed_plugins)
-    backend = _backend(layout, distributed_type, processes.num_processes)
+    backend = backend_to_build(layout, distributed_type, processes.num_processes)
     active_deepspeed = settled.deepspeed_plugin if settled is not None else _selected(deepspeed_plugins)
     accumulation = (_accumulation(gradient_accumulation_steps, gradient_accumulation_plugin, backend, active_deepspeed)
                     if plan_accumulation else Accumulation(None, "not planned (a hand-built AcceleratorState)", None))
@@ -268,12 +262,12 @@ def megatron_layout(plugin, num_processes: int):
 
 def _layout(config, processes: Cluster, fsdp_plugin, deepspeed_plugins):
     """(the backend the layout needs, the FSDP plugin): a new FSDP2 plugin when the layout shards and none was
-    given. `backend_for_layout` (beside ParallelismConfig) refuses what hasten cannot run."""
-    from ..parallelism_config import backend_for_layout
+    given. `backend_for_layout` (plan/layout.py) refuses what hasten cannot run."""
+    from .layout import LAYOUT_BACKENDS, backend_for_layout
 
     layout = backend_for_layout(config, processes.num_processes, fsdp_plugin,
                                 deepspeed=deepspeed_plugins is not None, device_type=processes.device_type)
-    shards = layout == "fsdp" or (layout in _LAYOUT_BACKENDS and config.data_parallel_size > 1)
+    shards = layout == "fsdp" or (layout in LAYOUT_BACKENDS and config.data_parallel_size > 1)
     if shards and fsdp_plugin is None:
         from ..config.fsdp import FullyShardedDataParallelPlugin
 
@@ -312,15 +306,6 @@ def _precision(argument, distributed_type: DistributedType, deepspeed_plugins) -
         if distributed_type == DistributedType.DEEPSPEED:
             trains_in = _selected(deepspeed_plugins).mixed_precision
     return Precision(setting, source, trains_in)
-
-
-def _backend(layout: str | None, distributed_type: DistributedType, num_processes: int) -> str:
-    """The REGISTRY name of the backend that runs the plan."""
-    if layout in _LAYOUT_BACKENDS:  # pipeline/tensor/context parallel layouts, with or without FSDP
-        return layout
-    if distributed_type in _FOR_TYPE:
-        return _FOR_TYPE[distributed_type]
-    return "ddp" if num_processes > 1 else "single"
 
 
 def _selected(deepspeed_plugins):
