@@ -109,7 +109,8 @@ class Accelerator:
             gradient_accumulation_plugin=gradient_accumulation_plugin, deepspeed_plugin=deepspeed_plugin,
             deepspeed_plugins=deepspeed_plugins, fsdp_plugin=fsdp_plugin, torch_tp_plugin=torch_tp_plugin,
             megatron_lm_plugin=megatron_lm_plugin, dynamo_backend=dynamo_backend, dynamo_plugin=dynamo_plugin,
-            parallelism_config=parallelism_config, earlier_deepspeed=holds_deepspeed_plugins())
+            parallelism_config=parallelism_config, fp8_handler=self._recipe_handler,
+            earlier_deepspeed=holds_deepspeed_plugins())
         self.state = AcceleratorState(mixed_precision=mixed_precision, cpu=cpu, _from_accelerator=True,
                                       _run_plan=self.run_plan, **init_kwargs)
         self._build(self.run_plan)
@@ -132,7 +133,7 @@ class Accelerator:
         if plan.parallelism_config is not None:
             self.state.device_mesh = plan.parallelism_config.get_device_mesh(self.state.device.type)
         precision = PrecisionPolicy.from_setting(plan.precision.trains_in, self.device, self.autocast_handler,
-                                                 self.scaler_handler, self._recipe_handler)
+                                                 self.scaler_handler, self._recipe_handler, plan.precision.fp8_engine)
         self._backend = create_backend(plan.backend, self.state, precision=precision, ddp_kwargs=self.ddp_handler,
                                        plugin=plan.fsdp_plugin)
         # The backend's view of precision: one whose engine applies it (DeepSpeed) keeps hasten's autocast off.

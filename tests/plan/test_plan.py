@@ -216,6 +216,26 @@ def test_config_explain_prints_the_plan(capsys, tmp_path, monkeypatch):
     assert "run plan" not in capsys.readouterr().out  # only when asked
 
 
+def test_the_plan_names_the_fp8_engine_and_explain_prints_it(capsys, tmp_path, monkeypatch):
+    from hasten.commands import cli
+    from hasten.config.fp8 import AORecipeKwargs, TERecipeKwargs
+    from hasten.plan import Cluster, make_run_plan
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    cluster = lambda: Cluster(1, "cpu", DistributedType.NO)  # noqa: E731
+    assert make_run_plan(cluster=cluster).precision.fp8_engine is None  # not an fp8 run
+    # the recipe handler's library decides, then the fp8_backend setting, then what is installed (torchao first)
+    assert make_run_plan(cluster=cluster, mixed_precision="fp8", fp8_handler=TERecipeKwargs()).precision.fp8_engine == "TE"
+    assert make_run_plan(cluster=cluster, mixed_precision="fp8", fp8_handler=AORecipeKwargs()).precision.fp8_engine == "AO"
+    monkeypatch.setenv("ACCELERATE_FP8_BACKEND", "TE")
+    assert make_run_plan(cluster=cluster, mixed_precision="fp8").precision.fp8_engine == "TE"
+    monkeypatch.delenv("ACCELERATE_FP8_BACKEND")
+    assert cli.main(["config", "explain", "--plan", "--num_processes", "1", "--cpu", "--mixed_precision", "fp8",
+                     "--fp8_backend", "te"]) == 0
+    out = capsys.readouterr().out
+    assert "  precision: fp8 (from --mixed_precision), fp8 engine Transformer Engine" in out.splitlines()
+
+
 # -- nobody else decides ----------------------------------------------------------------------------------------------
 
 PLUGIN_CLASSES = {"FullyShardedDataParallelPlugin", "DeepSpeedPlugin", "MegatronLMPlugin", "TorchDynamoPlugin",
@@ -232,7 +252,7 @@ CONSTRUCTION_EXCEPTIONS = {
 # Where else DistributedType.FSDP/DEEPSPEED is set, and why (nowhere: a hand-built AcceleratorState makes a plan too).
 TYPE_EXCEPTIONS = {}
 # Rules that live beside their data and that only the plan may call.
-PLAN_ONLY_CALLS = {"backend_for_layout", "config_for_run", "backend_to_build"}
+PLAN_ONLY_CALLS = {"backend_for_layout", "config_for_run", "backend_to_build", "fp8_engine"}
 
 
 def _sources():

@@ -41,6 +41,7 @@ class Precision:
     setting: str  # the resolved mixed_precision setting: "no", "fp16", "bf16" or "fp8"
     source: str  # where the setting came from
     trains_in: str  # what the run computes in: the setting, or the active DeepSpeed config's own choice
+    fp8_engine: str | None = None  # fp8 runs: "AO" (torchao) or "TE" (Transformer Engine), plan/precision.py
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +95,8 @@ class RunPlan:
         precision = self.precision
         trains = "" if precision.trains_in == precision.setting else (
             f", trains in {precision.trains_in} (the DeepSpeed config)")
+        if precision.fp8_engine is not None:
+            trains += f", fp8 engine {_FP8_ENGINES[precision.fp8_engine]}"
         return [
             f"backend: {self.backend}",
             f"distributed type: {self.distributed_type.value}",
@@ -106,6 +109,9 @@ class RunPlan:
             f"precision: {precision.setting} (from {precision.source}){trains}",
             f"accumulation: {self.accumulation.steps} step(s) (from {self.accumulation.source})",
         ]
+
+
+_FP8_ENGINES = {"AO": "torchao", "TE": "Transformer Engine"}
 
 
 def _name(value) -> str:
@@ -128,10 +134,11 @@ def _fsdp_line(plugin) -> str:
 def make_run_plan(*, cluster: Callable[[], Cluster], mixed_precision=None, gradient_accumulation_steps: int = 1,
                   gradient_accumulation_plugin=None, deepspeed_plugin=None, deepspeed_plugins=None, fsdp_plugin=None,
                   torch_tp_plugin=None, megatron_lm_plugin=None, dynamo_backend=None, dynamo_plugin=None,
-                  parallelism_config=None, earlier_deepspeed: bool = False, plan_accumulation: bool = True) -> RunPlan:
+                  parallelism_config=None, fp8_handler=None, earlier_deepspeed: bool = False,
+                  plan_accumulation: bool = True) -> RunPlan:
     """The run plan for `Accelerator(...)`'s arguments of the same names. `cluster` is called when the plan first
-    needs the processes (in a run, that joins the process group), so argument errors come first.
-    `earlier_deepspeed`: an earlier Accelerator of this process holds DeepSpeed plugins (a second one may not bring
+    needs the processes (in a run, that joins the process group), so argument errors come first. `fp8_handler`: the
+    fp8 recipe kwargs handler the Accelerator was given (its library is the fp8 engine). `earlier_deepspeed`: an earlier Accelerator of this process holds DeepSpeed plugins (a second one may not bring
     its own). `plan_accumulation=False`: the plan of a hand-built `AcceleratorState`, which has no accumulation to agree
     with DeepSpeed's config (the Accelerator made over it plans that)."""
     from ..config.handlers import TorchDynamoPlugin
@@ -156,10 +163,10 @@ def make_run_plan(*, cluster: Callable[[], Cluster], mixed_precision=None, gradi
     if settled is not None:
         distributed_type = settled.distributed_type
         precision = Precision(settled._mixed_precision, "the Accelerator made earlier in this process",
-                              settled.mixed_precision)
+                              settled.mixed_precision, _engine(settled._mixed_precision, fp8_handler))
     else:
         distributed_type = _distributed_type(processes.distributed_type, fsdp_plugin, deepspeed_plugins)
-        precision = _precision(mixed_precision, distributed_type, deepspeed_plugins)
+        precision = _precision(mixed_precision, distributed_type, deepspeed_plugins, fp8_handler)
     backend = backend_to_build(layout, distributed_type, processes.num_processes)
     active_deepspeed = settled.deepspeed_plugin if settled is not None else _selected(deepspeed_plugins)
     accumulation = (_accumulation(gradient_accumulation_steps, gradient_accumulation_plugin, backend, active_deepspeed)
@@ -286,7 +293,13 @@ def _distributed_type(detected: DistributedType, fsdp_plugin, deepspeed_plugins)
     return detected
 
 
-def _precision(argument, distributed_type: DistributedType, deepspeed_plugins) -> Precision:
+def _engine(setting: str, fp8_handler) -> str | None:
+    from .precision import fp8_engine
+
+    return fp8_engine(fp8_handler) if setting == "fp8" else None
+
+
+def _precision(argument, distributed_type: DistributedType, deepspeed_plugins, fp8_handler=None) -> Precision:
     """The mixed_precision setting (argument > launcher/environment > "no") and where it came from. DeepSpeed takes
     it into each plugin's config (whose own fp16/bf16 block may decide, as in Accelerate); FSDP's backend takes it
     from the precision policy built from `trains_in`."""
@@ -305,7 +318,7 @@ def _precision(argument, distributed_type: DistributedType, deepspeed_plugins) -
             plugin.set_mixed_precision(setting, told)
         if distributed_type == DistributedType.DEEPSPEED:
             trains_in = _selected(deepspeed_plugins).mixed_precision
-    return Precision(setting, source, trains_in)
+    return Precision(setting, source, trains_in, _engine(setting, fp8_handler))
 
 
 def _selected(deepspeed_plugins):

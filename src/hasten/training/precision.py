@@ -36,17 +36,17 @@ class PrecisionPolicy:
 
     @classmethod
     def from_setting(cls, mode: str, device: torch.device, autocast_handler=None, scaler_handler=None,
-                     fp8_handler=None):
+                     fp8_handler=None, fp8_engine: str | None = None):
         """Validate `mode` for `device` once; the kwargs handlers' values are read here and frozen.
 
         fp8 is checked here, when the Accelerator is built: a machine that cannot run it is told in one line
-        before any work is done."""
+        before any work is done. `fp8_engine` is the run plan's choice of library."""
         fp8 = None
         if mode == "fp8" or fp8_handler is not None or any(k.startswith(("HASTEN_FP8_", "ACCELERATE_FP8_"))
                                                            for k in os.environ):
             from .fp8 import recipe_for
 
-            fp8 = recipe_for(mode, device, fp8_handler)
+            fp8 = recipe_for(mode, device, fp8_handler, fp8_engine)
         device_type = torch.device(device).type
         if mode in _AUTOCAST_MODES and not torch.amp.is_autocast_available(device_type):
             raise ConfigError(

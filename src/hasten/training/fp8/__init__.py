@@ -114,27 +114,15 @@ def refuse_without_fp8(mixed_precision: str, handler) -> None:
         )
 
 
-def choose_backend(handler) -> str:
-    """'AO' or 'TE': the handler's library, else the fp8_backend setting, else the installed one (torchao first)."""
-    from ...config.fp8 import AORecipeKwargs
-    from ...config.resolve import runtime_value
-
-    if handler is not None:
-        return "AO" if isinstance(handler, AORecipeKwargs) else "TE"
-    chosen = runtime_value("fp8_backend").value  # msamp is refused there, in one line
-    if chosen:
-        return chosen.upper()
-    if not library_installed("AO") and library_installed("TE"):
-        return "TE"
-    return "AO"
-
-
-def recipe_for(mixed_precision: str, device, handler=None):
-    """The run's `Fp8Recipe`, or None when it is not an fp8 run (after refusing stray fp8 settings)."""
+def recipe_for(mixed_precision: str, device, handler=None, engine: str | None = None):
+    """The run's `Fp8Recipe`, or None when it is not an fp8 run (after refusing stray fp8 settings). `engine` is the
+    run plan's choice ('AO' or 'TE', `RunPlan.precision.fp8_engine`): nothing here chooses a library."""
     if mixed_precision != "fp8":
         refuse_without_fp8(mixed_precision, handler)
         return None
-    backend = choose_backend(handler)
+    if engine not in ("AO", "TE"):
+        raise ValueError(f"an fp8 recipe needs the run plan's fp8 engine ('AO' or 'TE'), got {engine!r}")
+    backend = engine
     check_support(device, backend)
     _check_unused(backend)
     if handler is None:
