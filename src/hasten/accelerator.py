@@ -134,8 +134,7 @@ class Accelerator:
             self.state.device_mesh = plan.parallelism_config.get_device_mesh(self.state.device.type)
         precision = PrecisionPolicy.from_setting(plan.precision.trains_in, self.device, self.autocast_handler,
                                                  self.scaler_handler, self._recipe_handler, plan.precision.fp8_engine)
-        self._backend = create_backend(plan.backend, self.state, precision=precision, ddp_kwargs=self.ddp_handler,
-                                       plugin=plan.fsdp_plugin)
+        self._backend = create_backend(plan, self.state, precision=precision, ddp_kwargs=self.ddp_handler)
         # The backend's view of precision: one whose engine applies it (DeepSpeed) keeps hasten's autocast off.
         self.precision = self._backend.precision
         self.scaler = self._backend.make_grad_scaler()

@@ -241,14 +241,7 @@ def test_the_plan_names_the_fp8_engine_and_explain_prints_it(capsys, tmp_path, m
 PLUGIN_CLASSES = {"FullyShardedDataParallelPlugin", "DeepSpeedPlugin", "MegatronLMPlugin", "TorchDynamoPlugin",
                   "GradientAccumulationPlugin"}
 # Where else a plugin object is made, and why that chooses nothing about the run (the run's choice is the plan's).
-CONSTRUCTION_EXCEPTIONS = {
-    ("backends/fsdp/backend.py", "FullyShardedDataParallelPlugin"):
-        "an FSDPBackend built without a plugin (by hand, or under an FSDP state an earlier Accelerator left) reads "
-        "its settings from a default plugin",
-    ("backends/tensor_parallel.py", "FullyShardedDataParallelPlugin"):
-        "a layout without data-parallel dimensions reads FSDP2's settings (activation checkpointing, precision "
-        "policy) from a default plugin; plan.fsdp_plugin stays None and the run is not FSDP",
-}
+CONSTRUCTION_EXCEPTIONS = {}  # none: every backend is built from the plan, defaults included
 # Where else DistributedType.FSDP/DEEPSPEED is set, and why (nowhere: a hand-built AcceleratorState makes a plan too).
 TYPE_EXCEPTIONS = {}
 # Rules that live beside their data and that only the plan may call.
@@ -263,6 +256,12 @@ def _sources():
 def _called_name(call: ast.Call) -> str | None:
     func = call.func
     return func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+
+
+def _names_the_plan(node) -> bool:
+    """`plan` or `self.run_plan`: the backend is built from the whole plan, never from a name chosen elsewhere."""
+    return (isinstance(node, ast.Name) and node.id == "plan") or (isinstance(node, ast.Attribute)
+                                                                  and node.attr == "run_plan")
 
 
 def _chooses_a_type(node: ast.Attribute, parents: dict) -> bool:
@@ -289,9 +288,8 @@ def test_one_function_makes_the_plan_and_no_other_module_chooses_a_backend_or_pl
             name = _called_name(node)
             if name in PLUGIN_CLASSES and not module.startswith(PLAN) and (module, name) not in CONSTRUCTION_EXCEPTIONS:
                 found.append(f"{module}:{node.lineno}: makes a {name}")
-            if name == "create_backend" and not (node.args and isinstance(node.args[0], ast.Attribute)
-                                                 and node.args[0].attr == "backend"):
-                found.append(f"{module}:{node.lineno}: create_backend is given a name the plan did not choose")
+            if name == "create_backend" and not (node.args and _names_the_plan(node.args[0])):
+                found.append(f"{module}:{node.lineno}: create_backend is given something other than the run plan")
             if name in PLAN_ONLY_CALLS and not module.startswith(PLAN):
                 found.append(f"{module}:{node.lineno}: calls {name}, a rule only make_run_plan applies")
     assert not found, "decided outside the plan (hasten/plan/):\n" + "\n".join(found)

@@ -360,6 +360,14 @@ def test_benchmark_says_why_it_cannot_run_here():
     assert "needs a CUDA GPU with compute capability >= 8.9" in result.stderr and "Traceback" not in result.stderr
 
 
+def _fsdp_plan(plugin):
+    """The run plan of a one-process CPU run with this FSDP plugin (the backend is built from a plan)."""
+    from hasten.core.enums import DistributedType
+    from hasten.plan import Cluster, make_run_plan
+
+    return make_run_plan(cluster=lambda: Cluster(1, "cpu", DistributedType.NO), fsdp_plugin=plugin)
+
+
 def test_fsdp_refuses_fp8_with_ram_efficient_loading():
     from hasten.backends.fsdp.backend import FSDPBackend
     from hasten.config.fsdp import FullyShardedDataParallelPlugin
@@ -369,7 +377,7 @@ def test_fsdp_refuses_fp8_with_ram_efficient_loading():
     plugin = FullyShardedDataParallelPlugin(fsdp_version=2, cpu_ram_efficient_loading=True)
     policy = PrecisionPolicy(mode="fp8", fp8=Fp8Recipe("AO", AORecipeKwargs()))
     with pytest.raises(ConfigError, match="cannot be combined with fsdp cpu_ram_efficient_loading"):
-        FSDPBackend(PartialState(cpu=True), precision=policy, plugin=plugin)
+        FSDPBackend(PartialState(cpu=True), _fsdp_plan(plugin), precision=policy)
 
 
 @needs_torchao
@@ -384,7 +392,7 @@ def test_fsdp2_float8_all_gather_trains_the_sharded_fp8_layers():
 
     state = AcceleratorState(cpu=True, _from_accelerator=True)  # the Accelerator refuses fp8 on a CPU
     policy = PrecisionPolicy(mode="no", fp8=Fp8Recipe("AO", AORecipeKwargs()))
-    backend = FSDPBackend(state, precision=policy, plugin=FullyShardedDataParallelPlugin(fsdp_version=2))
+    backend = FSDPBackend(state, _fsdp_plan(FullyShardedDataParallelPlugin(fsdp_version=2)), precision=policy)
     torch.manual_seed(0)
     model = Tower()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -59,11 +59,12 @@ class Backend:
     #: (engines whose hooks a new tree would bypass: FSDP2, DeepSpeed).
     regional_compilation_in_place = False
 
-    def __init__(self, state, precision: PrecisionPolicy | None = None, ddp_kwargs=None, plugin=None):
+    def __init__(self, state, plan, precision: PrecisionPolicy | None = None, ddp_kwargs=None):
         self.state = state
+        self.plan = plan  # the run plan (hasten/plan/): every setting this backend is built from
         self.precision = precision if precision is not None else PrecisionPolicy(device_type=state.device.type)
         self.ddp_kwargs = ddp_kwargs
-        self.plugin = plugin
+        self.plugin = plan.sharding_plugin  # the FSDP(2) settings, for the backends that shard
 
     # -- preparing objects ----------------------------------------------------------------------------------
     def prepare_model(self, model: torch.nn.Module, device_placement: bool, evaluation_mode: bool) -> torch.nn.Module:

@@ -34,8 +34,8 @@ from .tensor_parallel import LayoutBackend
 class PipelineBackend(LayoutBackend):
     name = "pipeline"
 
-    def __init__(self, state, precision=None, ddp_kwargs=None, plugin=None):
-        super().__init__(state, precision=precision, ddp_kwargs=ddp_kwargs, plugin=plugin)
+    def __init__(self, state, plan, precision=None, ddp_kwargs=None):
+        super().__init__(state, plan, precision=precision, ddp_kwargs=ddp_kwargs)
         if self.precision.uses_grad_scaler:
             raise ConfigError("mixed_precision='fp16' scales the loss before backward, but with pp_size > 1 the "
                               "pipeline schedule runs backward itself; fix: mixed_precision='bf16' (or 'no')")

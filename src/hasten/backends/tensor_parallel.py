@@ -24,13 +24,9 @@ class LayoutBackend(FSDPBackend):
 
     supports_clip_grad_value = False
 
-    def __init__(self, state, precision=None, ddp_kwargs=None, plugin=None):
-        if plugin is None:
-            from ..config.fsdp import FullyShardedDataParallelPlugin
-
-            plugin = FullyShardedDataParallelPlugin(fsdp_version=2)
-        super().__init__(state, precision=precision, ddp_kwargs=ddp_kwargs, plugin=plugin)
-        self.layout = state.parallelism_config
+    def __init__(self, state, plan, precision=None, ddp_kwargs=None):
+        super().__init__(state, plan, precision=precision, ddp_kwargs=ddp_kwargs)
+        self.layout = plan.parallelism_config
 
 
 class TensorParallelBackend(LayoutBackend):

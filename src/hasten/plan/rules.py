@@ -68,6 +68,14 @@ class RunPlan:
     precision: Precision
     accumulation: Accumulation
     settled: bool = field(default=False)  # an earlier Accelerator's state decides (see Cluster.settled)
+    # FSDP2's settings for a tensor/pipeline layout without data-parallel dimensions (activation checkpointing, the
+    # precision policy): such a run is not FSDP, so `fsdp_plugin` stays None, as Accelerate's state has it
+    layout_fsdp_plugin: Any = None
+
+    @property
+    def sharding_plugin(self):
+        """The FSDP plugin the backend shards (or lays out) the model with: the run's, else the layout's; None."""
+        return self.fsdp_plugin if self.fsdp_plugin is not None else self.layout_fsdp_plugin
 
     @property
     def deepspeed_plugin(self):
@@ -168,6 +176,12 @@ def make_run_plan(*, cluster: Callable[[], Cluster], mixed_precision=None, gradi
         distributed_type = _distributed_type(processes.distributed_type, fsdp_plugin, deepspeed_plugins)
         precision = _precision(mixed_precision, distributed_type, deepspeed_plugins, fp8_handler)
     backend = backend_to_build(layout, distributed_type, processes.num_processes)
+    if settled is not None:  # the earlier Accelerator's plugins stay the run's (Accelerate keeps them in its state)
+        fsdp_plugin = fsdp_plugin if fsdp_plugin is not None else settled.fsdp_plugin
+        deepspeed_plugins = deepspeed_plugins if deepspeed_plugins is not None else settled.deepspeed_plugins
+    layout_fsdp_plugin = _layout_fsdp_plugin(backend, fsdp_plugin)
+    _fsdp_precision(fsdp_plugin if fsdp_plugin is not None else layout_fsdp_plugin, precision)
+    _refuse_unsupported(backend, dynamo_plugin)
     active_deepspeed = settled.deepspeed_plugin if settled is not None else _selected(deepspeed_plugins)
     accumulation = (_accumulation(gradient_accumulation_steps, gradient_accumulation_plugin, backend, active_deepspeed)
                     if plan_accumulation else Accumulation(None, "not planned (a hand-built AcceleratorState)", None))
@@ -175,7 +189,7 @@ def make_run_plan(*, cluster: Callable[[], Cluster], mixed_precision=None, gradi
                    device_type=processes.device_type, fsdp_plugin=fsdp_plugin, deepspeed_plugins=deepspeed_plugins,
                    megatron_lm_plugin=megatron_lm_plugin, dynamo_plugin=dynamo_plugin,
                    parallelism_config=parallelism_config, precision=precision, accumulation=accumulation,
-                   settled=settled is not None)
+                   settled=settled is not None, layout_fsdp_plugin=layout_fsdp_plugin)
 
 
 # -- the rules, in the order make_run_plan applies them ----------------------------------------------------------------
@@ -280,6 +294,31 @@ def _layout(config, processes: Cluster, fsdp_plugin, deepspeed_plugins):
 
         fsdp_plugin = FullyShardedDataParallelPlugin(fsdp_version=2)
     return layout, fsdp_plugin
+
+
+def _layout_fsdp_plugin(backend: str, fsdp_plugin):
+    """FSDP2's default settings for a tensor/pipeline layout that shards nothing (no FSDP plugin of its own)."""
+    from .layout import LAYOUT_BACKENDS
+
+    if backend not in LAYOUT_BACKENDS or fsdp_plugin is not None:
+        return None
+    from ..config.fsdp import FullyShardedDataParallelPlugin
+
+    return FullyShardedDataParallelPlugin(fsdp_version=2)
+
+
+def _fsdp_precision(plugin, precision) -> None:
+    """The FSDP plugin's policy from the run's precision, unless the plugin has its own (as Accelerate's state
+    fills it)."""
+    if plugin is not None:
+        plugin.set_mixed_precision(precision.trains_in)
+
+
+def _refuse_unsupported(backend: str, dynamo_plugin) -> None:
+    """Combinations hasten cannot build, refused before anything is."""
+    compiles = str(getattr(dynamo_plugin.backend, "value", dynamo_plugin.backend)).lower() not in ("no", "none")
+    if backend == "deepspeed" and compiles:
+        raise NotSupportedYetError("torch.compile (dynamo_backend) together with DeepSpeed is not supported by hasten yet")
 
 
 def _distributed_type(detected: DistributedType, fsdp_plugin, deepspeed_plugins) -> DistributedType:

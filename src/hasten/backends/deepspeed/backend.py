@@ -24,7 +24,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from . import ulysses
 from .dummies import DummyOptim, DummyScheduler
 from ...config.deepspeed import AUTO, _walk, get_active_deepspeed_plugin
-from ...core.errors import CheckpointError, ConfigError, NotBuiltError, NotSupportedYetError
+from ...core.errors import CheckpointError, ConfigError, NotBuiltError
 from ...distributed.bootstrap import collective_timeout
 from ...optimizer import inner_optimizer
 from ...state import GradientState
@@ -75,23 +75,18 @@ class DeepSpeedBackend(Backend):
     supports_clip_grad_value = False
     regional_compilation_in_place = True  # as Accelerate (compile_regions_deepspeed on the engine's module)
 
-    def __init__(self, state, precision=None, ddp_kwargs=None, plugin=None):
-        super().__init__(state, precision=precision, ddp_kwargs=ddp_kwargs, plugin=plugin)
+    def __init__(self, state, plan, precision=None, ddp_kwargs=None):
+        super().__init__(state, plan, precision=precision, ddp_kwargs=ddp_kwargs)
         # The engine casts the model and scales fp16 losses itself (the config's fp16/bf16 sections, which the
         # plugins got from the mixed_precision setting): hasten's autocast and loss scaler stay off.
         self.precision = PrecisionPolicy(device_type=state.device.type)
         self._wrappers: list = []  # one DeepSpeedEngineWrapper per engine, in prepare order
         self._engine_of = WeakIdKeyDictionary()  # the user's model -> its engine
         self._pending = None  # what the current prepare() call built: consumed by prepare_model & co.
-        plugins = list(state.deepspeed_plugins.values() if isinstance(state.deepspeed_plugins, dict)
-                       else [state.deepspeed_plugins])
-        if any(p.dschf is not None and p.hf_ds_config.is_zero3() for p in plugins):
+        if any(p.dschf is not None and p.hf_ds_config.is_zero3() for p in plan.deepspeed_plugins.values()):
             # transformers may build a model partitioned (zero.Init) before prepare(): DeepSpeed's view of the
             # processes must exist by then, or zero.Init counts one process.
             self._start_deepspeed()
-        dynamo = getattr(state, "dynamo_plugin", None)
-        if dynamo is not None and str(getattr(dynamo.backend, "value", dynamo.backend)).lower() not in ("no", "none"):
-            raise NotSupportedYetError("torch.compile (dynamo_backend) together with DeepSpeed is not supported by hasten yet")
 
     # -- checks that must come before DeepSpeed crashes -----------------------------------------------------
     def _check_device(self, plugin) -> None:

@@ -60,15 +60,10 @@ class FSDPBackend(Backend):
         pipeline parallel), which shard in their own way."""
         return self.version == 2 and self.name == "fsdp"
 
-    def __init__(self, state, precision=None, ddp_kwargs=None, plugin=None):
-        if plugin is None:
-            from ...config.fsdp import FullyShardedDataParallelPlugin
-
-            plugin = FullyShardedDataParallelPlugin()
-        super().__init__(state, precision=precision, ddp_kwargs=ddp_kwargs, plugin=plugin)
-        plugin.set_mixed_precision(self.precision.mode)
-        self.version = plugin.fsdp_version
-        if self.precision.fp8 is not None and plugin.cpu_ram_efficient_loading:
+    def __init__(self, state, plan, precision=None, ddp_kwargs=None):
+        super().__init__(state, plan, precision=precision, ddp_kwargs=ddp_kwargs)
+        self.version = self.plugin.fsdp_version
+        if self.precision.fp8 is not None and self.plugin.cpu_ram_efficient_loading:
             # fp8 swaps layers before sharding, which needs every rank's real weights
             raise ConfigError("mixed_precision='fp8' cannot be combined with fsdp cpu_ram_efficient_loading (the fp8 "
                               "layers are made from each process's full model); fix: set it to false")
