@@ -259,7 +259,7 @@ class Accelerator:
         models = [(i, o) for i, o in enumerate(args) if isinstance(o, torch.nn.Module)]
         optimizers = [(i, o) for i, o in enumerate(args) if isinstance(o, torch.optim.Optimizer)]
         self.precision.convert_models([o for _, o in models], [o for _, o in optimizers], fsdp2=self.is_fsdp2)
-        if getattr(self._backend, "accelerate_fsdp2_step", False):  # Accelerate's FSDP2 step (scripts patch its names)
+        if self._backend.accelerate_fsdp2_step:  # Accelerate's FSDP2 step (scripts patch its names)
             self._prepare_fsdp2(*[o for _, o in models], *[o for _, o in optimizers])
         self._backend.prepare_together(
             [o for _, o in models], [o for _, o in optimizers], schedulers=[o for o in args if _is_scheduler(o)],
@@ -273,7 +273,7 @@ class Accelerator:
         for i, obj in enumerate(args):
             if _is_scheduler(obj):
                 result[i] = self._prepare_one(obj, device_placement[i])
-        if models and getattr(self._backend, "ulysses_mpu", None) is not None:  # DeepSpeed's Ulysses (Accelerate's)
+        if models and self._backend.ulysses_mpu is not None:  # DeepSpeed's Ulysses (Accelerate's)
             from .backends.deepspeed.ulysses import adapt_loader
 
             mpu = self._backend.ulysses_mpu
@@ -503,8 +503,7 @@ class Accelerator:
             return None
         self.unscale_gradients()
         # torch's fused (foreach) clamp refuses a mix of DTensor and plain gradients (tensor parallel layouts)
-        foreach = getattr(self._backend, "clip_value_foreach", None)
-        torch.nn.utils.clip_grad_value_(parameters, clip_value, foreach=foreach)
+        torch.nn.utils.clip_grad_value_(parameters, clip_value, foreach=self._backend.clip_value_foreach)
 
     # -- collectives and process control --------------------------------------------------------------------
     def gather(self, tensor):

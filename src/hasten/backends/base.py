@@ -58,6 +58,12 @@ class Backend:
     #: module tree whose compiled blocks hold the original in `_orig_mod`; True compiles each block in place
     #: (engines whose hooks a new tree would bypass: FSDP2, DeepSpeed).
     regional_compilation_in_place = False
+    #: Whether `prepare` takes Accelerate's FSDP2 step (`Accelerator._prepare_fsdp2`, whose names scripts patch).
+    accelerate_fsdp2_step = False
+    #: DeepSpeed's Ulysses process groups once an engine is built with sp (prepared loaders are then adapted).
+    ulysses_mpu = None
+    #: `clip_grad_value_`'s `foreach` (None: torch's choice; False where torch's fused clamp refuses the gradients).
+    clip_value_foreach = None
 
     def __init__(self, state, plan, precision: PrecisionPolicy | None = None, ddp_kwargs=None):
         self.state = state

@@ -23,6 +23,7 @@ class LayoutBackend(FSDPBackend):
     a model along the layout's other dimensions (tensor parallel here, pipeline stages in `pipeline.py`)."""
 
     supports_clip_grad_value = False
+    accelerate_fsdp2_step = False  # the layout shards in its own order (split first, then fully_shard)
 
     def __init__(self, state, plan, precision=None, ddp_kwargs=None):
         super().__init__(state, plan, precision=precision, ddp_kwargs=ddp_kwargs)

@@ -57,8 +57,8 @@ class FSDPBackend(Backend):
     def accelerate_fsdp2_step(self) -> bool:
         """Whether `prepare` takes Accelerate's FSDP2 step (`Accelerator._prepare_fsdp2`, sharding each model
         through `fsdp2_prepare_model`) before `prepare_together`: plain FSDP2, not the layout backends (tensor,
-        pipeline parallel), which shard in their own way."""
-        return self.version == 2 and self.name == "fsdp"
+        pipeline parallel), which shard in their own way and say so themselves."""
+        return self.version == 2
 
     def __init__(self, state, plan, precision=None, ddp_kwargs=None):
         super().__init__(state, plan, precision=precision, ddp_kwargs=ddp_kwargs)
