@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from hasten.plan import Cluster, RunPlan, make_run_plan
 from hasten.core.enums import DistributedType
@@ -136,6 +137,16 @@ def test_accumulation_in_the_plan():
         make_run_plan(cluster=_cluster(2), gradient_accumulation_steps=2, gradient_accumulation_plugin=given)
 
 
+def test_the_plan_leaves_the_users_accumulation_plugin_as_given(tmp_path):
+    from hasten.config.handlers import GradientAccumulationPlugin
+
+    given = GradientAccumulationPlugin(num_steps=1, sync_each_batch=True)
+    plan = make_run_plan(cluster=_cluster(2), deepspeed_plugin=_deepspeed(tmp_path, gradient_accumulation_steps=4),
+                         gradient_accumulation_plugin=given)
+    assert (plan.accumulation.steps, plan.accumulation.plugin.num_steps) == (4, 4)  # DeepSpeed's count, in a copy
+    assert plan.accumulation.plugin.sync_each_batch and given.num_steps == 1
+
+
 def test_the_cluster_is_asked_only_after_the_arguments_are_checked():
     def never():
         raise AssertionError("the cluster was detected before the arguments were checked")
@@ -184,8 +195,11 @@ def test_a_second_accelerator_keeps_the_run_the_first_one_decided():
 def test_a_hand_built_accelerator_state_keeps_accelerates_constructor():
     from hasten.state import AcceleratorState, PartialState
 
-    state = AcceleratorState(fsdp_plugin=_fsdp(), cpu=True, _from_accelerator=True)  # no plan: as Accelerate's
+    plugin = _fsdp(fsdp_version=2)
+    state = AcceleratorState(fsdp_plugin=plugin, mixed_precision="bf16", cpu=True, _from_accelerator=True)
     assert state.distributed_type == PartialState().distributed_type == DistributedType.FSDP
+    # the same plan rules an Accelerator's state follows: the plugin's policy is filled from the precision
+    assert state.mixed_precision == "bf16" and plugin.mixed_precision_policy.param_dtype == torch.bfloat16
 
 
 def test_accelerator_init_is_short():

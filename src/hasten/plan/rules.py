@@ -15,6 +15,7 @@ one it saw before the plan existed.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 from dataclasses import dataclass, field
@@ -392,7 +393,9 @@ def _accumulation(steps_argument, plugin, backend: str, deepspeed_plugin) -> Acc
         if plugin.num_steps != 1 and source == "default":
             source = "GradientAccumulationPlugin(num_steps=...)"
         if backend == "deepspeed":
-            plugin.num_steps, source = _deepspeed_accumulation(deepspeed_plugin, plugin.num_steps, source)
+            steps, source = _deepspeed_accumulation(deepspeed_plugin, plugin.num_steps, source)
+            if steps != plugin.num_steps:  # a copy: the user's plugin keeps what the user set
+                plugin = dataclasses.replace(plugin, num_steps=steps)
     return Accumulation(plugin.num_steps, source, plugin)
 
 
