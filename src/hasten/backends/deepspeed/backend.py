@@ -148,7 +148,7 @@ class DeepSpeedBackend(Backend):
         model = models[0]
         optimizer = optimizers[0] if optimizers else None
         scheduler = schedulers[0] if schedulers else None
-        plugin = get_active_deepspeed_plugin(self.state)
+        plugin = get_active_deepspeed_plugin(self.plan)
         plugin.check_usable()
         config = self._fill_config(plugin, model, optimizer, scheduler, data_loaders, split_batches, accumulation_steps)
         self._check_device(plugin)
@@ -383,7 +383,7 @@ class DeepSpeedBackend(Backend):
         if float(norm_type) != 2.0:
             raise ConfigError(f"DeepSpeed clips by the 2-norm; clip_grad_norm_(norm_type={norm_type}) cannot be honoured")
         if not math.isclose(float(max_norm), float(configured or 0.0)):
-            plugin = get_active_deepspeed_plugin(self.state)
+            plugin = get_active_deepspeed_plugin(self.plan)
             raise ConfigError(
                 f"DeepSpeed clips inside its step at gradient_clipping={configured} (from "
                 f"{plugin.source_of('gradient_clipping')}) but clip_grad_norm_ asked for max_norm={max_norm}; set "

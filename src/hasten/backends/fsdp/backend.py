@@ -118,7 +118,7 @@ class FSDPBackend(Backend):
             if not dist.is_initialized():
                 init_single_process_group()
 
-            layout = getattr(self.state, "parallelism_config", None)
+            layout = self.plan.parallelism_config
             if layout is not None and layout.device_mesh is not None:  # the layout's FSDP view (2-D for HSDP)
                 from ...parallelism_config import fsdp_mesh
 
