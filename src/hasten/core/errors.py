@@ -21,6 +21,10 @@ class DistributedOperationException(HastenError, RuntimeError):
     """A collective was called with inputs that differ across ranks (found in debug mode)."""
 
 
+class ProcessLeftError(DistributedOperationException):
+    """A process of a `notebook_launcher` / `debug_launcher` run ended its function instead of joining the group."""
+
+
 class HangDetectedError(DistributedOperationException):
     """Debug mode's hang doctor stopped the run: ranks called different collectives, a rank left before a
     collective the others wait in, or a collective outlived its timeout. The full report is `.hasten_report`."""
