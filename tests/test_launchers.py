@@ -84,8 +84,13 @@ def test_notebook_launcher_one_process_runs_in_place():
 
 
 def test_failing_rank_raises_a_launch_error_naming_it():
-    with pytest.raises(LaunchError, match=r"rank 1 \(local rank 1\) failed: ValueError: launched function fails"):
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    with pytest.raises(LaunchError, match=r"rank 1 \(local rank 1\) failed: ValueError: launched function fails") as caught:
         debug_launcher(_fail_on_rank_one, num_processes=2)
+    # ... and torch's ChildFailedError, which Accelerate's launchers raise and its test_notebook.py catches
+    assert isinstance(caught.value, ChildFailedError) and caught.value.failures  # torch's record, kept
+    assert str(caught.value).startswith("launched function failed: rank 1") and "\n" not in str(caught.value)
 
 
 def _state_on_rank_zero_only():

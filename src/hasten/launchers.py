@@ -132,10 +132,12 @@ def _launch_function(function, args, nproc, env, *, master_addr, port, node_rank
     try:
         return elastic_launch(config, body or _run_forked)(record_dir.name, function, *args)
     except ChildFailedError as error:
+        from .core.errors import LaunchedFunctionError
         from .launch.run import _describe_failures
 
         described = _describe_recorded_failures(record_dir.name) or _describe_failures(error)
-        raise LaunchError(f"launched function failed: {described}") from None
+        # A LaunchError, and the ChildFailedError Accelerate's launchers raise (scripts catch that), in one line.
+        raise LaunchedFunctionError(f"launched function failed: {described}", error.name, error.failures) from None
     finally:
         record_dir.cleanup()
         for key, value in saved.items():
