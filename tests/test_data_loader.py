@@ -550,6 +550,15 @@ def test_two_processes_resume_exactly():
     assert "OK skipped samples are not read" in output
 
 
+def test_join_uneven_inputs_lets_cpu_processes_finish_uneven_batches():
+    """Issue 40: on 2 CPU processes the rank with an extra batch waited forever in DDP's all-reduce (Accelerate's
+    test_distributed_data_loop hung at "Test joining uneven inputs"); torch's Join now runs on MULTI_CPU too. The
+    timeout turns a regression into a failure instead of a hung suite."""
+    output = launch("join_uneven.py", timeout=120).stdout
+    for rank in (0, 1):
+        assert f"OK joined uneven inputs on rank {rank}" in output and f"OK warned without DDP on rank {rank}" in output
+
+
 def test_join_uneven_inputs_override_reaches_prepared_loaders_and_is_restored(caplog):
     """`join_uneven_inputs(even_batches=False)` switches the prepared map-style loaders' samplers for the block
     and restores them after; an iterable loader is named in a warning instead of being silently skipped."""

@@ -84,8 +84,30 @@ def test_notebook_launcher_one_process_runs_in_place():
 
 
 def test_failing_rank_raises_a_launch_error_naming_it():
-    with pytest.raises(LaunchError, match=r"rank 1 \(local rank 1\) failed: ValueError: launched function fails"):
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    with pytest.raises(LaunchError, match=r"rank 1 \(local rank 1\) failed: ValueError: launched function fails") as caught:
         debug_launcher(_fail_on_rank_one, num_processes=2)
+    # ... and torch's ChildFailedError, which Accelerate's launchers raise and its test_notebook.py catches
+    assert isinstance(caught.value, ChildFailedError) and caught.value.failures  # torch's record, kept
+    assert str(caught.value).startswith("launched function failed: rank 1") and "\n" not in str(caught.value)
+
+
+def _state_on_rank_zero_only():
+    # The shape of Accelerate's notebook test (`tough_nut_function`): one process builds a state, its peer ends
+    # its function without one.
+    if os.environ["RANK"] == "0":
+        PartialState()
+
+
+def test_a_peer_that_ends_without_joining_fails_the_joiner_at_once_naming_it(monkeypatch):
+    """Issue 40: rank 0 waited in the group's rendezvous for rank 1, which had returned, until killed (the collective
+    timeout, 30 minutes on gloo). Now it fails with a line naming rank 1. The timeout is cut to 120 s here so that
+    a regression fails instead of hanging the suite; the message shows the departure was seen, not the timeout."""
+    monkeypatch.setenv("HASTEN_COLLECTIVE_TIMEOUT", "120")
+    with pytest.raises(LaunchError, match=r"rank 0 \(local rank 0\) failed: ProcessLeftError: rank 0: rank 1 of 2 "
+                                          r"ended the launched function without joining the process group"):
+        notebook_launcher(_state_on_rank_zero_only, num_processes=2, use_port="0")
 
 
 @pytest.mark.parametrize(

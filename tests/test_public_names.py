@@ -230,6 +230,9 @@ def test_import_turns_rich_tracebacks_on_with_the_switch(switch):
     env = {k: v for k, v in os.environ.items() if not k.endswith("_ENABLE_RICH")}
     if switch:
         env[switch] = "1"
-    code = "import sys; hook = sys.excepthook; import hasten; print(sys.excepthook is hook, 'hasten.utils.rich' in sys.modules)"
+    # ... and binds it as `accelerate.rich` (`from .utils import rich`); switched off, the name is absent there too.
+    code = ("import sys; hook = sys.excepthook; import hasten; "
+            "print(sys.excepthook is hook, 'hasten.utils.rich' in sys.modules, "
+            "getattr(hasten, 'rich', None) is sys.modules.get('hasten.utils.rich', 0))")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
-    assert out.split() == (["False", "True"] if switch else ["True", "False"])
+    assert out.split() == (["False", "True", "True"] if switch else ["True", "False", "False"])

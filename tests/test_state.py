@@ -141,6 +141,20 @@ def test_accelerator_state_precision_and_reuse(monkeypatch):
     assert not PartialState._shared_state
 
 
+def test_process_questions_survive_an_accelerator_state_reset():
+    """As Accelerate (its test_metrics script asks `accelerator.is_local_main_process` after
+    `accelerator.state._reset_state()`): the process questions are PartialState's, which the reset keeps;
+    what belongs to the AcceleratorState itself still explains the reset."""
+    from hasten import Accelerator
+
+    accelerator = Accelerator()
+    accelerator.state._reset_state()
+    assert accelerator.is_local_main_process and accelerator.is_main_process and accelerator.is_last_process
+    assert accelerator.state.use_distributed is False
+    with pytest.raises(StateResetError, match="AcceleratorState._reset_state"):
+        _ = accelerator.state.mixed_precision
+
+
 def test_accelerator_state_rejects_unknown_precision(monkeypatch):
     with pytest.raises(ConfigError, match=r"Unknown mixed precision 'fp12' \(from the mixed_precision argument\)"):
         AcceleratorState(mixed_precision="fp12", _from_accelerator=True)

@@ -56,7 +56,8 @@ __all__ = ["__version__", *_EXPORTS]
 
 def _rich_tracebacks() -> None:
     """As `import accelerate`: with rich installed and HASTEN_ENABLE_RICH=1 (or ACCELERATE_ENABLE_RICH=1), rich
-    draws uncaught tracebacks. Off by default, and then nothing more is imported."""
+    draws uncaught tracebacks and `hasten.rich` is `hasten.utils.rich`. Off by default, and then nothing more is
+    imported."""
     import os
 
     if not (os.environ.get("HASTEN_ENABLE_RICH") or os.environ.get("ACCELERATE_ENABLE_RICH")):
@@ -64,7 +65,7 @@ def _rich_tracebacks() -> None:
     from .core.availability import is_rich_available
 
     if is_rich_available():
-        importlib.import_module("hasten.utils.rich")
+        globals()["rich"] = importlib.import_module("hasten.utils.rich")
 
 
 _rich_tracebacks()

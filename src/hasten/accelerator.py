@@ -43,6 +43,10 @@ from .logging import get_logger
 
 logger = get_logger(__name__)  # Accelerate's module-level logger, at its path
 _NOT_PASSED = object()
+# The distributed types Accelerate's `multi_device` answers True for: DDP over several accelerators.
+_MULTI_DEVICE_TYPES = (DistributedType.MULTI_GPU, DistributedType.MULTI_MLU, DistributedType.MULTI_SDAA,
+                       DistributedType.MULTI_MUSA, DistributedType.MULTI_NPU, DistributedType.MULTI_XPU,
+                       DistributedType.MULTI_HPU, DistributedType.MULTI_NEURON)
 
 
 # Accelerate's accelerator module holds its FSDP2 helpers as globals, and scripts patch them there
@@ -199,7 +203,8 @@ class Accelerator:
 
     @property
     def multi_device(self) -> bool:
-        return self.use_distributed and self.distributed_type not in (DistributedType.MULTI_CPU, DistributedType.NO)
+        # Accelerate's answer: several accelerator processes under plain DDP (not MULTI_CPU, FSDP, DeepSpeed, XLA).
+        return self.use_distributed and self.distributed_type in _MULTI_DEVICE_TYPES
 
     split_batches = property(lambda self: self.dataloader_config.split_batches)
     dispatch_batches = property(lambda self: self.dataloader_config.dispatch_batches)
@@ -566,10 +571,14 @@ class Accelerator:
 
     @contextlib.contextmanager
     def join_uneven_inputs(self, joinables, even_batches=None):
-        """Let processes with fewer batches finish early (multi-GPU DDP only; a no-op elsewhere)."""
-        if not self.multi_device:
+        """Let processes with fewer batches finish early (DDP on several devices or CPU processes; a no-op
+        elsewhere, with Accelerate's warning)."""
+        # Unlike Accelerate, MULTI_CPU joins too: there Accelerate does nothing, and the process with the extra
+        # batch waits forever in DDP's gradient all-reduce (its test_distributed_data_loop hangs on CPU).
+        if not (self.multi_device or (self.use_distributed and self.distributed_type == DistributedType.MULTI_CPU)):
             if self.use_distributed:
-                warnings.warn("join_uneven_inputs only acts on multi-GPU runs; on CPU it does nothing", stacklevel=3)
+                warnings.warn("Joining uneven inputs is only supported for multi-GPU training, as a result "
+                              "`join_uneven_inputs` will have no effect.", stacklevel=3)
             yield
             return
         from torch.distributed.algorithms.join import Join

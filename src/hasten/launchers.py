@@ -19,11 +19,14 @@ def _run_forked(record_dir, function, *args):
     A failure is written to `record_dir/<rank>.json` with a precise time: torch's process context reports
     only the first process it notices, which is often a rank that merely lost contact with the real culprit.
     """
+    from .distributed import departures
     from .state import AcceleratorState, GradientState
 
     # A fork copies the parent's shared state; this process is a different rank and must detect its own.
     AcceleratorState._reset_state(reset_partial_state=True)
     GradientState._reset_state()
+    # A peer may end its function without building any state; joining the group then fails at once, naming it.
+    departures.watched = True
     try:
         return function(*args)
     except BaseException as error:
@@ -34,6 +37,7 @@ def _run_forked(record_dir, function, *args):
 
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
+        departures.announce_departure()
 
 
 # What torchrun gives each process to find its rank. Accelerate's debug_launcher sets none of them (only
@@ -128,10 +132,12 @@ def _launch_function(function, args, nproc, env, *, master_addr, port, node_rank
     try:
         return elastic_launch(config, body or _run_forked)(record_dir.name, function, *args)
     except ChildFailedError as error:
+        from .core.errors import LaunchedFunctionError
         from .launch.run import _describe_failures
 
         described = _describe_recorded_failures(record_dir.name) or _describe_failures(error)
-        raise LaunchError(f"launched function failed: {described}") from None
+        # A LaunchError, and the ChildFailedError Accelerate's launchers raise (scripts catch that), in one line.
+        raise LaunchedFunctionError(f"launched function failed: {described}", error.name, error.failures) from None
     finally:
         record_dir.cleanup()
         for key, value in saved.items():

@@ -443,11 +443,23 @@ class AcceleratorState(_SharedState):
         if reset_partial_state:
             PartialState._reset_state()
 
-    # Delegated process-level behaviour (the same as PartialState's).
-    use_distributed = PartialState.use_distributed
-    is_main_process = PartialState.is_main_process
-    is_local_main_process = PartialState.is_local_main_process
-    is_last_process = PartialState.is_last_process
+    # Delegated process-level behaviour, answered by PartialState: it survives `AcceleratorState._reset_state()`
+    # (scripts ask `accelerator.is_local_main_process` after resetting, as Accelerate's test_metrics does).
+    @property
+    def use_distributed(self) -> bool:
+        return PartialState().use_distributed
+
+    @property
+    def is_main_process(self) -> bool:
+        return PartialState().is_main_process
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return PartialState().is_local_main_process
+
+    @property
+    def is_last_process(self) -> bool:
+        return PartialState().is_last_process
 
     def wait_for_everyone(self):
         PartialState().wait_for_everyone()

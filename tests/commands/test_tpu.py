@@ -179,3 +179,37 @@ def test_prepare_tpu_sets_the_xla_bf16_variable_on_a_tpu(downcast, variable, mon
     assert prepare_tpu(args, {})[1] == {variable: "1", "ACCELERATE_DEBUG_MODE": "true"}
     monkeypatch.setattr(availability, "is_torch_xla_available", lambda check_is_tpu=False, check_is_gpu=False: not check_is_tpu)
     assert prepare_tpu(args, {})[1] == {"ACCELERATE_DEBUG_MODE": "true"}
+
+
+@pytest.fixture
+def fake_xmp(monkeypatch):
+    """A stand-in `torch_xla.distributed.xla_multiprocessing` whose `spawn` records the replica count it is asked for
+    and runs the replica once (index 0). The real launches run in tests/xla, in the side environment."""
+    import importlib.machinery
+    import types
+
+    calls = []
+
+    def spawn(function, args=(), nprocs=None, start_method="spawn"):
+        calls.append(nprocs)
+        function(0, *args)
+
+    for name in ("torch_xla", "torch_xla.distributed", "torch_xla.distributed.xla_multiprocessing"):
+        module = types.ModuleType(name)
+        module.__spec__ = importlib.machinery.ModuleSpec(name, None)
+        monkeypatch.setitem(sys.modules, name, module)
+    sys.modules["torch_xla.distributed.xla_multiprocessing"].spawn = spawn
+    return calls
+
+
+@pytest.mark.parametrize("flags, nprocs", [([], None), (["--num_processes", "1"], 1), (["--num_processes", "8"], None)])
+def test_a_tpu_launch_without_a_count_spawns_a_replica_per_device(home, capsys, fake_xmp, flags, nprocs, monkeypatch):
+    """As Accelerate's TPU launcher (`xmp.spawn` without `nprocs`): no --num_processes anywhere means every device
+    of the host, not the default 1 (one core of eight); a given 1 still means one replica (torch_xla's spawn takes
+    1 or every device)."""
+    monkeypatch.chdir(home)
+    monkeypatch.delenv("PJRT_DEVICE", raising=False)
+    script = home / "tpu_main_script.py"
+    script.write_text("def main():\n    print('RAN')\n")
+    assert cli.main(["launch", "--tpu", *flags, str(script)]) == 0
+    assert fake_xmp == [nprocs] and "RAN" in capsys.readouterr().out

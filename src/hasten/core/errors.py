@@ -21,6 +21,10 @@ class DistributedOperationException(HastenError, RuntimeError):
     """A collective was called with inputs that differ across ranks (found in debug mode)."""
 
 
+class ProcessLeftError(DistributedOperationException):
+    """A process of a `notebook_launcher` / `debug_launcher` run ended its function instead of joining the group."""
+
+
 class HangDetectedError(DistributedOperationException):
     """Debug mode's hang doctor stopped the run: ranks called different collectives, a rank left before a
     collective the others wait in, or a collective outlived its timeout. The full report is `.hasten_report`."""
@@ -76,3 +80,31 @@ class MegatronLMOnlyError(NotSupportedYetError):
 class HubAccessError(ConfigError, OSError):
     """Something needs the Hugging Face Hub, which hasten never contacts (estimate-memory reads local folders).
     An OSError too, as Accelerate's estimate raises for a repo it cannot reach."""
+
+
+def _launched_function_error():
+    """`LaunchedFunctionError`: a process started by `notebook_launcher` / `debug_launcher` failed. A `LaunchError`
+    whose text is hasten's one line, and torch's `ChildFailedError` (`.name`, `.failures`), which Accelerate's
+    launchers raise and scripts catch (Accelerate's own test_notebook.py does). Built on first use: importing
+    torch's elastic package costs about half a second, which `import hasten` must not pay."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    class LaunchedFunctionError(LaunchError, ChildFailedError):
+        __module__ = __name__
+
+        def __init__(self, message: str, name: str = "", failures: dict | None = None):
+            self.name = name
+            self.failures = dict(failures or {})
+            Exception.__init__(self, message)
+
+        def __str__(self) -> str:
+            return str(self.args[0]) if self.args else ""
+
+    return LaunchedFunctionError
+
+
+def __getattr__(name):
+    if name == "LaunchedFunctionError":
+        value = globals()[name] = _launched_function_error()
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

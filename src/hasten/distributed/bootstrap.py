@@ -11,7 +11,7 @@ from datetime import timedelta
 from ..core.env import gloo_interface_words
 from ..resilience.error_file import record_uncaught_errors
 from . import cluster as environment
-from . import control
+from . import control, departures
 
 
 def init_process_group(cluster: environment.ClusterInfo, backend: str, kwargs: dict) -> None:
@@ -41,8 +41,9 @@ def init_process_group(cluster: environment.ClusterInfo, backend: str, kwargs: d
         store = dist.TCPStore(
             addr, port, cluster.world_size, is_master=cluster.rank == 0, timeout=timeout, multi_tenant=True
         )
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    store = dist.PrefixStore(f"hasten/attempt{attempt}/", store)
+    store = departures.attempt_store(store)
+    if departures.watched:
+        departures.wait_for_arrivals(store, cluster.rank, cluster.world_size, timeout)
     dist.init_process_group(
         backend, store=store, rank=cluster.rank, world_size=cluster.world_size, timeout=timeout, **kwargs
     )

@@ -71,7 +71,8 @@ def _main_function(args):
 
 
 def tpu_launcher(args):
-    """Start `--num_processes` replicas of the script's main function on this host with `xmp.spawn`."""
+    """Start `--num_processes` replicas of the script's main function on this host with `xmp.spawn` (None: one
+    per device)."""
     try:
         xmp = importlib.import_module("torch_xla.distributed.xla_multiprocessing")
     except ImportError:
@@ -146,7 +147,8 @@ def tpu_pod_command(args, current_env: dict) -> list:
     launch = [*(["sudo"] if getattr(args, "tpu_use_sudo", False) else []), "env",
               *(f"{key}={value}" for key, value in variables.items()),
               "hasten", "launch", "--tpu", "--no_tpu_cluster", "--num_machines", "1", "--mixed_precision", "no",
-              "--dynamo_backend", "no", "--num_processes", str(args.num_processes),
+              "--dynamo_backend", "no",
+              *(["--num_processes", str(args.num_processes)] if args.num_processes is not None else []),
               "--main_training_function", str(getattr(args, "main_training_function", None) or "main"),
               *(["-m"] if args.module else []), args.training_script, *args.training_script_args]
     remote = f"cd {shlex.quote(os.getcwd())}; " + shlex.join(launch)
@@ -182,6 +184,10 @@ def launch(args, plan) -> int:
     for name in _ARGS_FROM_SETTINGS:
         try:
             setattr(args, name, plan.settings[name])
+            if name == "num_processes" and plan.settings.values[name].source == "default":
+                # Not given anywhere: every device of the host, as Accelerate's `xmp.spawn` without `nprocs`
+                # (the default 1 would train on one core of eight). A given count, 1 included, is honoured.
+                args.num_processes = None
         except KeyError:  # tpu_name/tpu_zone: keys of the config file that `hasten tpu-config` reads too
             if file_values is None:
                 path = getattr(plan.settings, "config_path", None)
