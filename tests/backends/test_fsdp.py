@@ -590,3 +590,15 @@ def test_ram_efficient_loading_keeps_tied_weights_tied_and_filled():
     finally:
         if made_group and dist.is_initialized():
             dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("weights", ["untied", "tied"])
+def test_save_pretrained_after_fsdp2_training_writes_the_trained_weights(tmp_path, weights):
+    """Accelerate's nd_parallel.py --dp-shard-size 2, shrunk (tests/workers/fsdp_save_pretrained.py): after FSDP2
+    training, `model.save_pretrained(dir)` on every process wrote the trained whole weights (it crashed in
+    safetensors on the DTensor shards: "invalid python storage"; with tied embeddings the other rank hung in
+    transformers' tied-weight check), and so does `unwrap_model(model).save_pretrained(dir, state_dict=
+    accelerator.get_state_dict(model))`; both reload with from_pretrained."""
+    result = launch("fsdp_save_pretrained.py", tmp_path, weights, timeout=300)
+    for route in ("plain", "explicit"):
+        assert result.stdout.count(f"ok {route} rank") == 2, result.stdout + result.stderr

@@ -27,6 +27,7 @@ from ..base import Backend, refuse_load_kwargs
 from ..unwrap import is_fsdp1, is_fsdp2
 from . import checkpoint as fsdp_checkpoint
 from . import sharding
+from .pretrained import save_pretrained_with_whole_weights
 from .sharding import checkpoint_wrap_blocks, load_full_state_dict, materialize  # noqa: F401 - published here too
 from .sharding import named_tensors as _named_tensors, plain_named_parameters, state_name  # noqa: F401
 
@@ -207,6 +208,7 @@ class FSDPBackend(Backend):
         for name, old in old_params.items():
             if name in new_params and new_params[name] is not old:
                 self._replacement[old] = new_params[name]
+        save_pretrained_with_whole_weights(model)  # its own state_dict() now holds shards (pretrained.py)
         return model
 
     def _shard_fsdp1(self, model):
