@@ -215,18 +215,20 @@ def test_accelerator_accumulation_steps_agree_with_the_config(monkeypatch, caplo
 
 
 @needs_deepspeed
-def test_a_gpu_configuration_loads_on_a_cpu_and_is_refused_at_prepare():
+def test_a_gpu_configuration_loads_on_a_cpu_and_is_refused_at_prepare(monkeypatch):
     """fp16 and CPU offload are GPU settings: the Accelerator is built (its config can be read and tested on a
-    laptop, as with Accelerate), and prepare() refuses them in one line before DeepSpeed starts."""
+    laptop, as with Accelerate), and prepare() refuses fp16 in one line before DeepSpeed starts; CPU offload is a
+    no-op on a CPU run (tests/workers/deepspeed_cpu_offload.py), refused only under hasten's strict setting."""
     from torch.utils.data import DataLoader
 
     from hasten import Accelerator
     from hasten.state import AcceleratorState
 
     cases = [(dict(mixed_precision="fp16", deepspeed_plugin=DeepSpeedPlugin()), "fp16 on a CPU.*bf16"),
-             (dict(deepspeed_plugin=DeepSpeedPlugin(offload_optimizer_device="cpu")), "already trains on the CPU"),
+             (dict(deepspeed_plugin=DeepSpeedPlugin(offload_optimizer_device="cpu")), "already trains on the CPU.*strict"),
              (dict(deepspeed_plugin=DeepSpeedPlugin(zero_stage="zero2")), "zero_stage='zero2'.*0, 1, 2 or 3")]
     for kwargs, message in cases:
+        monkeypatch.setenv("HASTEN_STRICT", "1" if "strict" in message else "0")
         AcceleratorState._reset_state(True)
         accelerator = Accelerator(**kwargs)
         assert accelerator.distributed_type == "DEEPSPEED"
@@ -370,6 +372,19 @@ def test_training_matches_ddp_and_resolves_auto_values(tmp_path):
     result = launch("deepspeed_train.py", tmp_path, timeout=600)
     for check in ("matches_ddp", "zero3_save_model", "accumulation", "auto_config", "two_plugins", "zero3_init"):
         assert f"OK {check}" in result.stdout, result.stdout[-3000:]
+
+
+@needs_deepspeed
+def test_cpu_offload_on_a_cpu_run_warns_once_and_trains(tmp_path):
+    """The configs of Accelerate's test_ds_multiple_model.py on a CPU run: ZeRO-2 with offload_optimizer 'cpu' and
+    ZeRO-3 with offload_optimizer and offload_param 'cpu', two models, two processes. Each prepare warns once
+    (the offload is a no-op: DeepSpeed gets the config without it, the plugin keeps it) and both engines train
+    as the one-process reference (max |difference| < 1e-5); it was refused ("already trains on the CPU")."""
+    from launching import launch
+
+    result = launch("deepspeed_cpu_offload.py", timeout=600)
+    for check in ("warned", "trains"):
+        assert result.stdout.count(f"OK {check}") == 2, result.stdout[-3000:] + result.stderr[-3000:]
 
 
 @needs_deepspeed

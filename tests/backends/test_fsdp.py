@@ -65,16 +65,30 @@ def test_argument_beats_environment_beats_default(monkeypatch):
 
 
 def test_offload_and_checkpointing_variables_reach_the_plugin(monkeypatch):
-    """FSDP_OFFLOAD_PARAMS / FSDP_ACTIVATION_CHECKPOINTING (as `hasten launch` exports them) are the plugin's;
-    FSDP_ACTIVATION_CHECKPOINTING_OFFLOAD, not built, is refused in one line."""
+    """FSDP_OFFLOAD_PARAMS / FSDP_ACTIVATION_CHECKPOINTING / FSDP_ACTIVATION_CHECKPOINTING_OFFLOAD (as `hasten
+    launch` exports them) are the plugin's; the last needs FSDP2, as in Accelerate (its words)."""
     monkeypatch.setenv("FSDP_VERSION", "2")
     monkeypatch.setenv("FSDP_OFFLOAD_PARAMS", "true")
     monkeypatch.setenv("FSDP_ACTIVATION_CHECKPOINTING", "true")
     plugin = FullyShardedDataParallelPlugin()
     assert type(plugin.cpu_offload).__name__ == "CPUOffloadPolicy" and plugin.activation_checkpointing is True
+    assert plugin.activation_checkpointing_offload is False
     monkeypatch.setenv("FSDP_ACTIVATION_CHECKPOINTING_OFFLOAD", "true")
-    with pytest.raises(ConfigError, match="activation_checkpointing_offload moves saved activations"):
+    assert FullyShardedDataParallelPlugin().activation_checkpointing_offload is True
+    monkeypatch.setenv("FSDP_VERSION", "1")
+    with pytest.raises(ConfigError, match="requires `fsdp_version=2`"):
         FullyShardedDataParallelPlugin()
+
+
+def test_offloads_to_cpu_memory_on_a_cpu_run():
+    """On a CPU run (2 processes, tests/workers/fsdp_cpu_offloads.py): cpu_offload under FSDP2 and FSDP1 warns once
+    and trains to the weights of the same run without it (torch's offload needs an accelerator: it failed, and
+    hasten refused it); hasten's strict setting refuses it in one line; activation_checkpointing_offload wraps
+    each checkpointed block in torch's offload wrapper (as Accelerate) and trains to the same weights (it was
+    refused as not built)."""
+    result = launch("fsdp_cpu_offloads.py", timeout=300)
+    for check in ("cpu_offload_fsdp2", "cpu_offload_fsdp1", "activation_offload", "strict"):
+        assert result.stdout.count(f"ok {check} rank") == 2, result.stdout[-3000:] + result.stderr[-3000:]
 
 
 def test_fsdp1_variables_and_the_optimizer_state_config_reach_the_plugin(monkeypatch):
@@ -590,3 +604,15 @@ def test_ram_efficient_loading_keeps_tied_weights_tied_and_filled():
     finally:
         if made_group and dist.is_initialized():
             dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("weights", ["untied", "tied"])
+def test_save_pretrained_after_fsdp2_training_writes_the_trained_weights(tmp_path, weights):
+    """Accelerate's nd_parallel.py --dp-shard-size 2, shrunk (tests/workers/fsdp_save_pretrained.py): after FSDP2
+    training, `model.save_pretrained(dir)` on every process wrote the trained whole weights (it crashed in
+    safetensors on the DTensor shards: "invalid python storage"; with tied embeddings the other rank hung in
+    transformers' tied-weight check), and so does `unwrap_model(model).save_pretrained(dir, state_dict=
+    accelerator.get_state_dict(model))`; both reload with from_pretrained."""
+    result = launch("fsdp_save_pretrained.py", tmp_path, weights, timeout=300)
+    for route in ("plain", "explicit"):
+        assert result.stdout.count(f"ok {route} rank") == 2, result.stdout + result.stderr

@@ -172,6 +172,16 @@ def test_sp2_equals_one_process_pads_and_resumes(tmp_path):
     assert "2" in result["heads_error"] and "key/value heads do not divide by sp_size=2" in result["heads_error"]
 
 
+def test_a_model_whose_attention_hasten_cannot_hook_is_refused_and_ulysses_attention_makes_it_right():
+    """sp 2 with a plain nn.Module (no transformers config): its first forward is refused in one line, since its
+    attention saw only each rank's slice (it trained silently wrong: the loss was off by 3.6e-2); with its attention
+    function wrapped in ulysses_attention it trains to one process's loss and weights on whole sequences
+    (tests/workers/sp_plain_module.py)."""
+    result = launch("sp_plain_module.py", timeout=600)
+    for check in ("refused", "wrapped"):
+        assert result.stdout.count(f"ok {check} rank") == 2, result.stdout[-3000:] + result.stderr[-3000:]
+
+
 def test_sp_with_ddp_and_fsdp2_on_four_processes(tmp_path):
     """dp_replicate 2 x sp 2 (DDP) and dp_shard 2 x sp 2 (FSDP2) equal one process; token-normalised accumulation
     over sp ranks equals one process on the window's tokens (tests/workers/sp_layouts.py)."""

@@ -68,6 +68,10 @@ class TensorParallelBackend(LayoutBackend):
             if self.plugin.activation_checkpointing:
                 from .fsdp.backend import _apply_activation_checkpointing
 
+                if self.plugin.activation_checkpointing_offload:
+                    raise ConfigError("fsdp activation_checkpointing_offload is built for FSDP2 sharding, and this "
+                                      "layout shards no data dimension; set it to false")
+
                 _apply_activation_checkpointing(model, self.plugin.wrap_predicate(model), composable=True)
             self._roots.append(model)
         current = plain_named_parameters(model)

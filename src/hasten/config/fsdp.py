@@ -305,11 +305,8 @@ class FullyShardedDataParallelPlugin:
             raise ConfigError(
                 "fsdp activation_checkpointing_offload=True needs activation_checkpointing=True as well"
             )
-        if self.activation_checkpointing_offload:
-            raise ConfigError(
-                "fsdp activation_checkpointing_offload moves saved activations to CPU memory, where they already "
-                "are on a CPU run and which hasten does not implement yet; set it to false"
-            )
+        if self.activation_checkpointing_offload and self.fsdp_version != 2:
+            raise ConfigError("`activation_checkpointing_offload=True` requires `fsdp_version=2`.")
         if self.fsdp_version == 1 and self.cpu_ram_efficient_loading and not self.sync_module_states:
             # As Accelerate (its words): the other ranks start from empty weights and need rank 0's. A false value
             # the user set is refused under hasten's strict setting.

@@ -29,6 +29,9 @@ import torch.distributed as dist
 from ..core.errors import ConfigError, NotBuiltError
 
 ATTENTION_NAME = "hasten_ulysses"  # the name registered in transformers' AttentionInterface
+# How many attention calls `ulysses_attention` has run over the whole sequence in this process: a prepared model's
+# forward must move it (`watch_forward`), or its attention saw only this rank's slice.
+_whole_sequence_calls = [0]
 
 
 # -- the layouts it runs in -------------------------------------------------------------------------------------
@@ -150,6 +153,7 @@ def ulysses_attention(attention, group=None):
                 raise ConfigError(f"sequence parallelism: {tensor.shape[1]} {name} heads do not divide by "
                                   f"sp_size={size}; fix: an sp_size that divides the model's key/value heads")
         q, k, v = (seq_to_heads(t, ranks) for t in (query, key, value))
+        _whole_sequence_calls[0] += 1
         kwargs.pop("is_causal", None)
         if takes_is_causal:  # SDPA-like: its causal kernel (O(seq) memory on CPU too), no mask to materialise
             output, weights = attention(module, q, k, v, None, is_causal=True, **kwargs)
@@ -169,9 +173,40 @@ def ulysses_attention(attention, group=None):
 
 def prepare_model(model) -> None:
     """What `prepare` does to a model under hasten's Ulysses: refuse a model whose layers carry a state along the
-    sequence, then route its attention through the all-to-all wrapper."""
+    sequence, route its attention through the all-to-all wrapper, and watch that its forwards use it."""
     _refuse_recurrent_layers_under_sequence_parallelism(model)
     register_with_transformers(model)
+    watch_forward(model)
+
+
+def watch_forward(model) -> None:
+    """Refuse, in one line at the end of the forward, a forward of `model` under sequence parallelism in which
+    `ulysses_attention` never ran: each rank then attended only to its own slice of the sequence and trained on
+    silently wrong results (a plain `nn.Module`, whose attention hasten cannot find, did exactly that)."""
+    if getattr(model, "_hasten_sp_watched", False):
+        return
+    starts = []  # the count at each forward's start (a stack: a forward may call the model again)
+
+    def before(module, args):
+        starts.append(_whole_sequence_calls[0])
+
+    def after(module, args, output):
+        start = starts.pop() if starts else _whole_sequence_calls[0]
+        if _whole_sequence_calls[0] > start:
+            return
+        group = sp_group()
+        if group is None:
+            return
+        raise ConfigError(
+            f"sequence parallelism (sp_size={dist.get_world_size(group)}): the forward of {type(module).__name__} ran "
+            "without hasten's sequence-parallel attention, so each rank attended only to its own slice of the "
+            "sequence (wrong results); fix: a transformers model (attn_implementation 'sdpa' or 'eager'), or wrap "
+            "the model's attention function with hasten.distributed.sequence_parallel.ulysses_attention"
+        )
+
+    model.register_forward_pre_hook(before)
+    model.register_forward_hook(after)
+    model._hasten_sp_watched = True
 
 
 def register_with_transformers(model, group=None) -> None:
@@ -251,4 +286,4 @@ def causal_lm_loss(logits: torch.Tensor, shift_labels: torch.Tensor, ignore_inde
 
 
 __all__ = ["_refuse_recurrent_layers_under_sequence_parallelism", "causal_lm_loss", "heads_to_seq", "register_with_transformers", "seq_to_heads", "sequence_parallel_loss",
-           "sp_group", "ulysses_attention"]
+           "sp_group", "ulysses_attention", "watch_forward"]

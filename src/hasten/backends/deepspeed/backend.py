@@ -16,6 +16,7 @@ import contextlib
 import math
 import os
 import sys
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -89,22 +90,36 @@ class DeepSpeedBackend(Backend):
             self._start_deepspeed()
 
     # -- checks that must come before DeepSpeed crashes -----------------------------------------------------
-    def _check_device(self, plugin) -> None:
+    def _check_device(self, plugin, config: dict) -> dict:
         """At prepare, where DeepSpeed would start: a GPU configuration (fp16, CPU offload) still loads on a CPU
-        machine, as in Accelerate, and is refused only when it would run there."""
+        machine, as in Accelerate, and is refused only when it cannot run there. Returns the config to hand
+        DeepSpeed: on a CPU run without its CPU offload sections (the state is in CPU memory already), which
+        DeepSpeed would otherwise serve only with its JIT-compiled CPU optimizers; the plugin's config is kept."""
         if self.state.device.type != "cpu":
-            return
+            return config
         if plugin.mixed_precision == "fp16":
             raise ConfigError(
                 "DeepSpeed cannot train in fp16 on a CPU (its CPU accelerator has no fp16 support); use "
                 "mixed_precision='bf16' or 'no', or disable the DeepSpeed config's fp16 section"
             )
-        for what in ("optimizer", "param"):
-            if plugin.get_value(f"zero_optimization.offload_{what}.device") == "cpu":
-                raise ConfigError(
-                    f"DeepSpeed offload_{what}_device 'cpu' moves state to CPU memory, but this run already trains "
-                    "on the CPU; set it to 'none'"
-                )
+        offloaded = [what for what in ("optimizer", "param")
+                     if plugin.get_value(f"zero_optimization.offload_{what}.device") == "cpu"]
+        if not offloaded:
+            return config
+        from ...config.resolve import strict
+
+        names = " and ".join(f"offload_{what}_device 'cpu'" for what in offloaded)
+        if strict():
+            raise ConfigError(
+                f"DeepSpeed {names} moves state to CPU memory, but this run already trains on the CPU; set it to "
+                "'none' (an error under hasten's strict setting)"
+            )
+        warnings.warn(f"DeepSpeed {names}: this run trains on the CPU, where the state already is, so hasten hands "
+                      f"DeepSpeed the config without {' and '.join(f'offload_{w}' for w in offloaded)} (nothing "
+                      "changes on a CPU; on a GPU run it offloads)", stacklevel=2)
+        zero = {key: value for key, value in config["zero_optimization"].items()
+                if key not in {f"offload_{what}" for what in offloaded}}
+        return {**config, "zero_optimization": zero}
 
     def _check_cpu_optimizer(self, config: dict) -> None:
         """A config optimizer that on a CPU needs a JIT-compiled DeepSpeed op: refuse unless it is built or allowed."""
@@ -151,7 +166,7 @@ class DeepSpeedBackend(Backend):
         plugin = get_active_deepspeed_plugin(self.plan)
         plugin.check_usable()
         config = self._fill_config(plugin, model, optimizer, scheduler, data_loaders, split_batches, accumulation_steps)
-        self._check_device(plugin)
+        config = self._check_device(plugin, config)
         refuse_autotp(config)
         self._check_cpu_optimizer(config)
         self._pending = self._initialize(plugin, config, model, optimizer, scheduler)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -27,6 +28,7 @@ from ..base import Backend, refuse_load_kwargs
 from ..unwrap import is_fsdp1, is_fsdp2
 from . import checkpoint as fsdp_checkpoint
 from . import sharding
+from .pretrained import save_pretrained_with_whole_weights
 from .sharding import checkpoint_wrap_blocks, load_full_state_dict, materialize  # noqa: F401 - published here too
 from .sharding import named_tensors as _named_tensors, plain_named_parameters, state_name  # noqa: F401
 
@@ -73,6 +75,7 @@ class FSDPBackend(Backend):
         self._replacement = WeakIdKeyDictionary()
         self._roots: list = []  # every sharded model, to find a parameter's owner (clipping, optimizer state)
         self._mesh = None
+        self._offload_dropped = False  # cpu_offload on a CPU run: left out, with a warning (_check_device)
 
     def make_grad_scaler(self):
         """fp16 loss scaling: FSDP1's local gradients need every process to agree on overflow (FSDP2's DTensor
@@ -105,11 +108,35 @@ class FSDPBackend(Backend):
                 f"fsdp sharding_strategy {strategy} (FSDP1) silently diverges on CPU processes; for hybrid sharding "
                 "use ParallelismConfig(dp_replicate_size=..., dp_shard_size=...) (FSDP2 HSDP)"
             )
-        if self.plugin.offloads_params and device.type == "cpu":
-            raise ConfigError(
-                "fsdp cpu_offload (--fsdp_offload_params) keeps parameters in CPU memory between uses, but this run's "
-                "device is already the CPU, where torch's FSDP cannot offload; set fsdp_offload_params to false"
-            )
+        if self.plugin.offloads_params and device.type == "cpu" and not self._offload_dropped:
+            # torch's FSDP offload needs an accelerator ("Cannot access accelerator device when none is available",
+            # where Accelerate hands it on); on a CPU run the parameters live in CPU memory anyway: one config
+            # from laptop to cluster, so the offload is left out here with one warning, refused under strict.
+            from ...config.resolve import strict
+
+            if strict():
+                raise ConfigError(
+                    "fsdp cpu_offload (--fsdp_offload_params) keeps parameters in CPU memory between uses, but this "
+                    "run's device is already the CPU; set fsdp_offload_params to false (an error under hasten's strict "
+                    "setting)"
+                )
+            warnings.warn("fsdp cpu_offload (--fsdp_offload_params): this run trains on the CPU, where the parameters "
+                          "already are, so hasten shards without torch's CPU offload (nothing changes on a CPU; on a "
+                          "GPU run it offloads)", stacklevel=2)
+            self._offload_dropped = True
+
+    @property
+    def offloads_params(self) -> bool:
+        """Whether the shards live in CPU memory between uses: the plugin's cpu_offload, but not on a CPU run."""
+        return self.plugin.offloads_params and not self._offload_dropped
+
+    def _offload_setting(self):
+        """The plugin's `cpu_offload` object, or the version's "no offload" one where the offload was left out."""
+        if not self._offload_dropped:
+            return self.plugin.cpu_offload
+        from torch.distributed.fsdp import CPUOffload, OffloadPolicy
+
+        return CPUOffload(offload_params=False) if self.version == 1 else OffloadPolicy()
 
     def _device_mesh(self):
         if self._mesh is None:
@@ -176,8 +203,8 @@ class FSDPBackend(Backend):
             model.to("meta")
         if plugin.activation_checkpointing:
             # As Accelerate's prepare (fsdp2_apply_ac): each block inside torch's CheckpointWrapper, before sharding.
-            checkpoint_wrap_blocks(model, plugin.wrap_predicate(model))
-        kwargs = sharding.shard_kwargs(plugin, self._device_mesh())
+            checkpoint_wrap_blocks(model, plugin.wrap_predicate(model), offload=plugin.activation_checkpointing_offload)
+        kwargs = sharding.shard_kwargs(plugin, self._device_mesh(), offload_policy=self._offload_setting())
         ignored = self._ignored_params(model)
         if ignored:
             kwargs["ignored_params"] = ignored
@@ -195,13 +222,14 @@ class FSDPBackend(Backend):
         wants_own_unit = wrap_policy(plugin, model) if wrap_policy is not None else plugin.wrap_predicate(model)
         sharding.shard_units(model, kwargs, wants_own_unit, can_be_unit=_can_be_unit, after_unit=free_replaced)
         if ram_efficient:
-            materialize(model, self.state.device, offload=plugin.offloads_params)
+            materialize(model, self.state.device, offload=self.offloads_params)
             sharding.retie(ties)
             _stream_weights_from_rank0(model, full, self.state.device)
         new_params = plain_named_parameters(model)
         for name, old in old_params.items():
             if name in new_params and new_params[name] is not old:
                 self._replacement[old] = new_params[name]
+        save_pretrained_with_whole_weights(model)  # its own state_dict() now holds shards (pretrained.py)
         return model
 
     def _shard_fsdp1(self, model):
@@ -246,7 +274,7 @@ class FSDPBackend(Backend):
         wrapped = FullyShardedDataParallel(
             model,
             sharding_strategy=plugin.sharding_strategy,
-            cpu_offload=plugin.cpu_offload,
+            cpu_offload=self._offload_setting(),
             auto_wrap_policy=policy,
             mixed_precision=plugin.mixed_precision_policy,
             backward_prefetch=plugin.backward_prefetch,

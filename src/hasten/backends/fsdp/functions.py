@@ -231,7 +231,8 @@ def fsdp2_apply_ac(accelerator, model: torch.nn.Module) -> torch.nn.Module:
     Accelerate applies it: each block goes inside torch's `CheckpointWrapper`, so parameter names gain
     `_checkpoint_wrapped_module.` (state_dict keys do not). Call it before sharding; returns `model`."""
     plugin = _fsdp2_backend(accelerator, "fsdp2_apply_ac").plugin
-    return sharding.checkpoint_wrap_blocks(model, plugin.wrap_predicate(model))
+    return sharding.checkpoint_wrap_blocks(model, plugin.wrap_predicate(model),
+                                           offload=plugin.activation_checkpointing_offload)
 
 
 def ensure_weights_retied(param_init_fn, model: torch.nn.Module, device: torch.device):

@@ -59,13 +59,14 @@ def retie(groups: list) -> None:
             module._parameters[name] = param
 
 
-def shard_kwargs(plugin, mesh) -> dict:
-    """`fully_shard`'s keywords from the plugin (torch's defaults where it holds none)."""
+def shard_kwargs(plugin, mesh, offload_policy=None) -> dict:
+    """`fully_shard`'s keywords from the plugin (torch's defaults where it holds none); `offload_policy` in place
+    of the plugin's `cpu_offload` (the backend leaves the offload out on a CPU run)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, OffloadPolicy
 
     return dict(mesh=mesh, reshard_after_forward=plugin.reshard_after_forward,
                 mp_policy=plugin.mixed_precision_policy or MixedPrecisionPolicy(),
-                offload_policy=plugin.cpu_offload or OffloadPolicy())
+                offload_policy=offload_policy or plugin.cpu_offload or OffloadPolicy())
 
 
 def upcast_for_fsdp2(model: torch.nn.Module, mixed_precision: str, is_main_process: bool = True,
@@ -138,13 +139,21 @@ def load_full_state_dict(model, full_state: dict, device, cpu_offload: bool = Fa
         model.tie_weights()
 
 
-def checkpoint_wrap_blocks(model, predicate) -> torch.nn.Module:
+def checkpoint_wrap_blocks(model, predicate, offload: bool = False) -> torch.nn.Module:
     """Accelerate's activation checkpointing for FSDP2: each submodule `predicate` picks (the plugin's auto-wrap
     policy) is replaced, in `model`, by torch's `CheckpointWrapper` around it, innermost first, so parameter
     names gain `_checkpoint_wrapped_module.` (state_dict keys do not). A block wrapped already is left as it is.
     Unlike Accelerate, the random state is preserved for the recomputation: dropout inside a block then draws the
-    same mask in backward as in forward, so the gradient is that of the forward that ran."""
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper, checkpoint_wrapper
+    same mask in backward as in forward, so the gradient is that of the forward that ran.
+
+    `offload` (the plugin's activation_checkpointing_offload): each wrapped block also inside torch's
+    `offload_wrapper`, which keeps what the checkpoint saves (the block's input) in CPU memory until backward, as
+    Accelerate does; on a CPU run that is a copy in CPU memory, so it changes nothing but costs a copy."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        CheckpointWrapper,
+        checkpoint_wrapper,
+        offload_wrapper,
+    )
 
     from ...training.compilation import get_module_children_bottom_up
 
@@ -157,7 +166,8 @@ def checkpoint_wrap_blocks(model, predicate) -> torch.nn.Module:
     for name, block in get_module_children_bottom_up(model, return_fqns=True)[:-1]:
         if isinstance(block, CheckpointWrapper) or id(block) in inside_wrapper or not predicate(block):
             continue
-        model.set_submodule(name, checkpoint_wrapper(block))
+        wrapped = checkpoint_wrapper(block)
+        model.set_submodule(name, offload_wrapper(wrapped) if offload else wrapped)
         inside_wrapper.add(id(block))
     return model
 
