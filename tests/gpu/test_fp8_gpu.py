@@ -4,7 +4,7 @@ cpu_ram_efficient_loading, as Accelerate's launcher does; fp8 layers are swapped
 tests/workers/fp8_train.py trains a small transformer in bf16 and then in fp8 from the same seed and data, and fails
 unless fp8's loss, averaged over each window of 10 steps, stays within 10% (+0.05 nats) of bf16's; the step-time ratio
 is printed (`pytest -s`). On a GPU of compute capability >= 8.9: 100 steps, fp8 kernels. The CPU twin (CI): 30 steps
-of a smaller model, two processes for FSDP2, torchao's fp8 scaling and casting with the matmul emulated; only the
+of a smaller model, two processes for FSDP2, torchao's fp8 layers with torch's CPU float8 matmul; only the
 check that the device runs fp8 kernels is skipped there.
 """
 

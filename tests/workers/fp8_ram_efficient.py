@@ -1,8 +1,8 @@
 """fp8 (torchao, float8 all-gather on) with FSDP2 cpu_ram_efficient_loading on CPU processes: rank 0 builds the model
 with its weights, the others on the meta device; `prepare` swaps the fp8 layers in on both, shards, and streams rank
 0's weights. Every process must then hold rank 0's weights in Float8Linear layers and train. Accelerate refuses the
-combination; the Accelerator's fp8 device check is skipped (torchao scales and casts to fp8 on CPU; the matmul is
-emulated). Run by tests/training/test_fp8.py."""
+combination; the Accelerator's fp8 device check is skipped (torchao's layers run on CPU with torch's CPU float8
+matmul). Run by tests/training/test_fp8.py."""
 
 import torch
 

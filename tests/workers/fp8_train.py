@@ -5,9 +5,9 @@ cpu_ram_efficient_loading). The same model, data and seed train `steps` steps in
 prints one JSON line with both loss curves and step times, and checks that fp8 tracked bf16: in every window of 10
 steps, fp8's mean loss within 10% (+0.05 nats) of bf16's, and both runs end below half their first loss.
 
-The CPU twin (CI): the same code path with torchao's emulated fp8 matmul (`emulate=True`: the scaling and casting to
-float8 run, the matmul is done in high precision), a smaller model and fewer steps; the only thing skipped is the
-Accelerator's check that the device can run fp8 kernels (a CUDA GPU of compute capability >= 8.9), by name.
+The CPU twin (CI): the same code path (torchao's Float8Linear, its scaling and casting to float8, torch's CPU
+float8 matmul), a smaller model and fewer steps; the only thing skipped is the Accelerator's check that the device
+can run fp8 (a CUDA GPU of compute capability >= 8.9), by name.
 """
 
 import json
@@ -27,7 +27,7 @@ VOCAB, WIDTH, DEPTH, SEQ, BATCH = (512, 256, 4, 128, 16) if ON_GPU else (128, 64
 if not ON_GPU:
     import hasten.training.fp8 as fp8_support
 
-    device_only("the device runs fp8 kernels", "torchao emulates the fp8 matmul on CPU", lambda: True)
+    device_only("the device runs fp8 kernels", "torch runs the float8 matmul on CPU", lambda: True)
     fp8_support.check_support = lambda device, backend: None
 
 
