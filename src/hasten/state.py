@@ -114,6 +114,7 @@ class PartialState(_SharedState):
         env = os.environ
         requested_backend = kwargs.pop("backend", None)
         kwargs.pop("_use_sagemaker_dp", None)
+        fsdp_cpu_tensors = kwargs.pop("_fsdp_cpu_tensors", None)  # the run plan's FSDP plugin (backends/plan.py)
         cpu = bool(_setting("use_cpu", bool(cpu), env))
         cluster = environment.detect_cluster(env)
         if not cpu and _xla_installed():  # as Accelerate: an installed torch_xla makes the run an XLA one
@@ -127,8 +128,8 @@ class PartialState(_SharedState):
 
         self._cpu = cpu or device_type == "cpu"
         self.debug = bool(_setting("debug", None, env))
-        backend = None if distributed_type == DistributedType.NO else environment.choose_backend(device_type,
-                                                                                                 requested_backend, env)
+        backend = None if distributed_type == DistributedType.NO else environment.choose_backend(
+            device_type, requested_backend, env, fsdp_cpu_tensors=fsdp_cpu_tensors)
         # One timeout for every collective: gloo/NCCL here, DeepSpeed's groups, the hang doctor.
         self.collective_timeout = collective_timeout(kwargs.get("timeout"), backend)
         self.cluster = cluster

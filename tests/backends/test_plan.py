@@ -21,7 +21,7 @@ PLAN = "backends/plan.py"
 
 
 def _cluster(processes=2, distributed_type=DistributedType.MULTI_CPU, device_type="cpu"):
-    return lambda: Cluster(processes, device_type, distributed_type)
+    return lambda _fsdp_plugin=None: Cluster(processes, device_type, distributed_type)
 
 
 def _fsdp(**kwargs):

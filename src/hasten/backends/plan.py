@@ -131,12 +131,13 @@ def _fsdp_line(plugin) -> str:
     return ", ".join(words)
 
 
-def make_run_plan(*, cluster: Callable[[], Cluster], mixed_precision=None, gradient_accumulation_steps: int = 1,
+def make_run_plan(*, cluster: Callable[[Any], Cluster], mixed_precision=None, gradient_accumulation_steps: int = 1,
                   gradient_accumulation_plugin=None, deepspeed_plugin=None, deepspeed_plugins=None, fsdp_plugin=None,
                   torch_tp_plugin=None, megatron_lm_plugin=None, dynamo_backend=None, dynamo_plugin=None,
                   parallelism_config=None) -> RunPlan:
-    """The run plan for `Accelerator(...)`'s arguments of the same names. `cluster` is called when the plan first
-    needs the processes (in a run, that joins the process group), so argument errors come first."""
+    """The run plan for `Accelerator(...)`'s arguments of the same names. `cluster(fsdp_plugin)` is called when the
+    plan first needs the processes (in a run, that joins the process group), so argument errors come first; it is
+    handed the FSDP plugin known at that point, whose offload decides the default group's backend."""
     from ..config.handlers import TorchDynamoPlugin
     from ..parallelism_config import config_for_run
 
@@ -147,14 +148,14 @@ def make_run_plan(*, cluster: Callable[[], Cluster], mixed_precision=None, gradi
     deepspeed_plugins = _deepspeed_plugins(deepspeed_plugin, deepspeed_plugins, fsdp_plugin)
     megatron_lm_plugin = _megatron_plugin(megatron_lm_plugin)  # served by TP/PP/FSDP (config/megatron.py)
     if megatron_lm_plugin is not None:
-        parallelism_config, fsdp_plugin = _megatron_layout(megatron_lm_plugin, cluster().num_processes,
+        parallelism_config, fsdp_plugin = _megatron_layout(megatron_lm_plugin, cluster(fsdp_plugin).num_processes,
                                                            parallelism_config, fsdp_plugin, deepspeed_plugins,
                                                            torch_tp_plugin)
     parallelism_config = config_for_run(parallelism_config, torch_tp_plugin)
     layout = None
     if parallelism_config is not None:  # the layout picks the backend: dp_shard -> FSDP2, dp_replicate -> DDP
-        layout, fsdp_plugin = _layout(parallelism_config, cluster(), fsdp_plugin, deepspeed_plugins)
-    processes = cluster()
+        layout, fsdp_plugin = _layout(parallelism_config, cluster(fsdp_plugin), fsdp_plugin, deepspeed_plugins)
+    processes = cluster(fsdp_plugin)
     settled = processes.settled
     if settled is not None:
         distributed_type = settled.distributed_type
@@ -173,14 +174,17 @@ def make_run_plan(*, cluster: Callable[[], Cluster], mixed_precision=None, gradi
                    settled=settled is not None)
 
 
-def detected_cluster(cpu: bool = False, **kwargs) -> Callable[[], Cluster]:
+def detected_cluster(cpu: bool = False, **kwargs) -> Callable[[Any], Cluster]:
     """`make_run_plan`'s `cluster` in a training process: `PartialState(cpu, **kwargs)` (made on the first call,
-    which joins the process group) and the AcceleratorState an earlier Accelerator left, if any."""
+    which joins the process group) and the AcceleratorState an earlier Accelerator left, if any. The FSDP plugin
+    the plan holds then decides whether the default group must serve CPU tensors too (CPU offload, a full state
+    dict): a plugin built in code says so only through its fields, which the launcher's variables do not carry."""
 
-    def detect() -> Cluster:
+    def detect(fsdp_plugin=None) -> Cluster:
         from ..state import AcceleratorState, PartialState, is_initialized
 
-        state = PartialState(cpu, **kwargs)
+        hint = {} if fsdp_plugin is None else {"_fsdp_cpu_tensors": fsdp_plugin.meets_cpu_tensors}
+        state = PartialState(cpu, **kwargs, **hint)
         settled = AcceleratorState() if is_initialized() else None
         return Cluster(state.num_processes, state.device.type, state.distributed_type, settled)
 
