@@ -25,7 +25,7 @@ pytestmark = [
 STEPS = 100 if CUDA else 30
 
 
-@pytest.mark.parametrize("fsdp", [False, True], ids=["one process", "fsdp2"])
+@pytest.mark.parametrize("fsdp", [False, True], ids=["one-process", "fsdp2"])
 def test_fp8_torchao_tracks_bf16(fsdp):
     flags = ["--use_fsdp", "--fsdp_version", "2"] if fsdp else []
     count = processes() if fsdp else 1
