@@ -47,9 +47,33 @@ def _append(path: Path, record: dict) -> None:
         os.fsync(handle.fileno())
 
 
+def _descendants(root: int) -> list[int]:
+    """Every process below `root` (Linux /proc): torchrun starts each worker in a session of its own, out of reach of
+    a kill of pytest's process group, and a stuck worker left behind would hold the GPU for the cases after it."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(parent, []).append(int(entry.name))
+    found, stack = [], [root]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            found.append(child)
+            stack.append(child)
+    return found
+
+
 def _stop(process: subprocess.Popen) -> None:
-    """End pytest and everything it started (launchers, torchrun, workers share its process group)."""
+    """End pytest and everything it started: its process group (launchers, torchrun) and every descendant."""
     if process.poll() is None:
+        below = _descendants(process.pid)  # before the kill: orphans lose their place in the tree
+        for pid in below:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
         try:
             os.killpg(process.pid, signal.SIGKILL)
         except ProcessLookupError:

@@ -38,6 +38,14 @@ def _bare(*args, **kwargs):
                           capture_output=True, text=True, timeout=120, **kwargs)
 
 
+def _alive(pid: int) -> bool:
+    try:
+        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
 def _runner():
     spec = importlib.util.spec_from_file_location("gpu_run", REPO / "scripts" / "gpu_run.py")
     module = importlib.util.module_from_spec(spec)
@@ -92,10 +100,15 @@ def test_the_scripts_need_no_build_tools_and_are_time_boxed():
 @ci_only
 def test_a_stuck_case_costs_its_bound_and_the_results_survive(tmp_path):
     gpu_run = _runner()
+    pid_file = tmp_path / "worker.pid"
     (tmp_path / "test_cases.py").write_text(
-        "import time\n\n"
+        "import subprocess, sys, time\n\n"
         "def test_first():\n    pass\n\n"
-        "def test_stuck():\n    time.sleep(600)\n\n"
+        "def test_stuck():\n"
+        "    # like torchrun's workers: a process in a session of its own, out of reach of pytest's process group\n"
+        "    worker = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], start_new_session=True)\n"
+        f"    open({str(pid_file)!r}, 'w').write(str(worker.pid))\n"
+        "    time.sleep(600)\n\n"
         "def test_after():\n    pass\n")
     Case = gpu_run.gpu_plan.Case
     cases = [Case("test_cases.py::test_first", 1, 30), Case("test_cases.py::test_stuck", 1, 5),
@@ -106,6 +119,7 @@ def test_a_stuck_case_costs_its_bound_and_the_results_survive(tmp_path):
     assert table["test_cases.py::test_stuck"][0] == "timeout"
     assert table["test_cases.py::test_stuck"][2] == "stopped at its 5 s bound"
     assert table["test_cases.py::test_after"][0] == "passed"  # pytest started again after the stuck case
+    assert not _alive(int(pid_file.read_text()))  # the stuck case's worker went with it
     events = [json.loads(line) for line in results.read_text().splitlines()]
     assert [e["case"] for e in events if e["event"] == "start"][:2] == ["test_cases.py::test_first",
                                                                           "test_cases.py::test_stuck"]
