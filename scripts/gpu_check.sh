@@ -1,69 +1,53 @@
 #!/usr/bin/env bash
-# The GPU suite in one command: every CUDA-specific test (tests/gpu/), a pass/fail table, and the figures.
-#   bash scripts/gpu_check.sh [extra pytest args]   # on the GPU machine (after scripts/gpu_wheels.sh here)
-#   bash scripts/gpu_check.sh --dry-run             # anywhere: the planned cases and a time estimate for each
-# Budget: the device lends 10 minutes a command and 15 a session; pytest gets at most GPU_CHECK_TIMEOUT (420 s)
-# and the whole script ends within 7 minutes on one H100, leaving time for a rerun in the same window.
-# Exit status: pytest's (124 on the timeout). Paste the printed table into docs/gpu_validation.md with the date
-# and the GPU.
+# The GPU suite in one command: every case of tests/gpu/, in the plan's order (most valuable first), each inside its
+# bound, results written as each case ends, then a pass/fail table and the figures.
+#   bash scripts/gpu_check.sh                      # on the GPU machine, with .whl/ carried (scripts/gpu_wheels.sh here)
+#   bash scripts/gpu_check.sh --cases ID ...       # a rerun of some cases (node ids as the table or --dry-run prints)
+#   bash scripts/gpu_check.sh --dry-run [--cases]  # anywhere, any python3: the cases, each one's estimate and bound,
+#                                                  # the totals against the device's window, the carried wheels
+# The plan and the budget: scripts/gpu_plan.py (the run stops at 480 s; a session has 900 s with the machine's start).
+# Logs and results: OUT (default: a new temporary folder): results.jsonl (a line per case start and end, written as
+# it happens), pytest.log, figures.jsonl. Exit status: 0 when every case passed or skipped; 1 when one failed or was
+# stopped; 3 when the carried wheels are missing or do not install (before any case runs).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"   # the GPU image has python3, not python
-INNER_TIMEOUT="${GPU_CHECK_TIMEOUT:-420}"
 export PYTHONPATH="$PWD/src:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}"
 
 if [ "${1:-}" = "--dry-run" ]; then
     shift
-    exec "$PYTHON" scripts/gpu_plan.py --budget "$INNER_TIMEOUT" "$@"
+    exec "$PYTHON" scripts/gpu_plan.py "$@"
 fi
 
 OUT="${OUT:-$(mktemp -d)}"
 mkdir -p "$OUT"
 export HASTEN_GPU_FIGURES="$OUT/figures.jsonl"
 : > "$HASTEN_GPU_FIGURES"
+: > "$OUT/results.jsonl"
+echo "gpu_check: results in $OUT"
 
-# The carried wheels (scripts/gpu_wheels.sh), installed without an index: the machine reaches none.
-if compgen -G ".whl/*.whl" > /dev/null; then
-    timeout 120 "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/hasten-site .whl/*.whl && export PYTHONPATH="$PYTHONPATH:/tmp/hasten-site" \
-        || echo "gpu_check: installing the carried wheels failed; their cases will skip"
-else
-    echo "gpu_check: no .whl/ (run scripts/gpu_wheels.sh first): deepspeed and torchao cases will skip"
-fi
+# The carried wheels (scripts/gpu_wheels.sh), installed with no index (the machine reaches none). A missing or
+# broken wheel stops here, loudly: the cases that need it would only skip.
+"$PYTHON" scripts/gpu_plan.py --check-wheels || exit 3
+timeout 120 "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/hasten-site .whl/*.whl || { echo "gpu_check: installing the carried wheels failed (above)"; exit 3; }
+export PYTHONPATH="$PYTHONPATH:/tmp/hasten-site"
 
-"$PYTHON" - <<'PY'
-import importlib.util, torch
+"$PYTHON" - <<'PY' || exit 3
+import importlib, sys, torch
 print("torch", torch.__version__, "| CUDA", torch.version.cuda, "| GPUs:",
       [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] or "none")
 print("optional:", {name: importlib.util.find_spec(name) is not None
-                    for name in ("deepspeed", "torchao", "bitsandbytes", "transformer_engine", "accelerate")})
+                    for name in ("bitsandbytes", "transformer_engine", "accelerate")})
+for carried in ("torchao", "deepspeed"):  # carried: they must import, or their cases would only skip
+    try:
+        module = importlib.import_module(carried)
+    except Exception as error:
+        sys.exit(f"gpu_check: the carried {carried} does not import: {type(error).__name__}: {error}")
+    print(carried, getattr(module, "__version__", "?"))
 PY
 
-timeout "$INNER_TIMEOUT" "$PYTHON" -m pytest -q -p no:cacheprovider tests/gpu -rA --junitxml="$OUT/gpu.xml" -s "$@" \
-    > "$OUT/pytest.log" 2>&1
+timeout 540 "$PYTHON" scripts/gpu_run.py --out "$OUT" "$@"
 status=$?
-[ $status -eq 124 ] && echo "gpu_check: pytest stopped at the ${INNER_TIMEOUT}s limit"
-tail -n 40 "$OUT/pytest.log"
-
-"$PYTHON" - "$OUT/gpu.xml" "$HASTEN_GPU_FIGURES" <<'PY'
-import json, sys, xml.etree.ElementTree as ET
-try:
-    cases = ET.parse(sys.argv[1]).getroot().iter("testcase")
-except (OSError, ET.ParseError) as error:
-    sys.exit(f"no junit report ({error}): pytest did not finish (timeout?)")
-print("\n| test | result | time (s) |\n| --- | --- | --- |")
-for case in cases:
-    outcome = "PASS"
-    for tag, word in (("failure", "FAIL"), ("error", "ERROR"), ("skipped", "skip")):
-        found = case.find(tag)
-        if found is not None:
-            outcome = word + (f": {found.get('message', '')[:80]}" if word == "skip" else "")
-    name = case.get("classname", "").split(".")[-1] + "::" + case.get("name", "")
-    print(f"| {name} | {outcome} | {float(case.get('time', 0)):.1f} |")
-figures = [json.loads(line) for line in open(sys.argv[2]) if line.strip()]
-if figures:
-    print("\n| figure | value | detail |\n| --- | --- | --- |")
-    for f in figures:
-        print(f"| {f['name']} | {f['value']} {f['unit']} | {f['note']} |")
-PY
+[ $status -eq 124 ] && echo "gpu_check: stopped at the 540 s limit; the results reached are in $OUT/results.jsonl"
 exit $status

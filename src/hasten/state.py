@@ -115,6 +115,7 @@ class PartialState(_SharedState):
         env = os.environ
         requested_backend = kwargs.pop("backend", None)
         kwargs.pop("_use_sagemaker_dp", None)
+        fsdp_cpu_tensors = kwargs.pop("_fsdp_cpu_tensors", None)  # the run plan's FSDP plugin (hasten/plan/)
         cpu = bool(_setting("use_cpu", bool(cpu), env))
         cluster = environment.detect_cluster(env)
         if not cpu and _xla_installed():  # as Accelerate: an installed torch_xla makes the run an XLA one
@@ -128,8 +129,8 @@ class PartialState(_SharedState):
 
         self._cpu = cpu or device_type == "cpu"
         self.debug = bool(_setting("debug", None, env))
-        backend = None if distributed_type == DistributedType.NO else environment.choose_backend(device_type,
-                                                                                                 requested_backend, env)
+        backend = None if distributed_type == DistributedType.NO else environment.choose_backend(
+            device_type, requested_backend, env, fsdp_cpu_tensors=fsdp_cpu_tensors)
         # One timeout for every collective: gloo/NCCL here, DeepSpeed's groups, the hang doctor.
         self.collective_timeout = collective_timeout(kwargs.get("timeout"), backend)
         self.cluster = cluster
@@ -376,8 +377,8 @@ class AcceleratorState(_SharedState):
             else:
                 deepspeed_plugins = None
             _run_plan = make_run_plan(
-                cluster=lambda: Cluster(partial_state.num_processes, partial_state.device.type,
-                                        partial_state.distributed_type),
+                cluster=lambda _fsdp_plugin: Cluster(partial_state.num_processes, partial_state.device.type,
+                                                     partial_state.distributed_type),
                 mixed_precision=mixed_precision, deepspeed_plugin=deepspeed_plugin, deepspeed_plugins=deepspeed_plugins,
                 fsdp_plugin=fsdp_plugin, torch_tp_plugin=torch_tp_plugin, megatron_lm_plugin=megatron_lm_plugin,
                 dynamo_plugin=dynamo_plugin, parallelism_config=parallelism_config, plan_accumulation=False)
@@ -526,11 +527,14 @@ sequence_parallel.run_layout = _run_layout  # sp_group() reads the run's layout 
 
 def detected_cluster(cpu: bool = False, **kwargs):
     """`make_run_plan`'s `cluster` in a training process: `PartialState(cpu, **kwargs)` (made on the first call,
-    which joins the process group) and the AcceleratorState an earlier Accelerator left, if any."""
+    which joins the process group) and the AcceleratorState an earlier Accelerator left, if any. The FSDP plugin
+    the plan holds then decides whether the default group must serve CPU tensors too (CPU offload, a full state
+    dict): a plugin built in code says so only through its fields, which the launcher's variables do not carry."""
     from .plan import Cluster
 
-    def detect() -> Cluster:
-        state = PartialState(cpu, **kwargs)
+    def detect(fsdp_plugin=None) -> Cluster:
+        hint = {} if fsdp_plugin is None else {"_fsdp_cpu_tensors": fsdp_plugin.meets_cpu_tensors}
+        state = PartialState(cpu, **kwargs, **hint)
         settled = AcceleratorState() if is_initialized() else None
         return Cluster(state.num_processes, state.device.type, state.distributed_type, settled)
 

@@ -383,6 +383,56 @@ def test_fsdp_cpu_offload_makes_the_default_group_serve_both_devices(env, expect
     assert choose_backend("cuda", requested="nccl", env=env) == "nccl"  # what the script asked for wins
 
 
+# -- issue 41, item 6: the same rule when the FSDP plugin is built in code (the launcher exported nothing) ---------
+class _GroupStop(Exception):
+    pass
+
+
+def _backend_of_the_group(monkeypatch, **accelerator_kwargs) -> str:
+    """The backend string `Accelerator(...)` would make the default group with, as torchrun's rank 0 of 2 on a CUDA
+    machine: device detection says CUDA, and joining the group records the string and stops there."""
+    import torch
+
+    import hasten.state as state_module
+    from hasten import Accelerator
+
+    for name, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
+                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(state_module.environment, "detect_device_type", lambda cpu=False, env=None: "cuda")
+    monkeypatch.setattr(state_module.PartialState, "_pick_device", lambda self, device_type: torch.device("cuda", 0))
+    monkeypatch.setattr(state_module.PartialState, "set_device", lambda self: None)
+    seen = []
+
+    def join(cluster, backend, kwargs):
+        seen.append(backend)
+        raise _GroupStop
+
+    monkeypatch.setattr(state_module, "init_process_group", join)
+    with pytest.raises(_GroupStop):
+        Accelerator(**accelerator_kwargs)
+    return seen[0]
+
+
+@pytest.mark.parametrize("plugin_kwargs, expected", [
+    ({"fsdp_version": 2, "cpu_offload": True}, "cuda:nccl,cpu:gloo"),
+    ({"fsdp_version": 1, "cpu_offload": True}, "cuda:nccl,cpu:gloo"),
+    ({"fsdp_version": 2, "state_dict_type": "FULL_STATE_DICT"}, "cuda:nccl,cpu:gloo"),
+    ({"fsdp_version": 2}, "nccl"),
+])
+def test_an_fsdp_plugin_built_in_code_decides_the_default_group(monkeypatch, plugin_kwargs, expected):
+    """`norm.full_tensor()` of CPU-offloaded gradients is a collective on the default group: plain NCCL cannot
+    serve it. Only the launcher's variables used to say "offload"; a plugin built in code must say it too."""
+    from hasten.config.fsdp import FullyShardedDataParallelPlugin
+
+    plugin = FullyShardedDataParallelPlugin(**plugin_kwargs)
+    assert _backend_of_the_group(monkeypatch, fsdp_plugin=plugin) == expected
+
+
+def test_without_fsdp_the_default_group_is_plain_nccl(monkeypatch):
+    assert _backend_of_the_group(monkeypatch) == "nccl"
+
+
 def test_fsdp_offload_variable_that_is_not_a_boolean_is_refused():
     with pytest.raises(ConfigError, match="FSDP_OFFLOAD_PARAMS='maybe' is not a boolean"):
         choose_backend("cuda", env={"ACCELERATE_USE_FSDP": "true", "FSDP_OFFLOAD_PARAMS": "maybe"})

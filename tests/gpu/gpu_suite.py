@@ -15,8 +15,6 @@ from launching import SCRIPTS, launch
 
 CUDA = torch.cuda.is_available()
 GPUS = torch.cuda.device_count() if CUDA else 0
-cuda_only = pytest.mark.skipif(not CUDA, reason="CUDA through and through (kernels, timings or a CUDA library): "
-                                                "runs on a GPU machine only (`bash scripts/gpu_check.sh`)")
 # Two GPUs on a GPU machine; in CI the CPU twin runs with two gloo processes.
 two_gpus = pytest.mark.skipif(CUDA and GPUS < 2, reason="needs 2 CUDA GPUs (its CPU twin runs in CI)")
 

@@ -22,7 +22,7 @@ PLAN = "plan/"  # every module of the plan package decides; nothing outside it d
 
 
 def _cluster(processes=2, distributed_type=DistributedType.MULTI_CPU, device_type="cpu"):
-    return lambda: Cluster(processes, device_type, distributed_type)
+    return lambda _fsdp_plugin=None: Cluster(processes, device_type, distributed_type)
 
 
 def _fsdp(**kwargs):
@@ -233,10 +233,10 @@ def test_config_explain_prints_the_plan(capsys, tmp_path, monkeypatch):
 def test_the_plan_names_the_fp8_engine_and_explain_prints_it(capsys, tmp_path, monkeypatch):
     from hasten.commands import cli
     from hasten.config.fp8 import AORecipeKwargs, TERecipeKwargs
-    from hasten.plan import Cluster, make_run_plan
+    from hasten.plan import make_run_plan
 
     monkeypatch.setenv("HF_HOME", str(tmp_path))
-    cluster = lambda: Cluster(1, "cpu", DistributedType.NO)  # noqa: E731
+    cluster = _cluster(1, DistributedType.NO)
     assert make_run_plan(cluster=cluster).precision.fp8_engine is None  # not an fp8 run
     # the recipe handler's library decides, then the fp8_backend setting, then what is installed (torchao first)
     assert make_run_plan(cluster=cluster, mixed_precision="fp8", fp8_handler=TERecipeKwargs()).precision.fp8_engine == "TE"

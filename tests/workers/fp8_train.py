@@ -1,9 +1,13 @@
 """fp8 (torchao) training tracks bf16 on a small transformer, and how long a step takes in each (GPU, cc >= 8.9).
 
-Launched by tests/gpu/test_fp8_gpu.py (plain, or with --use_fsdp --fsdp_version 2). The same model, data and seed train
-`steps` steps in bf16, then in fp8; the main process prints one JSON line with both loss curves and step times, and
-checks that fp8 tracked bf16: in every window of 10 steps, fp8's mean loss within 10% (+0.05 nats) of bf16's, and
-both runs end below half their first loss.
+Launched by tests/gpu/test_fp8_gpu.py (plain, or with --use_fsdp --fsdp_version 2, whose launcher default turns on
+cpu_ram_efficient_loading). The same model, data and seed train `steps` steps in bf16, then in fp8; the main process
+prints one JSON line with both loss curves and step times, and checks that fp8 tracked bf16: in every window of 10
+steps, fp8's mean loss within 10% (+0.05 nats) of bf16's, and both runs end below half their first loss.
+
+The CPU twin (CI): the same code path (torchao's Float8Linear, its scaling and casting to float8, torch's CPU
+float8 matmul), a smaller model and fewer steps; the only thing skipped is the Accelerator's check that the device
+can run fp8 (a CUDA GPU of compute capability >= 8.9), by name.
 """
 
 import json
@@ -13,11 +17,23 @@ import time
 import torch
 import torch.nn.functional as F
 
+from gpu_common import ON_GPU, device_only
+
 from hasten import Accelerator
 from hasten.state import AcceleratorState
 from hasten.utils.ao import has_ao_layers
 
-VOCAB, WIDTH, DEPTH, SEQ, BATCH = 512, 256, 4, 128, 16
+VOCAB, WIDTH, DEPTH, SEQ, BATCH = (512, 256, 4, 128, 16) if ON_GPU else (128, 64, 2, 32, 8)
+if not ON_GPU:
+    import hasten.training.fp8 as fp8_support
+
+    device_only("the device runs fp8 kernels", "torch runs the float8 matmul on CPU", lambda: True)
+    fp8_support.check_support = lambda device, backend: None
+
+
+def synchronize():
+    if ON_GPU:
+        torch.cuda.synchronize()
 
 
 class Block(torch.nn.Module):
@@ -74,17 +90,22 @@ def train(precision, steps):
         assert has_ao_layers(accelerator.unwrap_model(model)), "no Float8Linear after prepare"
     losses, times = [], []
     for step, (inputs, targets) in enumerate(batches(steps, accelerator.device)):
-        torch.cuda.synchronize()
+        synchronize()
         start = time.perf_counter()
         loss = F.cross_entropy(model(inputs).reshape(-1, VOCAB), targets.reshape(-1))
         accelerator.backward(loss)
         optimizer.step()
         optimizer.zero_grad()
-        torch.cuda.synchronize()
+        synchronize()
         if step >= 10:  # after warm-up
             times.append(time.perf_counter() - start)
         losses.append(accelerator.reduce(loss.detach(), "mean").item())
     return losses, sorted(times)[len(times) // 2], accelerator
+
+
+def ram_efficient_loading(accelerator) -> bool:
+    plugin = accelerator.state.fsdp_plugin
+    return bool(plugin is not None and plugin.cpu_ram_efficient_loading)
 
 
 def main():
@@ -95,7 +116,8 @@ def main():
     if accelerator.is_main_process:
         print(json.dumps({"distributed_type": str(accelerator.distributed_type), "bf16_losses": bf16_losses,
                           "fp8_losses": fp8_losses, "bf16_step_s": bf16_time, "fp8_step_s": fp8_time,
-                          "fp8_over_bf16_step_time": fp8_time / bf16_time}))
+                          "fp8_over_bf16_step_time": fp8_time / bf16_time,
+                          "ram_efficient_loading": ram_efficient_loading(accelerator)}))
     assert bf16_losses[-1] < bf16_losses[0] / 2 and fp8_losses[-1] < fp8_losses[0] / 2, (bf16_losses, fp8_losses)
     for index, (bf16, fp8) in enumerate(windows):
         assert abs(fp8 - bf16) <= 0.1 * bf16 + 0.05, f"steps {10 * index}-{10 * index + 9}: fp8 {fp8:.4f}, bf16 {bf16:.4f}"

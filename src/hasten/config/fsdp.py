@@ -408,6 +408,13 @@ class FullyShardedDataParallelPlugin:
         return value
 
     @property
+    def meets_cpu_tensors(self) -> bool:
+        """Whether torch's own collectives meet CPU tensors in this run (the offloaded gradients' norm, a full state
+        dict gathered to CPU memory): the default process group must then serve both devices ("cuda:nccl,cpu:gloo"),
+        the rule Accelerate applies to its launcher's variables (`distributed.cluster.choose_backend`)."""
+        return self.offloads_params or self.state_dict_type == StateDictType.FULL_STATE_DICT
+
+    @property
     def offloads_params(self) -> bool:
         from torch.distributed.fsdp import CPUOffloadPolicy
 

@@ -195,14 +195,17 @@ _BACKEND_FOR_DEVICE = {"cuda": "nccl", "xpu": "xccl", "npu": "hccl", "hpu": "hcc
                        "sdaa": "tccl", "neuron": "neuron", "cpu": "gloo", "mps": "gloo"}
 
 
-def choose_backend(device_type: str, requested: str | None = None, env: Mapping[str, str] | None = None) -> str:
+def choose_backend(device_type: str, requested: str | None = None, env: Mapping[str, str] | None = None,
+                   fsdp_cpu_tensors: bool | None = None) -> str:
     """The collective backend for a device kind: NCCL for CUDA, gloo for CPU, or what the user asked for.
 
     FSDP with CPU offload or a full state dict (`USE_FSDP` on, and `FSDP_OFFLOAD_PARAMS` on or
     `FSDP_STATE_DICT_TYPE=FULL_STATE_DICT`, as `hasten launch` exports them) meets CPU tensors in torch's own
     collectives (the offloaded gradients' norm, fp16's overflow flag, a full state dict gathered to CPU memory):
     the default group must serve both devices, `"cuda:nccl,cpu:gloo"` (`"xpu:xccl,cpu:gloo"`), as Accelerate 1.15
-    creates it. NCCL alone fails there on two GPUs or more.
+    creates it. NCCL alone fails there on two GPUs or more. `fsdp_cpu_tensors`: the run's FSDP plugin's own answer
+    (`FullyShardedDataParallelPlugin.meets_cpu_tensors`), which decides instead of the variables when a plugin is
+    known before the group is joined (one built in code says so only through its fields, not the environment).
     """
     if requested:
         return requested
@@ -210,7 +213,9 @@ def choose_backend(device_type: str, requested: str | None = None, env: Mapping[
         raise ConfigError(f"hasten does not know the process-group backend of the {device_type!r} device; pass "
                           "Accelerator(kwargs_handlers=[InitProcessGroupKwargs(backend=...)]) or PartialState(backend=...)")
     backend = _BACKEND_FOR_DEVICE[device_type]
-    if backend in ("nccl", "xccl") and env_flag("USE_FSDP", env=env) and _fsdp_meets_cpu_tensors(env):
+    if fsdp_cpu_tensors is None:
+        fsdp_cpu_tensors = env_flag("USE_FSDP", env=env) and _fsdp_meets_cpu_tensors(env)
+    if backend in ("nccl", "xccl") and fsdp_cpu_tensors:
         return f"{device_type}:{backend},cpu:gloo"
     return backend
 

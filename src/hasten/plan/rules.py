@@ -140,16 +140,18 @@ def _fsdp_line(plugin) -> str:
     return ", ".join(words)
 
 
-def make_run_plan(*, cluster: Callable[[], Cluster], mixed_precision=None, gradient_accumulation_steps: int = 1,
+def make_run_plan(*, cluster: Callable[[Any], Cluster], mixed_precision=None, gradient_accumulation_steps: int = 1,
                   gradient_accumulation_plugin=None, deepspeed_plugin=None, deepspeed_plugins=None, fsdp_plugin=None,
                   torch_tp_plugin=None, megatron_lm_plugin=None, dynamo_backend=None, dynamo_plugin=None,
                   parallelism_config=None, fp8_handler=None, earlier_deepspeed: bool = False,
                   plan_accumulation: bool = True) -> RunPlan:
-    """The run plan for `Accelerator(...)`'s arguments of the same names. `cluster` is called when the plan first
-    needs the processes (in a run, that joins the process group), so argument errors come first. `fp8_handler`: the
-    fp8 recipe kwargs handler the Accelerator was given (its library is the fp8 engine). `earlier_deepspeed`: an earlier Accelerator of this process holds DeepSpeed plugins (a second one may not bring
-    its own). `plan_accumulation=False`: the plan of a hand-built `AcceleratorState`, which has no accumulation to agree
-    with DeepSpeed's config (the Accelerator made over it plans that)."""
+    """The run plan for `Accelerator(...)`'s arguments of the same names. `cluster(fsdp_plugin)` is called when the
+    plan first needs the processes (in a run, that joins the process group), so argument errors come first; it is
+    handed the FSDP plugin known at that point, whose offload decides the default group's backend. `fp8_handler`:
+    the fp8 recipe kwargs handler the Accelerator was given (its library is the fp8 engine). `earlier_deepspeed`: an
+    earlier Accelerator of this process holds DeepSpeed plugins (a second one may not bring its own).
+    `plan_accumulation=False`: the plan of a hand-built `AcceleratorState`, which has no accumulation to agree with
+    DeepSpeed's config (the Accelerator made over it plans that)."""
     from ..config.handlers import TorchDynamoPlugin
     from .layout import config_for_run
 
@@ -160,14 +162,14 @@ def make_run_plan(*, cluster: Callable[[], Cluster], mixed_precision=None, gradi
     deepspeed_plugins = _deepspeed_plugins(deepspeed_plugin, deepspeed_plugins, fsdp_plugin, earlier_deepspeed)
     megatron_lm_plugin = _megatron_plugin(megatron_lm_plugin)  # served by TP/PP/FSDP (config/megatron.py)
     if megatron_lm_plugin is not None:
-        parallelism_config, fsdp_plugin = _megatron_layout(megatron_lm_plugin, cluster().num_processes,
+        parallelism_config, fsdp_plugin = _megatron_layout(megatron_lm_plugin, cluster(fsdp_plugin).num_processes,
                                                            parallelism_config, fsdp_plugin, deepspeed_plugins,
                                                            torch_tp_plugin)
     parallelism_config = config_for_run(parallelism_config, torch_tp_plugin)
     layout = None
     if parallelism_config is not None:  # the layout picks the backend: dp_shard -> FSDP2, dp_replicate -> DDP
-        layout, fsdp_plugin = _layout(parallelism_config, cluster(), fsdp_plugin, deepspeed_plugins)
-    processes = cluster()
+        layout, fsdp_plugin = _layout(parallelism_config, cluster(fsdp_plugin), fsdp_plugin, deepspeed_plugins)
+    processes = cluster(fsdp_plugin)
     settled = processes.settled
     if settled is not None:
         distributed_type = settled.distributed_type

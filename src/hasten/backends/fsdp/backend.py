@@ -65,10 +65,6 @@ class FSDPBackend(Backend):
     def __init__(self, state, plan, precision=None, ddp_kwargs=None):
         super().__init__(state, plan, precision=precision, ddp_kwargs=ddp_kwargs)
         self.version = self.plugin.fsdp_version
-        if self.precision.fp8 is not None and self.plugin.cpu_ram_efficient_loading:
-            # fp8 swaps layers before sharding, which needs every rank's real weights
-            raise ConfigError("mixed_precision='fp8' cannot be combined with fsdp cpu_ram_efficient_loading (the fp8 "
-                              "layers are made from each process's full model); fix: set it to false")
         # user's module -> what prepare_model returns (the same module for FSDP2, the FSDP1 container for 1)
         self._prepared = WeakIdKeyDictionary()
         # parameter the user's optimizer may still hold -> the sharded parameter that replaced it
@@ -197,8 +193,12 @@ class FSDPBackend(Backend):
         (upcast or sharding.upcast_for_fsdp2)(model, self.precision.mode, dist.get_rank() == 0)
         old_params = plain_named_parameters(model)
         if ram_efficient:
-            # Everyone shards an empty (meta) model; rank 0 then streams its weights in tensor by tensor.
-            full = _named_tensors(model) if dist.get_rank() == 0 else {}
+            # Everyone shards an empty (meta) model; rank 0 then streams its weights in tensor by tensor. fp8 layers
+            # (torchao) were swapped in before, on rank 0's real weights and the others' meta ones alike: rank 0 keeps
+            # the plain tensors inside their fp8 wrappers, which the move to meta would empty.
+            full = {}
+            if dist.get_rank() == 0:
+                full = {name: sharding.plain_tensor(t) for name, t in _named_tensors(model).items()}
             ties = sharding.shared_parameters(model)
             model.to("meta")
         if plugin.activation_checkpointing:

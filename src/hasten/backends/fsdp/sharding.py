@@ -37,6 +37,20 @@ def named_tensors(model) -> dict:
     return tensors
 
 
+def plain_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """The plain tensor that holds `tensor`'s values: itself, or the one inside a wrapper subclass (torchao's fp8
+    weight, `WeightWithDynamicFloat8CastTensor`). Moving a model to the meta device swaps a wrapper's contents in
+    place, so a wrapper kept as rank 0's source of weights would be empty by the time they are streamed."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    while is_traceable_wrapper_subclass(tensor):
+        inner, _ = tensor.__tensor_flatten__()
+        if len(inner) != 1:
+            break
+        tensor = getattr(tensor, inner[0])
+    return tensor
+
+
 def shared_parameters(model) -> list:
     """Each parameter held in more than one place (tied weights: an embedding and an output head), as its
     `(module, attribute)` places in `model.modules()` order, the place FSDP2 tracks first."""

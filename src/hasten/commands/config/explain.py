@@ -64,7 +64,7 @@ def run_plan(settings):
     with patch_environment(**settings.env):
         device_type = detect_device_type(bool(settings["use_cpu"]))
         detected = Cluster(processes, device_type, distributed_type_for(device_type, processes, processes > 1))
-        return make_run_plan(cluster=lambda: detected)
+        return make_run_plan(cluster=lambda _fsdp_plugin: detected)
 
 
 def _print_rich(values) -> bool:
