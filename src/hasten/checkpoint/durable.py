@@ -6,12 +6,15 @@ Nothing here knows about the `Accelerator`; `checkpoint/layout.py` decides what 
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
 import signal
 
 import torch
+
+from . import checksum
 
 # Temporary and replaced folders are hidden (leading dot) and carry these tags, so neither automatic
 # naming nor `load_state()` can take one for a checkpoint.
@@ -43,8 +46,11 @@ def crash_point(rank: int = 0, partial_file: str | None = None) -> None:
 
 # -- durable writes ---------------------------------------------------------------------------------------------
 def fsync_file(path: str) -> None:
-    with open(path, "rb") as handle:
-        os.fsync(handle.fileno())
+    try:
+        with open(path, "rb") as handle:
+            os.fsync(handle.fileno())
+    except OSError as error:  # a file system that allocates late reports a full disk here
+        raise disk_full(checksum.named(error, path)) if error.errno == errno.ENOSPC else error from None
 
 
 def fsync_dir(path: str) -> None:
@@ -74,21 +80,55 @@ def write_file(path: str, writer, rank: int = 0, sync: bool = True) -> int:
     later, so that writing one file overlaps with the disk flushing the last) and return its size; crash
     points surround it."""
     crash_point(rank)
-    writer(path)
+    try:
+        writer(path)
+    except OSError as error:
+        if error.errno == errno.ENOSPC:
+            raise disk_full(checksum.named(error, path)) from None
+        raise
     crash_point(rank, partial_file=path)
     if sync:
         fsync_file(path)
     crash_point(rank)
     return os.path.getsize(path)
 
+def disk_full(error: OSError):
+    """The one-line error of a write that found the disk full (the caller adds what the whole save needs)."""
+    from ..core.errors import DiskFullError
+
+    path = error.filename
+    free = _free_bytes(os.path.dirname(path) if path else ".")
+    return DiskFullError(f"no space left on the device writing {path} ({free} bytes free there)")
+
+
+def _free_bytes(folder: str):
+    try:
+        info = os.statvfs(folder)
+    except OSError:
+        return "unknown"
+    return info.f_bavail * info.f_frsize
+
+
 def save_object(obj, path: str) -> None:
-    torch.save(obj, path)
+    """torch.save, with the file's checksums taken from the bytes as they go out (kept for the marker)."""
+    with open(path, "wb") as handle:
+        summing = checksum.SummingFile(handle, path)
+        try:
+            torch.save(obj, summing)
+        except RuntimeError:
+            if summing.error is not None:  # torch hides the OSError of a failed write behind a RuntimeError
+                raise summing.error from None
+            raise
+    summing.summer.record()
 
 
 def save_json(obj, path: str) -> None:
-    with open(path, "w") as handle:
-        json.dump(obj, handle, indent=2, sort_keys=True)
-        handle.write("\n")
+    try:
+        with open(path, "w") as handle:
+            json.dump(obj, handle, indent=2, sort_keys=True)
+            handle.write("\n")
+    except OSError as error:
+        raise checksum.named(error, path) from None
 
 
 def atomic_write(path: str, writer) -> None:
@@ -100,6 +140,7 @@ def atomic_write(path: str, writer) -> None:
         fsync_file(temp)
         os.replace(temp, path)
     finally:
+        checksum.forget(temp)
         if os.path.exists(temp):
             os.remove(temp)
     fsync_dir(folder)

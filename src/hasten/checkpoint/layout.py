@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 import torch
 
 from ..core.constants import DL_STATE_NAME, MODEL_NAME, SAFE_MODEL_NAME, SAMPLER_NAME, SCALER_NAME
-from ..core.errors import CheckpointError, ConfigError
+from ..core.errors import CheckpointError, ConfigError, DiskFullError
 from ..distributed import control
 from ..distributed.rng import capture_rng_states, restore_rng_states
 from . import async_save as background
-from . import durable, fast_io, files, state_dicts
+from . import checksum, durable, fast_io, files, state_dicts
 from . import folder as folders
 from . import marker as markers
 
@@ -279,26 +279,31 @@ def _finish(commit: _Commit, problem, written: dict, gather) -> None:
     """Steps 3b and 4, on every process: agree (through `gather`) that every process wrote its files, then the
     writer commits and rotates, and nobody returns before the checkpoint exists. Raises what failed anywhere."""
     target, temp = commit.target, commit.temp
-    reports = gather((None if problem is None else _describe(problem), sorted(written)))
-    if any(error for error, _ in reports):
+    sums = checksum.take(temp)  # the checksums of the files this process wrote, for the marker
+    reports = gather((None if problem is None else _describe(problem), sorted(written), sums))
+    if any(error for error, _, _ in reports):
+        needed = folders.bytes_needed(temp, target) if _disk_full(problem, reports) else None
         if commit.writer:
             durable.remove_tree(temp)
+        if needed is not None:  # say what the whole save needs, and that nothing was lost
+            _raise_disk_full(target, commit.rank, problem, reports, needed)
         if problem is not None:
             raise CheckpointError(f"save_state({target}) failed on rank {commit.rank}: {_describe(problem)}") from problem
-        _raise_failures([error for error, _ in reports], f"save_state({target})")
+        _raise_failures([error for error, _, _ in reports], f"save_state({target})")
 
     # 4. Commit, rotate. The marker lists every file in the folder (on this machine's disk, with
     # save_on_each_node), including any a hook wrote.
     problem = None
     if commit.writer:
         try:
-            reported = {name for _, names in reports for name in names}
+            reported = {name for _, names, _ in reports for name in names}
             files = folders.sizes_under(temp, "")
             if set(files) - reported:
                 durable.fsync_tree(temp)
             durable.fsync_dir(temp)
             durable.crash_point(commit.rank)
-            folders.commit(temp, target, files, commit.iteration, commit.num_processes, commit.rank)
+            checksums = {name: spec for _, _, specs in reports for name, spec in specs.items() if name in files}
+            folders.commit(temp, target, files, commit.iteration, commit.num_processes, commit.rank, checksums)
             if commit.total_limit is not None:
                 folders.rotate(os.path.dirname(target), target, commit.total_limit, commit.rank)
         except Exception as error:  # noqa: BLE001
@@ -307,6 +312,21 @@ def _finish(commit: _Commit, problem, written: dict, gather) -> None:
     if problem is not None:
         raise CheckpointError(f"could not commit checkpoint {target}: {_describe(problem)}") from problem
     _raise_failures(outcomes, f"committing {target}")
+
+
+def _disk_full(problem, reports) -> bool:
+    return isinstance(problem, DiskFullError) or any(
+        error and error.startswith(DiskFullError.__name__) for error, _, _ in reports)
+
+
+def _raise_disk_full(target: str, rank: int, problem, reports, needed: int):
+    where = [f"rank {r}: {error.split(': ', 1)[1]}" for r, (error, _, _) in enumerate(reports)
+             if error and error.startswith(DiskFullError.__name__)]
+    raise DiskFullError(
+        f"save_state({target}) ran out of disk space ({'; '.join(where)}); the checkpoint needs about {needed} bytes: "
+        "free that much space (or lower ProjectConfiguration(total_limit=...), or save elsewhere) and save again; "
+        "the half-written checkpoint was removed and the previous one is intact"
+    ) from problem
 
 
 def _live_storages(contents: CheckpointContents) -> frozenset:
@@ -479,6 +499,12 @@ def load_state(contents: CheckpointContents, input_dir=None, load_kwargs=None, *
     marker = markers.read_marker(folder)
     if marker is not None:
         markers.verify_files(folder, marker)
+    # Every file read below is checked against the checksums written with it, as its bytes come in.
+    with fast_io.expect_checksums(folder, (marker or {}).get("checksums")):
+        return _load_from(contents, folder, marker, load_kwargs, load_model_func_kwargs)
+
+
+def _load_from(contents: CheckpointContents, folder: str, marker, load_kwargs, load_model_func_kwargs):
     map_location = files.resolve_map_location(load_model_func_kwargs.pop("map_location", None),
                                              lambda: contents.state.device)
     load_kwargs = dict(load_kwargs or {})
