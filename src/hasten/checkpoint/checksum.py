@@ -73,7 +73,7 @@ class Summer:
 
     def update(self, data) -> None:
         view = memoryview(data).cast("B")
-        _disk_full_hook(self.path, len(view))
+        count_written(self.path, len(view))
         while len(view):
             if self._running is None:
                 self._running, self._filled = _Running(self.algorithm), 0
@@ -134,7 +134,8 @@ def named(error: OSError, path: str) -> OSError:
     return error
 
 
-def _disk_full_hook(path: str, size: int) -> None:
+def count_written(path: str, size: int) -> None:
+    """The disk-full test hook: ENOSPC once this process wrote HASTEN_TEST_DISK_FULL_AFTER bytes."""
     limit = os.environ.get(DISK_FULL_ENV)
     if not limit:
         return

@@ -123,10 +123,11 @@ def save_object(obj, path: str) -> None:
 
 
 def save_json(obj, path: str) -> None:
+    text = json.dumps(obj, indent=2, sort_keys=True) + "\n"
     try:
+        checksum.count_written(path, len(text))
         with open(path, "w") as handle:
-            json.dump(obj, handle, indent=2, sort_keys=True)
-            handle.write("\n")
+            handle.write(text)
     except OSError as error:
         raise checksum.named(error, path) from None
 

@@ -285,8 +285,9 @@ def _finish(commit: _Commit, problem, written: dict, gather) -> None:
         needed = folders.bytes_needed(temp, target) if _disk_full(problem, reports) else None
         if commit.writer:
             durable.remove_tree(temp)
+        gather(None)  # nobody returns before the half-written folder is gone
         if needed is not None:  # say what the whole save needs, and that nothing was lost
-            _raise_disk_full(target, commit.rank, problem, reports, needed)
+            _raise_disk_full(target, temp, problem, reports, needed)
         if problem is not None:
             raise CheckpointError(f"save_state({target}) failed on rank {commit.rank}: {_describe(problem)}") from problem
         _raise_failures([error for error, _, _ in reports], f"save_state({target})")
@@ -308,7 +309,13 @@ def _finish(commit: _Commit, problem, written: dict, gather) -> None:
                 folders.rotate(os.path.dirname(target), target, commit.total_limit, commit.rank)
         except Exception as error:  # noqa: BLE001
             problem = error
+            if isinstance(error, DiskFullError):  # the marker did not fit: nothing was renamed yet
+                durable.remove_tree(temp)
     outcomes = gather(None if problem is None else _describe(problem))
+    full = [o.split(": ", 1)[1] for o in outcomes if o and o.startswith(DiskFullError.__name__)]
+    if full:  # on every rank alike
+        raise DiskFullError(f"could not commit checkpoint {target}: {full[0].replace(temp, target)}; free some space "
+                            "and save again; the half-written checkpoint was removed and the previous one is intact")
     if problem is not None:
         raise CheckpointError(f"could not commit checkpoint {target}: {_describe(problem)}") from problem
     _raise_failures(outcomes, f"committing {target}")
@@ -319,8 +326,9 @@ def _disk_full(problem, reports) -> bool:
         error and error.startswith(DiskFullError.__name__) for error, _, _ in reports)
 
 
-def _raise_disk_full(target: str, rank: int, problem, reports, needed: int):
-    where = [f"rank {r}: {error.split(': ', 1)[1]}" for r, (error, _, _) in enumerate(reports)
+def _raise_disk_full(target: str, temp: str, problem, reports, needed: int):
+    # the files are named where they would have been (the temporary folder is gone)
+    where = [f"rank {r}: {error.split(': ', 1)[1].replace(temp, target)}" for r, (error, _, _) in enumerate(reports)
              if error and error.startswith(DiskFullError.__name__)]
     raise DiskFullError(
         f"save_state({target}) ran out of disk space ({'; '.join(where)}); the checkpoint needs about {needed} bytes: "
