@@ -435,10 +435,42 @@ def _read_loader_file(contents: CheckpointContents, folder: str, name: str, load
     return payload
 
 
-def _load_loaders(contents: CheckpointContents, folder: str, load_kwargs) -> None:
+def _saved_world(folder: str, marker):
+    """How many processes wrote the checkpoint: the marker's count, or (Accelerate's, no marker) its RNG files'."""
+    if marker is not None and isinstance(marker.get("num_processes"), int):
+        return marker["num_processes"]
+    ranks = files.ranks_with_rng(folder)
+    return max(ranks) + 1 if ranks else None
+
+
+def _world_changed(contents: CheckpointContents, folder: str, marker) -> bool:
+    """A checkpoint saved by another number of processes loads as in Accelerate (weights and optimizer whole, the
+    random states of the ranks that have a file), with one warning saying what does not carry over: the loaders'
+    positions belong to the old sharding of the data, so the loaders start their epoch from its first batch. Under
+    the `strict` setting it is refused in one line."""
+    from ..config.resolve import strict
+
+    saved, now = _saved_world(folder, marker), contents.state.num_processes
+    if saved is None or saved == now:
+        return False
+    ranks = f"rank {saved} has" if now == saved + 1 else f"ranks {saved}-{now - 1} have"
+    missing = f"; {ranks} no random states saved (torch's stay as they are)" if now > saved else ""
+    what = (f"load_state({folder}): the checkpoint was saved by {saved} process(es) and is loaded by {now}: the "
+            f"weights and optimizer load whole, but the data loaders' positions belong to {saved} shards, so each "
+            f"loader starts its epoch from the first batch{missing}")
+    if strict():
+        raise ConfigError(f"{what}; the strict setting refuses this: load it with {saved} process(es), or turn strict off")
+    if contents.state.is_main_process:  # the same line from every process would say nothing more
+        logger.warning(what)
+    return True
+
+
+def _load_loaders(contents: CheckpointContents, folder: str, load_kwargs, world_changed: bool = False) -> None:
     """Without `contents.loader_positions`, a plain loader goes back to the saved epoch and shuffle but starts
     it from its first batch (Accelerate leaves the position alone; scripts skip the done batches by hand). A
     use_stateful_dataloader loader continues where torchdata's state says (Accelerate does the same)."""
+    if world_changed:  # see `_world_changed`: the positions belong to another sharding of the data
+        return
     for i, loader in enumerate(contents.dataloaders):
         stateful = getattr(loader, "use_stateful_dataloader", False)
         position = _read_loader_file(contents, folder, files.loader_name(SAMPLER_NAME, i), load_kwargs)
@@ -453,11 +485,12 @@ def _load_loaders(contents: CheckpointContents, folder: str, load_kwargs) -> Non
                 loader.load_state_dict(state)
 
 
-def _load_rng(contents: CheckpointContents, folder: str, load_kwargs):
+def _load_rng(contents: CheckpointContents, folder: str, load_kwargs, world_changed: bool = False):
     """Restore this process's random states; returns the saved step counter (None when there is none)."""
     path = os.path.join(folder, files.rng_name(contents.rank))
     if not os.path.isfile(path):
-        logger.warning("no %s: random states were not restored (resuming on more processes?)", path)
+        if not world_changed:  # else `_world_changed` said it already, in its one line
+            logger.warning("no %s: random states were not restored", path)
         return _step_of_another_rank(folder, load_kwargs)
     payload = fast_io.load_object(path, load_kwargs)
     # Accelerate logs any error here and resumes with the wrong random state; hasten stops (docs/differences.md).
@@ -513,6 +546,7 @@ def load_state(contents: CheckpointContents, input_dir=None, load_kwargs=None, *
 
 
 def _load_from(contents: CheckpointContents, folder: str, marker, load_kwargs, load_model_func_kwargs):
+    world_changed = _world_changed(contents, folder, marker)  # before anything loads: strict refuses it whole
     map_location = files.resolve_map_location(load_model_func_kwargs.pop("map_location", None),
                                              lambda: contents.state.device)
     load_kwargs = dict(load_kwargs or {})
@@ -526,11 +560,11 @@ def _load_from(contents: CheckpointContents, folder: str, marker, load_kwargs, l
     )
     for i, scheduler in enumerate(contents.schedulers):
         scheduler.load_state_dict(files.read(folder, files.scheduler_name(i), load_kwargs))
-    _load_loaders(contents, folder, load_kwargs)
+    _load_loaders(contents, folder, load_kwargs, world_changed)
     if contents.scaler is not None and os.path.isfile(os.path.join(folder, SCALER_NAME)):
         contents.scaler.load_state_dict(files.read(folder, SCALER_NAME, load_kwargs))
     _load_gradients(contents, folder)
-    step = _load_rng(contents, folder, load_kwargs)
+    step = _load_rng(contents, folder, load_kwargs, world_changed)
 
     custom_files = files.custom_files(folder)
     if len(custom_files) != len(contents.custom_objects):
