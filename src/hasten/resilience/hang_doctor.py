@@ -59,9 +59,9 @@ from .hang_report import (
     calls_at,
     divergence_headline,
     format_report,
+    left_headline,
     render,
-    shown,
-    state_words,
+    timeout_headline,
 )
 
 __all__ = ["HangDetectedError", "WRAPPED", "active", "call_site", "install", "uninstall", "watch"]
@@ -429,37 +429,14 @@ class Doctor:
                 and s["state"] in TERMINAL and s["seqs"].get(entry.group, 0) < entry.seq]
         if not gone:
             return False
-        rank = gone[0]
-        status = statuses[rank]
-        if status["state"] == "raised":
-            what = f"raised {status['error']}"
-        else:
-            last = status["history"][-1] if status["history"] else None
-            what = "returned from its script" + (f" (its last collective: #{last[1]} {shown(last[2], last[3])} at "
-                                                 f"{last[4]})" if last else " (before any collective)")
-        headline = (f"rank {rank} {what} while rank {self.rank} waits in {shown(entry.name, entry.detail)} at "
-                    f"{entry.site} (collective #{entry.seq} of the {entry.group} group, which rank {rank} never "
-                    "reached)")
+        headline = left_headline(gone[0], statuses[gone[0]], self.rank, entry)
         self._publish(headline, gone, statuses, raise_here=raise_here, kind="left")
         return True
 
     def _timeout_report(self, entry, statuses, raise_here) -> None:
         missing = [r for r in self.members.get(entry.group, range(self.world_size))
                    if r != self.rank and not at(statuses.get(r), entry.group, entry.seq)]
-        waited = time.time() - entry.since
-        where = []
-        for rank in missing:
-            status = statuses.get(rank)
-            if status is None:
-                where.append(f"rank {rank} did not answer")
-            else:
-                top = status["stack"][-1] if status["stack"] else "unknown code"
-                where.append(f"rank {rank} never arrived (it is {state_words(status)} at {top})")
-        queued = (" (its call returned, but the backend never completed it: queued on the device or async_op)"
-                  if entry.queued else "")
-        headline = (f"{shown(entry.name, entry.detail)} at {entry.site} timed out on rank {self.rank} after "
-                    f"{waited:.0f}s{queued} (the collective timeout is {self.timeout:g}s): " + "; ".join(where or
-                    ["every rank is in it: the collective itself is stuck (network, device)"]))
+        headline = timeout_headline(entry, missing, statuses, self.rank, self.timeout)
         self._publish(headline, missing or [self.rank], statuses, raise_here=raise_here, kind="timeout")
 
     def _published(self):
