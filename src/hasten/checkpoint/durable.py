@@ -24,8 +24,10 @@ OLD_TAG = ".hasten-old-"
 # Test hook (documented in docs/checkpointing.md): with HASTEN_TEST_CRASH_AT=N the process SIGKILLs itself at
 # the N-th crash point of its saves; HASTEN_TEST_CRASH_RANK limits it to one rank. Crash points sit before each
 # file, in the middle of it (the file is cut to half its size first) and after it, and between commit steps.
+# HASTEN_TEST_CRASH_SIGNAL=SIGSTOP freezes the process there instead (a node that hangs without dying).
 CRASH_ENV = "HASTEN_TEST_CRASH_AT"
 CRASH_RANK_ENV = "HASTEN_TEST_CRASH_RANK"
+CRASH_SIGNAL_ENV = "HASTEN_TEST_CRASH_SIGNAL"
 _crash_counter = [0]
 
 
@@ -42,7 +44,7 @@ def crash_point(rank: int = 0, partial_file: str | None = None) -> None:
     if partial_file is not None and os.path.isfile(partial_file):
         with open(partial_file, "r+b") as handle:
             handle.truncate(os.path.getsize(partial_file) // 2)
-    os.kill(os.getpid(), signal.SIGKILL)
+    os.kill(os.getpid(), getattr(signal, os.environ.get(CRASH_SIGNAL_ENV) or "SIGKILL"))
 
 # -- durable writes ---------------------------------------------------------------------------------------------
 def fsync_file(path: str) -> None:

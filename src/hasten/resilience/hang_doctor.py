@@ -51,6 +51,7 @@ from collections import deque
 
 from ..core.errors import HangDetectedError
 from .call_sites import call_site, short, skip_prefixes, stack_lines
+from . import liveness
 from .completion import completion_marker, is_finished
 from .hang_report import (
     DESCRIBE,
@@ -132,6 +133,7 @@ class Doctor:
         self.error = ""
         self.raising_since = None  # set when the main thread raises the published report
         self.checked = None  # (entry, ranks that left) already looked at by the watchdog
+        self.to_wake: list = []  # stopped ranks on this machine to SIGCONT once a report is published
         self.stopped = threading.Event()
         self.broken = False
         self.group_names: dict = {}
@@ -149,6 +151,7 @@ class Doctor:
         self.checker = threading.Thread(target=self._check, name="hasten-hang-doctor-checker", daemon=True)
 
     def start(self) -> None:
+        liveness.post_identity(self.store, self.rank)
         self.thread.start()
         self.checker.start()
 
@@ -436,7 +439,10 @@ class Doctor:
     def _timeout_report(self, entry, statuses, raise_here) -> None:
         missing = [r for r in self.members.get(entry.group, range(self.world_size))
                    if r != self.rank and not at(statuses.get(r), entry.group, entry.seq)]
-        headline = timeout_headline(entry, missing, statuses, self.rank, self.timeout)
+        looks = {rank: liveness.look(self._s(), rank) for rank in missing if rank not in statuses}
+        self.to_wake = [ident for _, ident in looks.values() if ident is not None]
+        headline = timeout_headline(entry, missing, statuses, self.rank, self.timeout,
+                                    {rank: words for rank, (words, _) in looks.items()})
         self._publish(headline, missing or [self.rank], statuses, raise_here=raise_here, kind="timeout")
 
     def _published(self):
@@ -462,6 +468,8 @@ class Doctor:
             store.add("events", 1)
         except Exception:  # noqa: BLE001
             stored = value
+        for ident in self.to_wake:  # a stopped rank: its watchdog can obey the report only once it runs
+            liveness.wake(ident)
         verdict = json.loads(stored)
         if raise_here:
             self._raise(verdict)
@@ -507,13 +515,16 @@ class Doctor:
     # -- the watchdog thread ------------------------------------------------------------------------------------
     def _watch(self) -> None:
         store = self.watch_store
-        seen = 0
+        seen, posted = 0, 0.0
         verdict = None
         while not self.stopped.wait(POLL):
             try:
                 events = store.add("events", 0)
+                if events == seen and time.monotonic() - posted >= liveness.HEARTBEAT:
+                    posted = time.monotonic()  # where this rank is, left for a report if it freezes
+                    self._post(store, seen)
                 if events != seen:
-                    seen = events
+                    seen, posted = events, time.monotonic()
                     self._post(store, events)
                     verdict = verdict or self._published()
                     if verdict is None:

@@ -162,15 +162,16 @@ def left_headline(rank: int, status: dict, me: int, entry) -> str:
             f"{entry.site} (collective #{entry.seq} of the {entry.group} group, which rank {rank} never reached)")
 
 
-def timeout_headline(entry, missing: list, statuses: dict, me: int, timeout: float) -> str:
+def timeout_headline(entry, missing: list, statuses: dict, me: int, timeout: float, silent=None) -> str:
     """The headline of a report on the collective `entry` that rank `me` waited in past `timeout` seconds, for
-    which the ranks `missing` never arrived (`statuses`: those that answered)."""
+    which the ranks `missing` never arrived (`statuses`: those that answered; `silent`: {rank: words} on those
+    that did not, from `liveness.look`)."""
     waited = time.time() - entry.since
     where = []
     for rank in missing:
         status = statuses.get(rank)
         if status is None:
-            where.append(f"rank {rank} did not answer")
+            where.append((silent or {}).get(rank) or f"rank {rank} did not answer")
         else:
             top = status["stack"][-1] if status["stack"] else "unknown code"
             where.append(f"rank {rank} never arrived (it is {state_words(status)} at {top})")
