@@ -49,7 +49,8 @@ def worker(lib: str, root: str, mode: str) -> None:
     model = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(8)])  # 8 MB of weights, 24 MB saved
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     model, optimizer = acc.prepare(model, optimizer)
-    print(f"PID {acc.process_index} {os.getpid()}", flush=True)
+    with open(os.path.join(root, f"pid_{acc.process_index}"), "w") as handle:  # (two ranks' prints may interleave)
+        handle.write(str(os.getpid()))
     if mode in ("resume", "load1"):
         acc.load_state()  # the newest checkpoint (Accelerate: the last folder by number)
         print(f"LOADED {acc.process_index}", flush=True)
@@ -84,20 +85,24 @@ def start(args, root, mode, processes=2):
 
 
 def wait_for(proc, word: str, timeout: float = 120) -> tuple:
-    """Read lines until one starts with `word`; returns (that line, every line so far)."""
+    """Read lines until one holds `word`; returns (that line, every line so far)."""
     lines, deadline = [], time.monotonic() + timeout
     while time.monotonic() < deadline:
         line = proc.stdout.readline()
         if not line:
             break
         lines.append(line)
-        if line.startswith(word):
+        if word in line:
             return line, lines
     return None, lines
 
 
-def pids_of(lines) -> dict:
-    return {int(p.split()[1]): int(p.split()[2]) for p in lines if p.startswith("PID ")}
+def pids_of(root) -> dict:
+    pids = {}
+    for rank in (0, 1):
+        with open(os.path.join(root, f"pid_{rank}")) as handle:
+            pids[rank] = int(handle.read())
+    return pids
 
 
 def finish(proc, timeout: float = 120) -> tuple:
@@ -123,19 +128,17 @@ def resumes(args, root) -> bool:
     return code == 0 and out.count("LOADED") == 2
 
 
-def mid_save(proc):
+def mid_save(proc, root):
     """Run until rank 1 starts its third save, then a few ms into it; returns the worker pids."""
-    line, lines = None, []
     for _ in range(3):
-        line, more = wait_for(proc, "SAVING 1")
-        lines += more
+        wait_for(proc, "SAVING 1")
     time.sleep(random.uniform(0.0, 0.05))
-    return pids_of(lines)
+    return pids_of(root)
 
 
 def trial_kill_rank(args, root):
     proc = start(args, root, "train")
-    pids = mid_save(proc)
+    pids = mid_save(proc, root)
     killed = time.monotonic()
     os.kill(pids[1], signal.SIGKILL)
     code, out = finish(proc)
@@ -148,7 +151,7 @@ def trial_kill_rank(args, root):
 
 def trial_term_launcher(args, root):
     proc = start(args, root, "train")
-    mid_save(proc)
+    mid_save(proc, root)
     proc.send_signal(signal.SIGTERM)
     code, _ = finish(proc)
     return code is not None and resumes(args, root), f"exit code {code}"
@@ -156,7 +159,7 @@ def trial_term_launcher(args, root):
 
 def trial_kill_launcher(args, root):
     proc = start(args, root, "train")
-    pids = mid_save(proc)
+    pids = mid_save(proc, root)
     proc.kill()
     proc.wait()
     time.sleep(5)
@@ -199,7 +202,7 @@ def trial_bit_flip(args, root):
 
 def trial_frozen(args, root):
     proc = start(args, root, "train")
-    pids = mid_save(proc)
+    pids = mid_save(proc, root)
     wait_for(proc, "SAVED 1")
     frozen = time.monotonic()
     os.kill(pids[1], signal.SIGSTOP)
