@@ -1,11 +1,14 @@
 """Save and load time of a ~500 MB model with AdamW state: hasten save_state/load_state vs raw torch.save/load.
 
-    python benchmarks/checkpoint_io.py [--size-mb 500] [--repeats 2] [--dir /tmp]
+    python benchmarks/checkpoint_io.py [--size-mb 500] [--repeats 2] [--dir /tmp] [--cold]
 
 Every measurement writes the same tensors: the model's state dict and the AdamW state created by one step.
 "raw torch" is torch.save of the two state dicts (no fsync, as most scripts do it), and "raw + fsync" adds the
 fsync that makes them durable; hasten fsyncs every file and commits atomically, so the fair comparison is the
-second. Loads read back from the page cache in every case. With Accelerate installed
+second. Loads read back from the page cache in every case, or with `--cold` (root only: it writes
+/proc/sys/vm/drop_caches) from the disk, the page cache dropped before each load. "hasten, no checksums" is hasten with its checksums
+switched off (not digested while saving, not in the marker, so not verified while loading): the ratio of the two
+hasten rows is what the checksums cost (docs/checkpointing.md). With Accelerate installed
 (`pip install accelerate==1.15.0`) its save_state/load_state is measured too. Outputs are deleted.
 """
 
@@ -52,12 +55,31 @@ def library(accelerator, folder):
     return (lambda: accelerator.save_state(folder)), (lambda: accelerator.load_state(folder))
 
 
+def without_checksums(accelerator, folder):
+    """hasten's save with its writers' digests switched off, then its load of a marker that has none."""
+    from hasten.checkpoint import checksum
+
+    def save():
+        update, record = checksum.Summer.update, checksum.Summer.record
+        checksum.Summer.update = lambda self, data: None
+        checksum.Summer.record = lambda self: None
+        try:
+            accelerator.save_state(folder)
+        finally:
+            checksum.Summer.update, checksum.Summer.record = update, record
+
+    return save, (lambda: accelerator.load_state(folder))
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--size-mb", type=int, default=500)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--dir", default=None)
+    parser.add_argument("--cold", action="store_true", help="drop the page cache before each load (root only)")
     args = parser.parse_args()
+    if args.cold and not os.access("/proc/sys/vm/drop_caches", os.W_OK):
+        parser.error("--cold drops the page cache through /proc/sys/vm/drop_caches, which needs root")
 
     model, optimizer = build(args.size_mb)
     tensor_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
@@ -73,6 +95,7 @@ def main():
         "raw torch": lambda folder: raw_torch(model, optimizer, folder, fsync=False),
         "raw + fsync": lambda folder: raw_torch(model, optimizer, folder, fsync=True),
         "hasten": lambda folder: library(accelerator, folder),
+        "hasten, no checksums": lambda folder: without_checksums(accelerator, folder),
     }
     try:
         import accelerate
@@ -91,6 +114,10 @@ def main():
                 os.makedirs(folder, exist_ok=True)
                 save, load = make(folder)
                 for slot, function in enumerate((save, load)):
+                    if slot == 1 and args.cold:
+                        os.sync()
+                        with open("/proc/sys/vm/drop_caches", "w") as handle:
+                            handle.write("3\n")
                     start = time.perf_counter()
                     function()
                     results[label][slot] = min(results[label][slot], time.perf_counter() - start)
@@ -99,9 +126,11 @@ def main():
         shutil.rmtree(root, ignore_errors=True)
 
     base_save, base_load = results["raw + fsync"]
-    print(f"{'':22s}{'save s':>9s}{'load s':>9s}{'save/raw+fsync':>16s}{'load/raw+fsync':>16s}")
+    print(f"{'':24s}{'save s':>9s}{'load s':>9s}{'save/raw+fsync':>16s}{'load/raw+fsync':>16s}")
     for label, (save_s, load_s) in results.items():
-        print(f"{label:22s}{save_s:9.2f}{load_s:9.2f}{save_s / base_save:16.2f}{load_s / base_load:16.2f}")
+        print(f"{label:24s}{save_s:9.2f}{load_s:9.2f}{save_s / base_save:16.2f}{load_s / base_load:16.2f}")
+    (with_save, with_load), (off_save, off_load) = results["hasten"], results["hasten, no checksums"]
+    print(f"checksums cost: save x{with_save / off_save:.3f}, load x{with_load / off_load:.3f}")
 
 
 if __name__ == "__main__":

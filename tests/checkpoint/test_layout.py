@@ -365,6 +365,29 @@ def test_killed_during_a_two_process_save(tmp_path):
     assert counter.value == 1 and all(torch.all(p == 1) for p in model.parameters())
 
 
+def test_a_rank_frozen_during_a_two_process_save(tmp_path):
+    """Rank 1 freezes (SIGSTOP) in the middle of its own file: under debug mode, rank 0 learns at the collective
+    timeout that rank 1 stopped answering inside save_state; the run ends; nothing half-written is taken for a
+    checkpoint and the next run loads the previous one."""
+    spec = importlib.util.spec_from_file_location("ckpt_crash", SCRIPTS / "ckpt_crash.py")
+    crash = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(crash)
+    crash.trial(str(tmp_path))  # checkpoint_0, from one process
+    _reset()
+    result = launch("ckpt_crash.py", tmp_path, check=False, flags=["--debug"], timeout=300,
+                    env={"HASTEN_TEST_CRASH_AT": "2", "HASTEN_TEST_CRASH_RANK": "1", "HASTEN_TEST_CRASH_SIGNAL": "SIGSTOP",
+                         "HASTEN_COLLECTIVE_TIMEOUT": "10", "HASTEN_HANG_DOCTOR_WAIT": "1"})
+    assert result.returncode != 0 and "LOADED 0 on rank 1" in result.stdout, result.stdout + result.stderr
+    summary = [line for line in result.stderr.splitlines() if line.startswith("hasten launch:")]
+    assert len(summary) == 1 and "rank 1 stopped answering: its process" in summary[0], result.stderr[-3000:]
+    assert "is stopped, alive but not running" in summary[0] and "last seen" in summary[0], summary[0]
+    root = tmp_path / "checkpoints"
+    assert sorted(n for n in os.listdir(root) if not n.startswith(".")) == ["checkpoint_0"]
+    again = launch("ckpt_crash.py", tmp_path, timeout=300)  # loads checkpoint_0, saves checkpoint_1 whole
+    assert "LOADED 0 on rank 0" in again.stdout and "LOADED 0 on rank 1" in again.stdout, again.stdout
+    assert sorted(os.listdir(root)) == ["checkpoint_0", "checkpoint_1"]  # the frozen save's folder is gone too
+
+
 # -- exact resume -----------------------------------------------------------------------------------------------
 def _final(workdir, rank=0):
     return torch.load(Path(workdir) / f"final_{rank}.pt")

@@ -109,6 +109,19 @@ def test_rank_sleeps_past_the_timeout():
     assert 10 <= int(re.search(r"timed out on rank 0 after (\d+)s", first).group(1)) < 60, first
 
 
+def test_frozen_rank():
+    """A rank that hangs without dying (SIGSTOP): the others are told at the collective timeout which rank stopped
+    answering, that its process is stopped, and where it was last seen; the doctor wakes it (SIGCONT) so that it
+    ends with the others instead of ignoring the launcher's SIGTERM until the agent's kill, 30 s later."""
+    summary, report = run_case("frozen", env={"HASTEN_COLLECTIVE_TIMEOUT": "10"})
+    first = headline(report)
+    assert f"barrier() at tests/workers/{site('frozen-wait')} timed out on rank 0" in first, report
+    assert re.search(r"rank 1 stopped answering: its process \(pid \d+ on this machine\) is stopped, alive but not "
+                     r"running \(SIGSTOP", first), first
+    assert "last seen" in first and f"running Python code at tests/workers/{site('frozen-work')} in frozen" in first
+    assert "killed by signal 9" not in summary, summary  # woken, it ended itself (the agent's kill came 30 s later)
+
+
 def test_collective_queued_but_never_completed():
     """A call that returns before its collective completes (NCCL on a GPU; async_op=True here) still counts as
     waiting: the report comes at 90 % of the timeout, naming the collective and the rank that never arrived."""

@@ -5,6 +5,8 @@ on its line and checks that the report names the right rank and lines. Every cas
 collective timeout (30 minutes by default) without the doctor.
 """
 
+import os
+import signal
 import sys
 import time
 
@@ -50,6 +52,14 @@ def sleeps():
     if rank == 1:
         time.sleep(300)  # SITE:sleep
     accelerator.wait_for_everyone()  # SITE:sleep-wait
+
+
+def frozen():
+    # a node that hangs without dying: the process is alive but never runs again (SIGSTOP)
+    if rank == 1:
+        time.sleep(2)  # some work first: its heartbeat leaves where it was  # SITE:frozen-work
+        os.kill(os.getpid(), signal.SIGSTOP)  # SITE:frozen
+    accelerator.wait_for_everyone()  # SITE:frozen-wait
 
 
 def broadcast_vs_all_reduce():

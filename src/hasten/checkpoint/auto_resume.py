@@ -18,7 +18,9 @@ import re
 
 from . import files
 from . import folder as folders
-from ..core.errors import ConfigError
+from . import marker as markers
+from ..core.errors import CheckpointError, ConfigError
+from ..distributed import control
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +48,13 @@ def objects_in(folder: str) -> dict:
     return counts
 
 
+def _whole(path: str) -> bool:
+    """A complete hasten checkpoint, or one Accelerate wrote (no marker)."""
+    if os.path.isfile(os.path.join(path, markers.MARKER_NAME)):
+        return markers.is_complete(path)
+    return os.path.isfile(os.path.join(path, folders.ACCELERATE_SIGNATURE))
+
+
 class PendingResume:
     """The newest complete checkpoint, waiting until the accelerator holds everything it holds."""
 
@@ -62,8 +71,6 @@ class PendingResume:
         path = folders.newest_checkpoint(root)
         if path is None:
             if folders.list_checkpoints(root):
-                from ..core.errors import CheckpointError
-
                 raise CheckpointError(f"automatic_resume: no complete checkpoint in {root} (each one is damaged; "
                                       "see the warnings); remove them to start over")
             logger.info("automatic_resume: no checkpoint in %s yet; starting from the beginning", root)
@@ -86,10 +93,28 @@ class PendingResume:
         """Load when everything is there; True once loaded (the caller then forgets this object)."""
         if not self._ready(self._held(accelerator)):
             return False
-        logger.info("automatic_resume: resuming from %s", self.path)
-        # A resumed run's script does not skip batches by hand: the loaders continue where they stood.
-        accelerator._load_state(self.path, loader_positions=True)
-        return True
+        # The newest complete checkpoint first; one whose bytes turn out damaged while they are read (a checksum
+        # mismatch, a file that no longer parses) on any process is passed over, on every process alike, for the
+        # one before it. Loading an older one restores every object again, over what the damaged one had set.
+        root = os.path.dirname(self.path)
+        candidates = [p for p in reversed(folders.list_checkpoints(root)) if folders.number_in(os.path.basename(p))
+                      <= folders.number_in(os.path.basename(self.path)) and _whole(p)]
+        for path in candidates:
+            logger.info("automatic_resume: resuming from %s", path)
+            problem = None
+            try:
+                # A resumed run's script does not skip batches by hand: the loaders continue where they stood.
+                accelerator._load_state(path, loader_positions=True)
+            except CheckpointError as error:
+                problem = error
+            failures = [f"rank {rank}: {message}" for rank, message in
+                        enumerate(control.all_gather_objects(None if problem is None else str(problem))) if message]
+            if not failures:
+                return True
+            logger.warning("automatic_resume: %s is damaged (%s); falling back to the checkpoint before it",
+                           path, "; ".join(failures))
+        raise CheckpointError(f"automatic_resume: no checkpoint in {root} loads (each one is damaged; see the "
+                              "warnings); remove them to start over")
 
     def missing(self, accelerator) -> ConfigError:
         """The error for training that starts before everything the checkpoint holds was prepared."""

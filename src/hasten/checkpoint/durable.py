@@ -6,12 +6,15 @@ Nothing here knows about the `Accelerator`; `checkpoint/layout.py` decides what 
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
 import signal
 
 import torch
+
+from . import checksum
 
 # Temporary and replaced folders are hidden (leading dot) and carry these tags, so neither automatic
 # naming nor `load_state()` can take one for a checkpoint.
@@ -21,8 +24,10 @@ OLD_TAG = ".hasten-old-"
 # Test hook (documented in docs/checkpointing.md): with HASTEN_TEST_CRASH_AT=N the process SIGKILLs itself at
 # the N-th crash point of its saves; HASTEN_TEST_CRASH_RANK limits it to one rank. Crash points sit before each
 # file, in the middle of it (the file is cut to half its size first) and after it, and between commit steps.
+# HASTEN_TEST_CRASH_SIGNAL=SIGSTOP freezes the process there instead (a node that hangs without dying).
 CRASH_ENV = "HASTEN_TEST_CRASH_AT"
 CRASH_RANK_ENV = "HASTEN_TEST_CRASH_RANK"
+CRASH_SIGNAL_ENV = "HASTEN_TEST_CRASH_SIGNAL"
 _crash_counter = [0]
 
 
@@ -39,12 +44,15 @@ def crash_point(rank: int = 0, partial_file: str | None = None) -> None:
     if partial_file is not None and os.path.isfile(partial_file):
         with open(partial_file, "r+b") as handle:
             handle.truncate(os.path.getsize(partial_file) // 2)
-    os.kill(os.getpid(), signal.SIGKILL)
+    os.kill(os.getpid(), getattr(signal, os.environ.get(CRASH_SIGNAL_ENV) or "SIGKILL"))
 
 # -- durable writes ---------------------------------------------------------------------------------------------
 def fsync_file(path: str) -> None:
-    with open(path, "rb") as handle:
-        os.fsync(handle.fileno())
+    try:
+        with open(path, "rb") as handle:
+            os.fsync(handle.fileno())
+    except OSError as error:  # a file system that allocates late reports a full disk here
+        raise disk_full(checksum.named(error, path)) if error.errno == errno.ENOSPC else error from None
 
 
 def fsync_dir(path: str) -> None:
@@ -74,21 +82,56 @@ def write_file(path: str, writer, rank: int = 0, sync: bool = True) -> int:
     later, so that writing one file overlaps with the disk flushing the last) and return its size; crash
     points surround it."""
     crash_point(rank)
-    writer(path)
+    try:
+        writer(path)
+    except OSError as error:
+        if error.errno == errno.ENOSPC:
+            raise disk_full(checksum.named(error, path)) from None
+        raise
     crash_point(rank, partial_file=path)
     if sync:
         fsync_file(path)
     crash_point(rank)
     return os.path.getsize(path)
 
+def disk_full(error: OSError):
+    """The one-line error of a write that found the disk full (the caller adds what the whole save needs)."""
+    from ..core.errors import DiskFullError
+
+    path = error.filename
+    free = _free_bytes(os.path.dirname(path) if path else ".")
+    return DiskFullError(f"no space left on the device writing {path} ({free} bytes free there)")
+
+
+def _free_bytes(folder: str):
+    try:
+        info = os.statvfs(folder)
+    except OSError:
+        return "unknown"
+    return info.f_bavail * info.f_frsize
+
+
 def save_object(obj, path: str) -> None:
-    torch.save(obj, path)
+    """torch.save, with the file's checksums taken from the bytes as they go out (kept for the marker)."""
+    with open(path, "wb") as handle:
+        summing = checksum.SummingFile(handle, path)
+        try:
+            torch.save(obj, summing)
+        except RuntimeError:
+            if summing.error is not None:  # torch hides the OSError of a failed write behind a RuntimeError
+                raise summing.error from None
+            raise
+    summing.summer.record()
 
 
 def save_json(obj, path: str) -> None:
-    with open(path, "w") as handle:
-        json.dump(obj, handle, indent=2, sort_keys=True)
-        handle.write("\n")
+    text = json.dumps(obj, indent=2, sort_keys=True) + "\n"
+    try:
+        checksum.count_written(path, len(text))
+        with open(path, "w") as handle:
+            handle.write(text)
+    except OSError as error:
+        raise checksum.named(error, path) from None
 
 
 def atomic_write(path: str, writer) -> None:
@@ -100,6 +143,7 @@ def atomic_write(path: str, writer) -> None:
         fsync_file(temp)
         os.replace(temp, path)
     finally:
+        checksum.forget(temp)
         if os.path.exists(temp):
             os.remove(temp)
     fsync_dir(folder)

@@ -16,6 +16,7 @@ import torch
 
 from ..core.dtypes import SAFETENSORS_DTYPES, SAFETENSORS_NAMES
 from ..core.errors import CheckpointError
+from . import checksum
 from .safe_load import safetensors_load, torch_load_safely
 
 
@@ -42,12 +43,18 @@ def save_tensors(tensors: dict, path: str) -> None:
     text += b" " * (-len(text) % 8)
     views = [memoryview(prepared[name].reshape(-1).view(torch.uint8).numpy()) for name in order
              if prepared[name].numel()]
+    summer = checksum.Summer(path)
     with open(path, "wb", buffering=0) as handle:
-        _write_all(handle.fileno(), [memoryview(struct.pack("<Q", len(text)) + text), *views])
+        try:
+            _write_all(handle.fileno(), [memoryview(struct.pack("<Q", len(text)) + text), *views], summer)
+        except OSError as error:
+            raise checksum.named(error, path) from None
+    summer.record()
 
 
-def _write_all(fd: int, views: list) -> None:
-    """os.writev in calls of at most REQUEST_BYTES and _IOV_MAX buffers, resuming after short writes."""
+def _write_all(fd: int, views: list, summer=None) -> None:
+    """os.writev in calls of at most REQUEST_BYTES and _IOV_MAX buffers, resuming after short writes; `summer`
+    digests each batch as it goes out (its bytes are in the cache then)."""
     pending = list(views)
     while pending:
         batch, total = [], 0
@@ -61,6 +68,13 @@ def _write_all(fd: int, views: list) -> None:
             else:
                 pending[0] = view[take:]
         written = os.writev(fd, batch)
+        if summer is not None:  # what went out, in order (a short write's rest is digested when it goes)
+            left = written
+            for view in batch:
+                if left <= 0:
+                    break
+                summer.update(view[:left])
+                left -= len(view)
         if written < total:  # short write: put back what did not go out
             rest = []
             for view in batch:
@@ -82,6 +96,7 @@ def load_object(path: str, load_kwargs: dict | None = None, map_location="cpu"):
             pending.start()
     if pending is not None:
         return pending.result()
+    _verify_whole(path)
     return torch_load_safely(path, kwargs, map_location)
 
 
@@ -97,10 +112,45 @@ def load_tensors(path: str, device="cpu", into: dict | None = None) -> dict:
         pending = _plan_safetensors(path, into if torch.device(device).type == "cpu" else None)
         if pending is not None:
             pending.start()
+    if pending is None:
+        _verify_whole(path)
     tensors = pending.result() if pending is not None else safetensors_load(path)
     if torch.device(device).type != "cpu":
         tensors = {name: t.to(device) for name, t in tensors.items()}
     return tensors
+
+
+# -- checksums: which files to verify --------------------------------------------------------------------------
+_expected: dict = {}  # absolute path -> checksum spec, while `load_state` reads a checkpoint whose marker has them
+
+
+class expect_checksums:
+    """`with expect_checksums(folder, marker.get("checksums")):` reads of those files verify their bytes."""
+
+    def __init__(self, folder: str, checksums: dict | None):
+        self.paths = {}
+        for name, spec in (checksums or {}).items():
+            if isinstance(spec, dict) and checksum.available(spec.get("algorithm", "")):
+                self.paths[os.path.abspath(os.path.join(folder, name))] = spec
+
+    def __enter__(self):
+        _expected.update(self.paths)
+        return self
+
+    def __exit__(self, *exc):
+        for path in self.paths:
+            _expected.pop(path, None)
+
+
+def _spec_for(path: str):
+    return _expected.get(os.path.abspath(path)) if _expected else None
+
+
+def _verify_whole(path: str) -> None:
+    """A file read by the libraries' own readers: verified in a pass of its own before they read it."""
+    spec = _spec_for(path)
+    if spec is not None and os.path.isfile(path):
+        checksum.verify_file(path, spec)
 
 
 # -- fast reading -----------------------------------------------------------------------------------------------
@@ -151,7 +201,8 @@ def _requests(pieces: list) -> list:
         view = memoryview(buffer.numpy()) if buffer.numel() else None
         if view is None:
             continue
-        if current and (offset < end or offset - end > _GAP_BYTES or len(current) >= _IOV_MAX - 1):
+        if current and (offset < end or offset - end > _GAP_BYTES or len(current) >= _IOV_MAX - 1
+                        or offset >= _border(start)):
             flush()
         if current and offset > end:
             current.append(memoryview(bytearray(offset - end)))
@@ -160,7 +211,7 @@ def _requests(pieces: list) -> list:
         while position < len(view):
             if not current:
                 start = end = offset + position
-            room = max(REQUEST_BYTES - (end - start), 0)
+            room = max(min(REQUEST_BYTES - (end - start), _border(start) - end), 0)
             if room == 0 or len(current) >= _IOV_MAX:
                 flush()
                 continue
@@ -172,9 +223,15 @@ def _requests(pieces: list) -> list:
     return requests
 
 
+def _border(start: int) -> int:
+    """The first checksum chunk border after `start`: a request ends there, so that its thread can verify it."""
+    return (start // checksum.CHUNK_BYTES + 1) * checksum.CHUNK_BYTES
+
+
 def _read_request(read: PendingRead, offset: int, views: list) -> None:
     # The PendingRead travels with the request: its file stays open until the last request is done.
     fd = read.handle.fileno()
+    start, original = offset, list(views)
     while views:
         count = os.preadv(fd, views, offset)
         if count == 0:
@@ -185,6 +242,8 @@ def _read_request(read: PendingRead, offset: int, views: list) -> None:
             views.pop(0)
         if views and count:
             views[0] = views[0][count:]
+    if read.spec is not None:
+        read.check_request(start, original)
 
 
 class PendingRead:
@@ -197,6 +256,42 @@ class PendingRead:
         self.path, self.kind, self.handle = path, kind, handle
         self.key = _file_key(path, handle)
         self._requests, self._finish, self._futures = requests, finish, None
+        # Checksums (see checkpoint/checksum.py): a request that covers a whole chunk is verified by its own
+        # thread; the chunks no single request covers (the file's header, the zip directory, ...) in `result()`.
+        self.spec = _spec_for(path)
+        self.checked, self.partial = set(), []
+
+    def check_request(self, start: int, views: list) -> None:
+        chunk = checksum.CHUNK_BYTES
+        index, length = start // chunk, sum(len(v) for v in views)
+        if start == index * chunk and start + length == min(start + chunk, self.key[3]):
+            checksum.check_chunk(self.path, self.spec, index, views)
+            self.checked.add(index)
+        else:
+            self.partial.append((start, views))
+
+    def _check_the_rest(self) -> None:
+        """Verify the chunks no request read whole: what requests read is taken from memory, the rest read here."""
+        chunk, size, fd = checksum.CHUNK_BYTES, self.key[3], self.handle.fileno()
+        if len(self.spec["digests"]) != checksum.chunk_count(size) or self.spec["chunk"] != chunk:
+            raise checksum.mismatch(self.path, 0, size)
+        pieces = sorted(self.partial, key=lambda piece: piece[0])
+        for index in range(checksum.chunk_count(size)):
+            if index in self.checked:
+                continue
+            position, end, views = index * chunk, min((index + 1) * chunk, size), []
+            for start, read_views in pieces:
+                if start + sum(len(v) for v in read_views) <= position or start >= end:
+                    continue
+                if start > position:
+                    views.append(os.pread(fd, start - position, position))
+                    position = start
+                for view in read_views:  # a request lies inside one chunk: all of it is this chunk's
+                    views.append(view)
+                    position += len(view)
+            if position < end:
+                views.append(os.pread(fd, end - position, position))
+            checksum.check_chunk(self.path, self.spec, index, views)
 
     def start(self) -> PendingRead:
         pool = _executor()
@@ -214,10 +309,16 @@ class PendingRead:
         for future in self._futures:
             try:
                 future.result()
-            except (OSError, EOFError) as failure:
+            except (OSError, EOFError, CheckpointError) as failure:
                 error = error or failure
         finish, self._finish, self._futures = self._finish, None, None  # the caller owns the memory from here
-        self.handle.close()
+        try:
+            if self.spec is not None and error is None:
+                self._check_the_rest()
+        finally:
+            self.handle.close()
+        if isinstance(error, CheckpointError):
+            raise error
         if error is not None:
             raise CheckpointError(f"checkpoint file {self.path} is corrupt or truncated ({error})") from None
         return finish()
@@ -251,6 +352,7 @@ def _plan_safetensors(path: str, into: dict | None = None):
         return _plan_safetensors_from(path, handle, into)
     except BaseException:
         handle.close()
+        _verify_whole(path)  # a damaged header: say so by the checksum, when the marker has one
         raise
 
 
@@ -348,7 +450,12 @@ def _plan_torch_file_from(path: str, handle, load_kwargs: dict):
                 return None
     except (zipfile.BadZipFile, OSError, ValueError):
         return None
-    structure = torch_load_safely(path, {k: v for k, v in load_kwargs.items() if k != "map_location"}, map_location="meta")
+    try:
+        structure = torch_load_safely(path, {k: v for k, v in load_kwargs.items() if k != "map_location"},
+                                      map_location="meta")
+    except Exception:
+        _verify_whole(path)  # a damaged pickle: say so by the checksum, when the marker has one
+        raise
     if _file_key(path) != _file_key(path, handle):
         return None  # replaced while its structure was read: torch.load reads it whole
     buffers, memo = {}, {}

@@ -86,6 +86,21 @@ def sizes_under(folder: str, name: str) -> dict:
     return sizes
 
 
+def bytes_needed(temp: str, target: str) -> int:
+    """About how many bytes a save into `target` needs: the larger of what it wrote before it failed and the
+    last complete checkpoint there (the same folder, or the newest beside it)."""
+    wrote = sum(sizes_under(temp, "").values()) if os.path.isdir(temp) else 0
+    previous = target if os.path.isdir(target) else newest_checkpoint(os.path.dirname(target))
+    before = 0
+    if previous is not None:
+        try:
+            marker = markers.read_marker(previous)
+        except CheckpointError:
+            marker = None
+        before = sum(marker.get("files", {}).values()) if marker else sum(sizes_under(previous, "").values())
+    return max(wrote, before)
+
+
 def make_durable(folder: str, name: str) -> None:
     """fsync a file, or every file and folder under a folder, that some writer left in `folder`."""
     path = os.path.join(folder, name)
@@ -140,12 +155,16 @@ def prepare_target(target: str, automatic: bool, token: str) -> str:
 
 
 # -- the commit -------------------------------------------------------------------------------------------------
-def commit(temp: str, target: str, files: dict, iteration, num_processes: int, rank: int) -> None:
-    """Write the marker into `temp` (whose files are durable already) and put `temp` in `target`'s place."""
+def commit(temp: str, target: str, files: dict, iteration, num_processes: int, rank: int,
+           checksums: dict | None = None) -> None:
+    """Write the marker into `temp` (whose files are durable already) and put `temp` in `target`'s place.
+    `checksums`: {name: spec} of the files whose writers digested them (see `checksum.py`)."""
     marker = {
         "format": markers.MARKER_FORMAT, "version": 1, "complete": True, "iteration": iteration,
         "num_processes": num_processes, "created": time.time(), "files": files,
     }
+    if checksums:
+        marker["checksums"] = checksums
     durable.write_file(os.path.join(temp, markers.MARKER_NAME), lambda p: durable.save_json(marker, p), rank)
     durable.fsync_dir(temp)
     parent = os.path.dirname(target)

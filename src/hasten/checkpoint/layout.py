@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 import torch
 
 from ..core.constants import DL_STATE_NAME, MODEL_NAME, SAFE_MODEL_NAME, SAMPLER_NAME, SCALER_NAME
-from ..core.errors import CheckpointError, ConfigError
+from ..core.errors import CheckpointError, ConfigError, DiskFullError
 from ..distributed import control
 from ..distributed.rng import capture_rng_states, restore_rng_states
 from . import async_save as background
-from . import durable, fast_io, files, state_dicts
+from . import checksum, durable, fast_io, files, state_dicts
 from . import folder as folders
 from . import marker as markers
 
@@ -279,34 +279,62 @@ def _finish(commit: _Commit, problem, written: dict, gather) -> None:
     """Steps 3b and 4, on every process: agree (through `gather`) that every process wrote its files, then the
     writer commits and rotates, and nobody returns before the checkpoint exists. Raises what failed anywhere."""
     target, temp = commit.target, commit.temp
-    reports = gather((None if problem is None else _describe(problem), sorted(written)))
-    if any(error for error, _ in reports):
+    sums = checksum.take(temp)  # the checksums of the files this process wrote, for the marker
+    reports = gather((None if problem is None else _describe(problem), sorted(written), sums))
+    if any(error for error, _, _ in reports):
+        needed = folders.bytes_needed(temp, target) if _disk_full(problem, reports) else None
         if commit.writer:
             durable.remove_tree(temp)
+        gather(None)  # nobody returns before the half-written folder is gone
+        if needed is not None:  # say what the whole save needs, and that nothing was lost
+            _raise_disk_full(target, temp, problem, reports, needed)
         if problem is not None:
             raise CheckpointError(f"save_state({target}) failed on rank {commit.rank}: {_describe(problem)}") from problem
-        _raise_failures([error for error, _ in reports], f"save_state({target})")
+        _raise_failures([error for error, _, _ in reports], f"save_state({target})")
 
     # 4. Commit, rotate. The marker lists every file in the folder (on this machine's disk, with
     # save_on_each_node), including any a hook wrote.
     problem = None
     if commit.writer:
         try:
-            reported = {name for _, names in reports for name in names}
+            reported = {name for _, names, _ in reports for name in names}
             files = folders.sizes_under(temp, "")
             if set(files) - reported:
                 durable.fsync_tree(temp)
             durable.fsync_dir(temp)
             durable.crash_point(commit.rank)
-            folders.commit(temp, target, files, commit.iteration, commit.num_processes, commit.rank)
+            checksums = {name: spec for _, _, specs in reports for name, spec in specs.items() if name in files}
+            folders.commit(temp, target, files, commit.iteration, commit.num_processes, commit.rank, checksums)
             if commit.total_limit is not None:
                 folders.rotate(os.path.dirname(target), target, commit.total_limit, commit.rank)
         except Exception as error:  # noqa: BLE001
             problem = error
+            if isinstance(error, DiskFullError):  # the marker did not fit: nothing was renamed yet
+                durable.remove_tree(temp)
     outcomes = gather(None if problem is None else _describe(problem))
+    full = [o.split(": ", 1)[1] for o in outcomes if o and o.startswith(DiskFullError.__name__)]
+    if full:  # on every rank alike
+        raise DiskFullError(f"could not commit checkpoint {target}: {full[0].replace(temp, target)}; free some space "
+                            "and save again; the half-written checkpoint was removed and the previous one is intact")
     if problem is not None:
         raise CheckpointError(f"could not commit checkpoint {target}: {_describe(problem)}") from problem
     _raise_failures(outcomes, f"committing {target}")
+
+
+def _disk_full(problem, reports) -> bool:
+    return isinstance(problem, DiskFullError) or any(
+        error and error.startswith(DiskFullError.__name__) for error, _, _ in reports)
+
+
+def _raise_disk_full(target: str, temp: str, problem, reports, needed: int):
+    # the files are named where they would have been (the temporary folder is gone)
+    where = [f"rank {r}: {error.split(': ', 1)[1].replace(temp, target)}" for r, (error, _, _) in enumerate(reports)
+             if error and error.startswith(DiskFullError.__name__)]
+    raise DiskFullError(
+        f"save_state({target}) ran out of disk space ({'; '.join(where)}); the checkpoint needs about {needed} bytes: "
+        "free that much space (or lower ProjectConfiguration(total_limit=...), or save elsewhere) and save again; "
+        "the half-written checkpoint was removed and the previous one is intact"
+    ) from problem
 
 
 def _live_storages(contents: CheckpointContents) -> frozenset:
@@ -407,10 +435,42 @@ def _read_loader_file(contents: CheckpointContents, folder: str, name: str, load
     return payload
 
 
-def _load_loaders(contents: CheckpointContents, folder: str, load_kwargs) -> None:
+def _saved_world(folder: str, marker):
+    """How many processes wrote the checkpoint: the marker's count, or (Accelerate's, no marker) its RNG files'."""
+    if marker is not None and isinstance(marker.get("num_processes"), int):
+        return marker["num_processes"]
+    ranks = files.ranks_with_rng(folder)
+    return max(ranks) + 1 if ranks else None
+
+
+def _world_changed(contents: CheckpointContents, folder: str, marker) -> bool:
+    """A checkpoint saved by another number of processes loads as in Accelerate (weights and optimizer whole, the
+    random states of the ranks that have a file), with one warning saying what does not carry over: the loaders'
+    positions belong to the old sharding of the data, so the loaders start their epoch from its first batch. Under
+    the `strict` setting it is refused in one line."""
+    from ..config.resolve import strict
+
+    saved, now = _saved_world(folder, marker), contents.state.num_processes
+    if saved is None or saved == now:
+        return False
+    ranks = f"rank {saved} has" if now == saved + 1 else f"ranks {saved}-{now - 1} have"
+    missing = f"; {ranks} no random states saved (torch's stay as they are)" if now > saved else ""
+    what = (f"load_state({folder}): the checkpoint was saved by {saved} process(es) and is loaded by {now}: the "
+            f"weights and optimizer load whole, but the data loaders' positions belong to {saved} shards, so each "
+            f"loader starts its epoch from the first batch{missing}")
+    if strict():
+        raise ConfigError(f"{what}; the strict setting refuses this: load it with {saved} process(es), or turn strict off")
+    if contents.state.is_main_process:  # the same line from every process would say nothing more
+        logger.warning(what)
+    return True
+
+
+def _load_loaders(contents: CheckpointContents, folder: str, load_kwargs, world_changed: bool = False) -> None:
     """Without `contents.loader_positions`, a plain loader goes back to the saved epoch and shuffle but starts
     it from its first batch (Accelerate leaves the position alone; scripts skip the done batches by hand). A
     use_stateful_dataloader loader continues where torchdata's state says (Accelerate does the same)."""
+    if world_changed:  # see `_world_changed`: the positions belong to another sharding of the data
+        return
     for i, loader in enumerate(contents.dataloaders):
         stateful = getattr(loader, "use_stateful_dataloader", False)
         position = _read_loader_file(contents, folder, files.loader_name(SAMPLER_NAME, i), load_kwargs)
@@ -425,11 +485,12 @@ def _load_loaders(contents: CheckpointContents, folder: str, load_kwargs) -> Non
                 loader.load_state_dict(state)
 
 
-def _load_rng(contents: CheckpointContents, folder: str, load_kwargs):
+def _load_rng(contents: CheckpointContents, folder: str, load_kwargs, world_changed: bool = False):
     """Restore this process's random states; returns the saved step counter (None when there is none)."""
     path = os.path.join(folder, files.rng_name(contents.rank))
     if not os.path.isfile(path):
-        logger.warning("no %s: random states were not restored (resuming on more processes?)", path)
+        if not world_changed:  # else `_world_changed` said it already, in its one line
+            logger.warning("no %s: random states were not restored", path)
         return _step_of_another_rank(folder, load_kwargs)
     payload = fast_io.load_object(path, load_kwargs)
     # Accelerate logs any error here and resumes with the wrong random state; hasten stops (docs/differences.md).
@@ -479,6 +540,13 @@ def load_state(contents: CheckpointContents, input_dir=None, load_kwargs=None, *
     marker = markers.read_marker(folder)
     if marker is not None:
         markers.verify_files(folder, marker)
+    # Every file read below is checked against the checksums written with it, as its bytes come in.
+    with fast_io.expect_checksums(folder, (marker or {}).get("checksums")):
+        return _load_from(contents, folder, marker, load_kwargs, load_model_func_kwargs)
+
+
+def _load_from(contents: CheckpointContents, folder: str, marker, load_kwargs, load_model_func_kwargs):
+    world_changed = _world_changed(contents, folder, marker)  # before anything loads: strict refuses it whole
     map_location = files.resolve_map_location(load_model_func_kwargs.pop("map_location", None),
                                              lambda: contents.state.device)
     load_kwargs = dict(load_kwargs or {})
@@ -492,11 +560,11 @@ def load_state(contents: CheckpointContents, input_dir=None, load_kwargs=None, *
     )
     for i, scheduler in enumerate(contents.schedulers):
         scheduler.load_state_dict(files.read(folder, files.scheduler_name(i), load_kwargs))
-    _load_loaders(contents, folder, load_kwargs)
+    _load_loaders(contents, folder, load_kwargs, world_changed)
     if contents.scaler is not None and os.path.isfile(os.path.join(folder, SCALER_NAME)):
         contents.scaler.load_state_dict(files.read(folder, SCALER_NAME, load_kwargs))
     _load_gradients(contents, folder)
-    step = _load_rng(contents, folder, load_kwargs)
+    step = _load_rng(contents, folder, load_kwargs, world_changed)
 
     custom_files = files.custom_files(folder)
     if len(custom_files) != len(contents.custom_objects):

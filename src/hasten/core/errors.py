@@ -46,6 +46,14 @@ class UnsafeCheckpointError(CheckpointError):
     """A checkpoint file would execute code when loaded and the user did not opt in."""
 
 
+class ChecksumError(CheckpointError):
+    """A checkpoint file's bytes differ from the checksums its completeness marker recorded when it was written."""
+
+
+class DiskFullError(CheckpointError):
+    """A save ran out of disk space (ENOSPC); the checkpoint it wrote was removed, the previous one is intact."""
+
+
 class TrackerError(HastenError, RuntimeError):
     """An experiment tracker failed while logging, and `HASTEN_TRACKER_ERRORS=raise` asked to stop."""
 

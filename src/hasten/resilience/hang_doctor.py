@@ -51,6 +51,7 @@ from collections import deque
 
 from ..core.errors import HangDetectedError
 from .call_sites import call_site, short, skip_prefixes, stack_lines
+from . import liveness
 from .completion import completion_marker, is_finished
 from .hang_report import (
     DESCRIBE,
@@ -59,9 +60,9 @@ from .hang_report import (
     calls_at,
     divergence_headline,
     format_report,
+    left_headline,
     render,
-    shown,
-    state_words,
+    timeout_headline,
 )
 
 __all__ = ["HangDetectedError", "WRAPPED", "active", "call_site", "install", "uninstall", "watch"]
@@ -132,6 +133,7 @@ class Doctor:
         self.error = ""
         self.raising_since = None  # set when the main thread raises the published report
         self.checked = None  # (entry, ranks that left) already looked at by the watchdog
+        self.to_wake: list = []  # stopped ranks on this machine to SIGCONT once a report is published
         self.stopped = threading.Event()
         self.broken = False
         self.group_names: dict = {}
@@ -149,6 +151,7 @@ class Doctor:
         self.checker = threading.Thread(target=self._check, name="hasten-hang-doctor-checker", daemon=True)
 
     def start(self) -> None:
+        liveness.post_identity(self.store, self.rank)
         self.thread.start()
         self.checker.start()
 
@@ -429,37 +432,17 @@ class Doctor:
                 and s["state"] in TERMINAL and s["seqs"].get(entry.group, 0) < entry.seq]
         if not gone:
             return False
-        rank = gone[0]
-        status = statuses[rank]
-        if status["state"] == "raised":
-            what = f"raised {status['error']}"
-        else:
-            last = status["history"][-1] if status["history"] else None
-            what = "returned from its script" + (f" (its last collective: #{last[1]} {shown(last[2], last[3])} at "
-                                                 f"{last[4]})" if last else " (before any collective)")
-        headline = (f"rank {rank} {what} while rank {self.rank} waits in {shown(entry.name, entry.detail)} at "
-                    f"{entry.site} (collective #{entry.seq} of the {entry.group} group, which rank {rank} never "
-                    "reached)")
+        headline = left_headline(gone[0], statuses[gone[0]], self.rank, entry)
         self._publish(headline, gone, statuses, raise_here=raise_here, kind="left")
         return True
 
     def _timeout_report(self, entry, statuses, raise_here) -> None:
         missing = [r for r in self.members.get(entry.group, range(self.world_size))
                    if r != self.rank and not at(statuses.get(r), entry.group, entry.seq)]
-        waited = time.time() - entry.since
-        where = []
-        for rank in missing:
-            status = statuses.get(rank)
-            if status is None:
-                where.append(f"rank {rank} did not answer")
-            else:
-                top = status["stack"][-1] if status["stack"] else "unknown code"
-                where.append(f"rank {rank} never arrived (it is {state_words(status)} at {top})")
-        queued = (" (its call returned, but the backend never completed it: queued on the device or async_op)"
-                  if entry.queued else "")
-        headline = (f"{shown(entry.name, entry.detail)} at {entry.site} timed out on rank {self.rank} after "
-                    f"{waited:.0f}s{queued} (the collective timeout is {self.timeout:g}s): " + "; ".join(where or
-                    ["every rank is in it: the collective itself is stuck (network, device)"]))
+        looks = {rank: liveness.look(self._s(), rank) for rank in missing if rank not in statuses}
+        self.to_wake = [ident for _, ident in looks.values() if ident is not None]
+        headline = timeout_headline(entry, missing, statuses, self.rank, self.timeout,
+                                    {rank: words for rank, (words, _) in looks.items()})
         self._publish(headline, missing or [self.rank], statuses, raise_here=raise_here, kind="timeout")
 
     def _published(self):
@@ -485,6 +468,8 @@ class Doctor:
             store.add("events", 1)
         except Exception:  # noqa: BLE001
             stored = value
+        for ident in self.to_wake:  # a stopped rank: its watchdog can obey the report only once it runs
+            liveness.wake(ident)
         verdict = json.loads(stored)
         if raise_here:
             self._raise(verdict)
@@ -530,13 +515,16 @@ class Doctor:
     # -- the watchdog thread ------------------------------------------------------------------------------------
     def _watch(self) -> None:
         store = self.watch_store
-        seen = 0
+        seen, posted = 0, 0.0
         verdict = None
         while not self.stopped.wait(POLL):
             try:
                 events = store.add("events", 0)
+                if events == seen and time.monotonic() - posted >= liveness.HEARTBEAT:
+                    posted = time.monotonic()  # where this rank is, left for a report if it freezes
+                    self._post(store, seen)
                 if events != seen:
-                    seen = events
+                    seen, posted = events, time.monotonic()
                     self._post(store, events)
                     verdict = verdict or self._published()
                     if verdict is None:

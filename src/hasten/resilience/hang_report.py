@@ -8,6 +8,8 @@ here. An entry or history item is `[group, seq, name, detail, site, since]`.
 
 from __future__ import annotations
 
+import time
+
 TERMINAL = ("exited", "raised")
 
 
@@ -145,6 +147,39 @@ def state_words(status) -> str:
     if state == "exited":
         return "gone: it returned from its script"
     return "running Python code"
+
+
+def left_headline(rank: int, status: dict, me: int, entry) -> str:
+    """The headline of a report on `rank`, which left (returned or raised) before the collective `entry` that
+    rank `me` waits in."""
+    if status["state"] == "raised":
+        what = f"raised {status['error']}"
+    else:
+        last = status["history"][-1] if status["history"] else None
+        what = "returned from its script" + (f" (its last collective: #{last[1]} {shown(last[2], last[3])} at "
+                                             f"{last[4]})" if last else " (before any collective)")
+    return (f"rank {rank} {what} while rank {me} waits in {shown(entry.name, entry.detail)} at "
+            f"{entry.site} (collective #{entry.seq} of the {entry.group} group, which rank {rank} never reached)")
+
+
+def timeout_headline(entry, missing: list, statuses: dict, me: int, timeout: float, silent=None) -> str:
+    """The headline of a report on the collective `entry` that rank `me` waited in past `timeout` seconds, for
+    which the ranks `missing` never arrived (`statuses`: those that answered; `silent`: {rank: words} on those
+    that did not, from `liveness.look`)."""
+    waited = time.time() - entry.since
+    where = []
+    for rank in missing:
+        status = statuses.get(rank)
+        if status is None:
+            where.append((silent or {}).get(rank) or f"rank {rank} did not answer")
+        else:
+            top = status["stack"][-1] if status["stack"] else "unknown code"
+            where.append(f"rank {rank} never arrived (it is {state_words(status)} at {top})")
+    queued = (" (its call returned, but the backend never completed it: queued on the device or async_op)"
+              if entry.queued else "")
+    return (f"{shown(entry.name, entry.detail)} at {entry.site} timed out on rank {me} after "
+            f"{waited:.0f}s{queued} (the collective timeout is {timeout:g}s): " + "; ".join(where or
+            ["every rank is in it: the collective itself is stuck (network, device)"]))
 
 
 def _where(status, collective) -> str:
