@@ -22,8 +22,9 @@ That is the first kind of mutant, `drop` (HONOURED_KIND unset or "drop"). Two mo
   keeps its place in the file with the row's default; a parameter or field is passed its signature's default
   explicitly. A value that already equals the default is left alone (nothing to change: not a hit).
 - `spelling`: `setting:<name>~<VARIABLE>` hides that one variable of a row with several names (HASTEN_X,
-  ACCELERATE_X, ...) from the table's reader (`hasten.config.resolve._from_env`), the other spellings still
-  read, as a bug that forgets one accepted name.
+  ACCELERATE_X, ...) from the table's reader (`hasten.config.resolve._from_env`) and from the refusal of
+  variables of features not built (`hasten.config.settings.refuse_unbuilt_environment`), the other spellings
+  still read, as a bug that forgets one accepted name.
 
 Which mutant is live is read at call time from HONOURED_MUTANT, so one test session can run many mutants one after
 the other (and processes started meanwhile inherit the live one); HONOURED_TARGETS (JSON, written by the tool)
@@ -233,10 +234,25 @@ def _spelling(entry, module, name, variable):
     module._from_env = from_env
 
 
+def _unbuilt_spelling(entry, module, name, variable):
+    """The refusal of variables of features not built (`refuse_unbuilt_environment`) without `variable`."""
+    original = module.refuse_unbuilt_environment
+
+    @functools.wraps(original)
+    def refuse_unbuilt_environment(env):
+        if _live(entry) and env.get(variable, "") != "":
+            _hit(entry)
+            env = {k: v for k, v in env.items() if k != variable}
+        return original(env)
+
+    module.refuse_unbuilt_environment = refuse_unbuilt_environment
+
+
 # Rows are also dropped where they are read around the precedence: module -> how (see the docstring). The refusal
 # of a row not built has no default to fall back on, so only the drop kind lifts it.
 _AROUND = {"drop": {"hasten.config.setting": _refusal, "hasten.config.file": _file},
-           "default": {"hasten.config.file": _file}, "spelling": {}}[_KIND]
+           "default": {"hasten.config.file": _file},
+           "spelling": {"hasten.config.settings": _unbuilt_spelling}}[_KIND]
 
 
 def _apply(entry, module) -> None:
@@ -298,12 +314,12 @@ class _AfterExec(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def exec_module(self, module):
         self.loader.exec_module(module)
-        for entry, (kind, target, _, parameter, *_) in _TARGETS.items():
+        for entry, (kind, target, _, parameter, *rest) in _TARGETS.items():
             if target == module.__name__ and entry not in _DONE:
                 _DONE.add(entry)
                 _apply(entry, module)
-            if kind == "setting" and module.__name__ in _AROUND:
-                _AROUND[module.__name__](entry, module, parameter)
+            if kind in ("setting", "spelling") and module.__name__ in _AROUND:
+                _AROUND[module.__name__](entry, module, parameter, *(rest if kind == "spelling" else ()))
         _repoint(module)
 
     def __getattr__(self, name):  # get_resource_reader, is_package, ... of the real loader

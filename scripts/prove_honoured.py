@@ -28,8 +28,8 @@ Exit status 1 when an entry is not killed.
                or field it differs from `drop` only where the code tells "passed its default" from "not passed":
                name those entries to run them)
     spelling   one mutant per accepted variable of a settings row with several (`setting:log_level~ACCELERATE_LOG_LEVEL`
-               hides ACCELERATE_LOG_LEVEL alone); run alone it takes every such row. A spelling's tests are
-               tests/acceptance_map.py's SPELLING_MAP line, else its row's MAP line.
+               hides ACCELERATE_LOG_LEVEL alone); run alone it takes every such row. A spelling's tests are its
+               row's MAP line and tests/acceptance_map.py's SPELLING_TESTS.
 
     python scripts/prove_honoured.py --kind spelling setting:log_level
     python scripts/prove_honoured.py --kind default --json default.json
@@ -99,8 +99,11 @@ def target(entry: str) -> list:
 
 
 def mapped_tests(entry: str) -> list:
-    tests = getattr(acceptance_map, "SPELLING_MAP", {}).get(entry) or acceptance_map.MAP[entry.partition("~")[0]]
-    return [tests] if isinstance(tests, str) else list(tests)
+    """The tests of an entry (its MAP line); a spelling mutant's also include SPELLING_TESTS."""
+    base, spelling, _ = entry.partition("~")
+    tests = acceptance_map.MAP[base]
+    tests = [tests] if isinstance(tests, str) else list(tests)
+    return tests + [t for t in acceptance_map.SPELLING_TESTS if t not in tests] if spelling else tests
 
 
 def mutants(entries: list, kind: str, named: bool) -> list:
