@@ -14,6 +14,18 @@ imports nothing of hasten: when a target module has executed, it wraps the entry
   required one gets None). `*args` pass through unprepared; `**kwargs` are dropped.
 - `field:<class>:<name>`: the class is built as if the field had not been given (its default).
 
+That is the first kind of mutant, `drop` (HONOURED_KIND unset or "drop"). Two more kinds answer other bugs:
+
+- `default`: the value given is replaced by the default while everything else stays, as a bug that overwrites a
+  value with what it would have been anyway. A setting keeps its source (flag, variable, file) and takes the
+  row's default, or the default the code computes where it computes one (`_COMPUTED`); a config-file-only key
+  keeps its place in the file with the row's default; a parameter or field is passed its signature's default
+  explicitly. A value that already equals the default is left alone (nothing to change: not a hit).
+- `spelling`: `setting:<name>~<VARIABLE>` hides that one variable of a row with several names (HASTEN_X,
+  ACCELERATE_X, ...) from the table's reader (`hasten.config.resolve._from_env`) and from the refusal of
+  variables of features not built (`hasten.config.settings.refuse_unbuilt_environment`), the other spellings
+  still read, as a bug that forgets one accepted name.
+
 Which mutant is live is read at call time from HONOURED_MUTANT, so one test session can run many mutants one after
 the other (and processes started meanwhile inherit the live one); HONOURED_TARGETS (JSON, written by the tool)
 says what to wrap. When a mutant changes a call, the entry is appended to the file HONOURED_HITS, so the tool
@@ -22,6 +34,7 @@ Nothing here runs unless HONOURED_TARGETS is set; nothing of it is in src/hasten
 """
 
 import functools
+import importlib
 import importlib.abc
 import importlib.util
 import inspect
@@ -30,6 +43,7 @@ import os
 import sys
 
 _TARGETS = json.loads(os.environ.get("HONOURED_TARGETS") or "{}")  # entry -> [kind, module, qualname, parameter, *flag dests]
+_KIND = os.environ.get("HONOURED_KIND") or "drop"  # drop, default or spelling: one kind for the whole run
 _WRAPPED = {}  # id(original function) -> wrapper, to re-point names other modules imported
 _DONE = set()
 
@@ -61,6 +75,12 @@ def _drop(entry, function, parameter):
             return function(*args, **kwargs)
         if parameter not in bound.arguments:
             return function(*args, **kwargs)
+        if _KIND == "default" and default is not inspect.Parameter.empty:  # passed, explicitly, its default
+            if _same(bound.arguments[parameter], default):
+                return function(*args, **kwargs)
+            _hit(entry)
+            bound.arguments[parameter] = default
+            return function(*bound.args, **bound.kwargs)
         _hit(entry)
         if kind is inspect.Parameter.VAR_POSITIONAL:  # prepare(*args): the objects come back untouched
             given = bound.arguments[parameter]
@@ -75,9 +95,33 @@ def _drop(entry, function, parameter):
     return mutant
 
 
-def _parsed(entry, dests):
+def _same(value, default) -> bool:
+    """Whether a given value already is the default (the default mutant then changes nothing)."""
+    try:
+        return bool(value is default or (type(value) is type(default) and value == default))
+    except Exception:  # a tensor, an object with a strange __eq__: not the default
+        return False
+
+
+def _computed(name, result):
+    """The default the code computes for row `name` where the table says None (None: the code computes none).
+
+    `num_cpu_threads_per_process`: the launcher's threads per process (physical cores / processes per machine)."""
+    if name == "num_cpu_threads_per_process":
+        launch_settings = importlib.import_module("hasten.config.launch_settings")
+
+        def value(row):
+            found = result.get(row)
+            return found.value if found is not None else None
+
+        return launch_settings.default_threads(value("num_processes") or 1, value("num_machines") or 1)
+    return None
+
+
+def _parsed(entry, name, dests):
     """argparse's parse_known_args (parse_args calls it) with the row's flags back at their defaults: the launcher
-    reads some flags from the parsed command line rather than through `resolve`."""
+    reads some flags from the parsed command line rather than through `resolve`. The default kind writes the row's
+    default there as if typed (a row whose default is None or computed is left to `resolve`)."""
     import argparse
 
     original = argparse.ArgumentParser.parse_known_args
@@ -87,9 +131,18 @@ def _parsed(entry, dests):
         namespace, rest = original(self, *args, **kwargs)
         if _live(entry):
             for dest in dests:
-                if hasattr(namespace, dest) and getattr(namespace, dest) != self.get_default(dest):
+                if not hasattr(namespace, dest) or getattr(namespace, dest) == self.get_default(dest):
+                    continue
+                if _KIND == "default":
+                    table = sys.modules.get("hasten.config.settings")
+                    row = table.BY_NAME.get(name) if table is not None else None
+                    if row is None or row.default is None or getattr(namespace, dest) == row.default:
+                        continue
                     _hit(entry)
-                    setattr(namespace, dest, self.get_default(dest))
+                    setattr(namespace, dest, row.default)
+                    continue
+                _hit(entry)
+                setattr(namespace, dest, self.get_default(dest))
         return namespace, rest
 
     argparse.ArgumentParser.parse_known_args = parse_known_args
@@ -103,8 +156,15 @@ def _setting(entry, module, name):
         result = original(*args, **kwargs)
         found = result.get(name) if _live(entry) else None
         if found is not None and found.source != "default":
-            _hit(entry)
             default = (module.BY_NAME.get(name) or module.table.BY_NAME[name]).default  # variable-only rows too
+            if _KIND == "default":  # the value overwritten by the default, its source kept
+                default = _computed(name, result) if default is None else default
+                if found.value == default:
+                    return result
+                _hit(entry)
+                result[name] = module.Resolved(name, default, found.source, found.origin)
+                return result
+            _hit(entry)
             result[name] = module.Resolved(name, default, "default", "built-in default")
         return result
 
@@ -148,6 +208,11 @@ def _file(entry, module, name):
         for block in blocks:
             holder = holder.get(block) if isinstance(holder, dict) else None
         if isinstance(holder, dict) and key in holder:
+            if _KIND == "default" and row.default is not None:  # the key stays, with the row's default
+                if holder[key] != row.default:
+                    _hit(entry)
+                    holder[key] = row.default
+                return data
             _hit(entry)
             del holder[key]
         return data
@@ -155,12 +220,46 @@ def _file(entry, module, name):
     module.read_raw = read_raw
 
 
-# Rows are also dropped where they are read around the precedence: module -> how (see the docstring).
-_AROUND = {"hasten.config.setting": _refusal, "hasten.config.file": _file}
+def _spelling(entry, module, name, variable):
+    """The table's reader of variables without `variable`, for row `name` only, while `entry` is live."""
+    original = module._from_env
+
+    @functools.wraps(original)
+    def from_env(setting, env):
+        if _live(entry) and setting.name == name and env.get(variable, "") != "":
+            _hit(entry)
+            env = {k: v for k, v in env.items() if k != variable}
+        return original(setting, env)
+
+    module._from_env = from_env
+
+
+def _unbuilt_spelling(entry, module, name, variable):
+    """The refusal of variables of features not built (`refuse_unbuilt_environment`) without `variable`."""
+    original = module.refuse_unbuilt_environment
+
+    @functools.wraps(original)
+    def refuse_unbuilt_environment(env):
+        if _live(entry) and env.get(variable, "") != "":
+            _hit(entry)
+            env = {k: v for k, v in env.items() if k != variable}
+        return original(env)
+
+    module.refuse_unbuilt_environment = refuse_unbuilt_environment
+
+
+# Rows are also dropped where they are read around the precedence: module -> how (see the docstring). The refusal
+# of a row not built has no default to fall back on, so only the drop kind lifts it.
+_AROUND = {"drop": {"hasten.config.setting": _refusal, "hasten.config.file": _file},
+           "default": {"hasten.config.file": _file},
+           "spelling": {"hasten.config.settings": _unbuilt_spelling}}[_KIND]
 
 
 def _apply(entry, module) -> None:
     kind, _, qualname, parameter, *dests = _TARGETS[entry]
+    if kind == "spelling":
+        _spelling(entry, module, parameter, dests[0])
+        return
     if kind == "setting":
         _setting(entry, module, parameter)
         return
@@ -215,12 +314,12 @@ class _AfterExec(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def exec_module(self, module):
         self.loader.exec_module(module)
-        for entry, (kind, target, _, parameter, *_) in _TARGETS.items():
+        for entry, (kind, target, _, parameter, *rest) in _TARGETS.items():
             if target == module.__name__ and entry not in _DONE:
                 _DONE.add(entry)
                 _apply(entry, module)
-            if kind == "setting" and module.__name__ in _AROUND:
-                _AROUND[module.__name__](entry, module, parameter)
+            if kind in ("setting", "spelling") and module.__name__ in _AROUND:
+                _AROUND[module.__name__](entry, module, parameter, *(rest if kind == "spelling" else ()))
         _repoint(module)
 
     def __getattr__(self, name):  # get_resource_reader, is_package, ... of the real loader
@@ -229,6 +328,6 @@ class _AfterExec(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 if _TARGETS:
     sys.meta_path.insert(0, _AfterExec)
-    for _entry, (_kind, _, _, _, *_dests) in _TARGETS.items():
+    for _entry, (_kind, _, _, _name, *_dests) in _TARGETS.items():
         if _kind == "setting" and _dests:  # at start: `hasten launch` parses its flags before it resolves anything
-            _parsed(_entry, _dests)
+            _parsed(_entry, _name, _dests)

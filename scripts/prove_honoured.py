@@ -19,12 +19,30 @@ baseline) and once per entry with that entry's mutant live. An entry is
     not run       the run ended (time limit) before the entry's turn
 
 Exit status 1 when an entry is not killed.
+
+`--kind` chooses the mutants (scripts/honoured_hook.py says each in full):
+
+    drop       (the default) the value given is dropped, as if the user had not given it
+    default    the value given is replaced by the default (the settings row's, the signature's or dataclass's, or
+               the one the code computes), its source kept; run alone it takes the settings rows (for a parameter
+               or field it differs from `drop` only where the code tells "passed its default" from "not passed":
+               name those entries to run them)
+    spelling   one mutant per accepted variable of a settings row with several (`setting:log_level~ACCELERATE_LOG_LEVEL`
+               hides ACCELERATE_LOG_LEVEL alone); run alone it takes every such row. A spelling's tests are its
+               row's MAP line and tests/acceptance_map.py's SPELLING_TESTS.
+
+    python scripts/prove_honoured.py --kind spelling setting:log_level
+    python scripts/prove_honoured.py --kind default --json default.json
+
+With --table, the drop kind writes the whole of docs/honoured.md (keeping the other kinds' sections at its end);
+another kind writes or replaces its own section at the end.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import hashlib
 import importlib
 import inspect
@@ -45,9 +63,20 @@ import acceptance_entries  # noqa: E402
 import acceptance_map  # noqa: E402
 
 
+KINDS = ("drop", "default", "spelling")
+
+
 def target(entry: str) -> list:
-    """[kind, module the mutant waits for, attribute path, parameter] of an entry (see honoured_hook)."""
+    """[kind, module the mutant waits for, attribute path, parameter] of an entry (see honoured_hook); a spelling
+    mutant `setting:<name>~<VARIABLE>` adds the variable."""
+    entry, _, variable = entry.partition("~")
     kind, _, rest = entry.partition(":")
+    if variable:
+        from hasten.config.settings import BY_NAME
+
+        if kind != "setting" or variable not in BY_NAME[rest].env:
+            raise LookupError(f"{variable} is not a variable of {entry}")
+        return ["spelling", "hasten.config.resolve", "_from_env", rest, variable]
     if kind == "setting":
         from hasten.config.settings import BY_NAME
 
@@ -70,8 +99,30 @@ def target(entry: str) -> list:
 
 
 def mapped_tests(entry: str) -> list:
-    tests = acceptance_map.MAP[entry]
-    return [tests] if isinstance(tests, str) else list(tests)
+    """The tests of an entry (its MAP line); a spelling mutant's also include SPELLING_TESTS."""
+    base, spelling, _ = entry.partition("~")
+    tests = acceptance_map.MAP[base]
+    tests = [tests] if isinstance(tests, str) else list(tests)
+    return tests + [t for t in acceptance_map.SPELLING_TESTS if t not in tests] if spelling else tests
+
+
+def mutants(entries: list, kind: str, named: bool) -> list:
+    """The mutants of a kind for the entries: a spelling mutant per variable of each row with several (a named
+    spelling mutant stays itself); the default kind takes the settings rows unless entries were `named`."""
+    if kind == "drop":
+        return entries
+    if kind == "default":
+        return entries if named else [e for e in entries if e.startswith("setting:")]
+    from hasten.config.settings import BY_NAME
+
+    result = []
+    for entry in entries:
+        name = entry.partition(":")[2]
+        if "~" in entry:
+            result.append(entry)
+        elif entry.startswith("setting:") and len(BY_NAME[name].env) > 1:
+            result += [f"{entry}~{variable}" for variable in BY_NAME[name].env]
+    return result
 
 
 def rotating_sample(entries: list, size: int, seed: str, budget: float | None = None, seconds: dict | None = None):
@@ -100,14 +151,14 @@ def recorded_seconds(path) -> dict:
     if path.endswith(".json"):
         return {entry: row["seconds"] for entry, row in json.loads(text).items()}
     seconds = {}
-    for line in text.splitlines():
+    for line in text.partition(SECTION_MARK)[0].splitlines():  # the drop kind's table only
         cells = [cell.strip().strip("`") for cell in line.strip().strip("|").split("|")]
         if len(cells) >= 3 and ":" in cells[0] and cells[2].replace(".", "", 1).isdigit():
             seconds[cells[0]] = float(cells[2])
     return seconds
 
 
-def run(entries: list, *, timeout: float = 3000, verbose: bool = True, baseline: bool = True) -> dict:
+def run(entries: list, *, timeout: float = 3000, verbose: bool = True, baseline: bool = True, kind: str = "drop") -> dict:
     """{entry: {"status", "test", "seconds", "message"}} for the given entries."""
     results, targets = {}, {}
     for entry in entries:
@@ -129,7 +180,7 @@ def run(entries: list, *, timeout: float = 3000, verbose: bool = True, baseline:
         env = {k: v for k, v in os.environ.items() if not k.startswith("HONOURED_")}
         env.update(HONOURED_TARGETS=json.dumps(targets), HONOURED_PLAN=json.dumps(plan),
                    HONOURED_REPORT=str(report), HONOURED_HITS=str(scratch / "hits"),
-                   HONOURED_BASELINE="1" if baseline else "0",
+                   HONOURED_BASELINE="1" if baseline else "0", HONOURED_KIND=kind,
                    PYTHONPATH=os.pathsep.join(p for p in (str(scratch), env.get("PYTHONPATH", "")) if p))
         selection = sorted(plan)
         command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "honoured_plugin",
@@ -176,13 +227,48 @@ def run(entries: list, *, timeout: float = 3000, verbose: bool = True, baseline:
     return results
 
 
-def write_table(path: str, results: dict, note: str = "") -> None:
-    """docs/honoured.md: the date, commit, totals and slowest entries of a run, and its whole table."""
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True).stdout.strip() or "unknown"
+SECTION_MARK = "<!-- mutants: "  # opens another kind's section, after the drop kind's table
+
+
+def _commit() -> str:
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                          text=True).stdout.strip() or "unknown"
+
+
+def _counts(results: dict) -> dict:
     counts: dict = {}
     for row in results.values():
         counts[row["status"]] = counts.get(row["status"], 0) + 1
+    return counts
+
+
+def write_section(path: str, results: dict, kind: str, note: str = "") -> None:
+    """Another kind's run as a section at the end of docs/honoured.md, replacing that kind's earlier section."""
+    text = Path(path).read_text() if Path(path).is_file() else ""
+    start, end = f"{SECTION_MARK}{kind} -->", f"<!-- /mutants: {kind} -->"
+    head, found, rest = text.partition(start)
+    tail = rest.partition(end)[2] if found else ""
+    order = acceptance_entries.all_entries()
+    rows = sorted(results.items(), key=lambda item: (order.index(item[0].partition("~")[0])
+                                                    if item[0].partition("~")[0] in order else len(order), item[0]))
+    counts = _counts(results)
+    lines = [start, "", f"## The `{kind}` mutants (`--kind {kind}`)", "",
+             f"Run of {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC on commit {_commit()}, "
+             "2 shared CPU cores.", "",
+             f"**{len(results)} mutants: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + ".**"]
+    if note:
+        lines += ["", note]
+    lines += ["", "| mutant | status | seconds | test that killed it (or the mapped tests) |", "| --- | --- | --- | --- |"]
+    lines += [f"| `{entry}` | {row['status']} | {row['seconds']:.1f} | {row['test']} |" for entry, row in rows]
+    lines += ["", end]
+    Path(path).write_text(head.rstrip("\n") + "\n\n" + "\n".join(lines) + "\n" + tail.lstrip("\n"))
+
+
+def write_table(path: str, results: dict, note: str = "") -> None:
+    """docs/honoured.md: the date, commit, totals and slowest entries of a run, and its whole table (the other
+    kinds' sections at the end of the file are kept)."""
+    commit = _commit()
+    counts = _counts(results)
     order = acceptance_entries.all_entries()
     rows = sorted(results.items(), key=lambda item: order.index(item[0]) if item[0] in order else len(order))
     slowest = sorted(results.items(), key=lambda item: -item[1]["seconds"])[:10]
@@ -206,7 +292,9 @@ def write_table(path: str, results: dict, note: str = "") -> None:
     for entry, row in rows:
         label = " (CPU part)" if entry in acceptance_map.CPU_PART else ""
         lines.append(f"| `{entry}`{label} | {row['status']} | {row['seconds']:.1f} | {row['test']} |")
-    Path(path).write_text("\n".join(lines) + "\n")
+    old = Path(path).read_text() if Path(path).is_file() else ""
+    others = old[old.index(SECTION_MARK):] if SECTION_MARK in old else ""
+    Path(path).write_text("\n".join(lines) + "\n" + ("\n" + others if others else ""))
 
 
 def write_unproven(results: dict) -> None:
@@ -239,8 +327,23 @@ def main(argv=None) -> int:
                         "(the ordinary suite shows they pass)")
     parser.add_argument("--merge", nargs="+", help="instead of running, read these --json outputs (for --table)")
     parser.add_argument("--note", default="", help="a paragraph for the table's head")
+    parser.add_argument("--kind", choices=KINDS, default="drop", help="which mutants: drop the value (default), "
+                        "replace it by its default, or drop one spelling of a variable (see the docstring)")
     args = parser.parse_args(argv)
     entries = args.entries or acceptance_entries.all_entries()
+    if args.kind != "drop":
+        if args.sample:
+            parser.error("--sample is the drop kind's (CI's rotating sample)")
+        entries = mutants(entries, args.kind, named=bool(args.entries))
+        if args.merge:
+            results = {}
+            for path in args.merge:
+                results.update(json.loads(Path(path).read_text()))
+            for entry in entries if not args.entries else []:  # the kind's whole selection: a mutant no run reached
+                results.setdefault(entry, {"status": "not run", "test": ", ".join(mapped_tests(entry)),
+                                           "seconds": 0.0, "message": ""})
+            write_section(args.table, results, args.kind, args.note)
+            return 0
     if args.merge:
         results = {}
         for path in args.merge:  # later files win: a re-run after a fix replaces the entry's earlier row
@@ -251,7 +354,7 @@ def main(argv=None) -> int:
         write_table(args.table, results, args.note)
         write_unproven(results)
         return 0
-    unknown = [e for e in entries if e not in acceptance_map.MAP]
+    unknown = [e for e in entries if e.partition("~")[0] not in acceptance_map.MAP]
     if unknown:
         parser.error(f"entries with no line in tests/acceptance_map.py: {unknown[:5]}")
     if args.sample:
@@ -261,7 +364,7 @@ def main(argv=None) -> int:
     if args.chunk:
         index, _, count = args.chunk.partition("/")
         entries = entries[int(index) - 1::int(count)]
-    results = run(entries, timeout=args.timeout, baseline=not args.no_baseline)
+    results = run(entries, timeout=args.timeout, baseline=not args.no_baseline, kind=args.kind)
     width = max((len(e) for e in results), default=10)
     for entry in entries:
         row = results[entry]
@@ -273,7 +376,8 @@ def main(argv=None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1, sort_keys=True))
     if args.table:
-        write_table(args.table, results, args.note)
+        (write_table if args.kind == "drop" else functools.partial(write_section, kind=args.kind))(
+            args.table, results, note=args.note)
     return 0 if all(row["status"] == "killed" for row in results.values()) else 1
 
 

@@ -323,7 +323,7 @@ MAP = {
     'setting:fsdp_activation_checkpointing_offload': 'tests/backends/test_fsdp.py::test_offload_and_checkpointing_variables_reach_the_plugin',
     'setting:fsdp_ignored_modules': 'tests/test_honoured_routes.py::test_fsdp_ignored_modules_variable_picks_the_modules_fsdp_leaves_alone',
     'setting:torch_device': 'tests/test_state.py::test_forced_device',
-    'setting:log_level': 'tests/test_state.py::test_logger_needs_a_state_then_prefixes_the_rank',
+    'setting:log_level': ['tests/test_state.py::test_logger_needs_a_state_then_prefixes_the_rank', 'tests/test_state.py::test_log_level_from_either_variable_filters_what_a_logger_emits'],
     'setting:enable_rich': 'tests/core/test_availability.py::test_rich_needs_the_library_and_the_switch',
     'setting:bypass_device_map': 'tests/utils/test_surface_leftovers.py::test_fsdp2_functions_on_two_processes',
     'setting:deepspeed_config': 'tests/config/test_resolve.py::test_paradigm_flag_replaces_the_files_distributed_type',
@@ -487,6 +487,10 @@ CPU_PART: dict = {
     'field:DeepSpeedSequenceParallelConfig:sp_seq_length': 'the value handed to DeepSpeed\'s Ulysses registration',
     'field:ProfileKwargs:activities': 'the activities handed to torch.profiler.profile (a CPU machine profiles the CPU alone)',
 }
+
+# Tests every spelling mutant (`prove_honoured.py --kind spelling`: one variable of a row with several hidden alone)
+# runs besides its row's MAP line: each variable alone reaches the value the table hands the row's readers.
+SPELLING_TESTS: list = ['tests/config/test_settings.py::test_each_spelling_of_a_variable_is_read_alone']
 
 # Entries the last full mutation run (docs/honoured.md) did not kill: their mutant survived, was never reached by the
 # mapped test, or did not run. CI's rotating sample leaves them out; this list only shrinks.

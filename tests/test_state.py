@@ -230,6 +230,20 @@ def test_logger_needs_a_state_then_prefixes_the_rank(monkeypatch, caplog):
     assert get_logger("hasten.test.other").logger.level == logging.ERROR
 
 
+@pytest.mark.parametrize("variable", ["HASTEN_LOG_LEVEL", "ACCELERATE_LOG_LEVEL"])
+def test_log_level_from_either_variable_filters_what_a_logger_emits(variable, monkeypatch, caplog):
+    """An Accelerate script's `ACCELERATE_LOG_LEVEL=error` is honoured as hasten's own spelling is."""
+    monkeypatch.setenv(variable, "error")
+    name = f"hasten.test.level.{variable}"
+    logging.getLogger(name).setLevel(logging.NOTSET)  # loggers outlive a test: start unset
+    PartialState()
+    logger = get_logger(name)
+    with caplog.at_level(logging.NOTSET):
+        logger.warning("filtered")
+        logger.error("kept")
+    assert [r.getMessage() for r in caplog.records if r.name == name] == ["[RANK 0] kept"]
+
+
 def test_logger_adapter_process_names_the_caller_and_carries_extra(caplog):
     import inspect
 

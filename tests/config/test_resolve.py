@@ -313,16 +313,22 @@ def test_rdzv_conf_from_the_flag_or_the_file_is_what_torchrun_gets(home):
     assert plan().rdzv_conf == {"timeout": "900"}
 
 
-def test_launch_structure_flags_are_what_torchrun_and_the_processes_get(home):
+def test_launch_structure_flags_are_what_torchrun_and_the_processes_get(home, monkeypatch):
     """The CPU part of the machine-layout flags: the values handed to torchrun's LaunchConfig and exported to the
     processes (one host; tests/commands/test_launch.py runs two "machines" through c10d)."""
+    from hasten.config.launch_settings import default_threads
+
+    threads = str(default_threads(4, 2) + 1)  # never what the launcher would compute on this machine
     launch = plan("--cpu", "--num_processes", "4", "--num_machines", "2", "--machine_rank", "1", "--main_process_ip",
                   "10.1.2.3", "--main_process_port", "29555", "--rdzv_backend", "c10d", "--max_restarts", "3",
-                  "--num_cpu_threads_per_process", "3", "--downcast_bf16")
+                  "--num_cpu_threads_per_process", threads, "--downcast_bf16")
     assert (launch.nproc_per_node, launch.machine_rank, launch.main_process_ip, launch.main_process_port,
             launch.rdzv_backend, launch.max_restarts) == (2, 1, "10.1.2.3", 29555, "c10d", 3)
-    assert launch.env["OMP_NUM_THREADS"] == "3" and launch.env["HASTEN_DOWNCAST_BF16"] == "true"
+    assert launch.env["OMP_NUM_THREADS"] == threads and launch.env["HASTEN_DOWNCAST_BF16"] == "true"
     assert plan("--gpu_ids", "1,2").env["CUDA_VISIBLE_DEVICES"] == "1,2"
+    monkeypatch.delenv("OMP_NUM_THREADS")  # (the fixture's 1) nothing sets the threads: the launcher computes them
+    computed = plan("--cpu", "--num_processes", "4", "--num_machines", "2", "--main_process_ip", "10.1.2.3")
+    assert computed.env["OMP_NUM_THREADS"] == str(default_threads(4, 2))
 
 
 def test_the_files_dynamo_block_is_what_the_processes_get(home):

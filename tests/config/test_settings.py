@@ -379,3 +379,39 @@ def test_rows_hasten_does_not_read_are_refused_naming_what_they_are(variable, va
     with pytest.raises(NotBuiltError, match=words) as caught:
         refuse_unbuilt_environment({variable: value})
     assert "fix: unset it" in str(caught.value) and "\n" not in str(caught.value)
+
+
+# Rows read by several variable names (HASTEN_X, ACCELERATE_X): each name alone must be read. Left out: rows whose
+# value nothing reads through the table (NOT_YET_PROVEN in tests/acceptance_map.py says why), so that reaching
+# the table would prove nothing.
+SPELLINGS = [(row, variable) for row in table.SETTINGS if len(row.env) > 1
+             and f"setting:{row.name}" not in ("setting:enable_rich", "setting:in_tpu_pod") for variable in row.env]
+
+
+def _other_than_default(row) -> str:
+    """A valid value of `row`, as a variable's text, that is not its default."""
+    if row.kind == "bool":
+        return "false" if row.default is True else "true"
+    if row.choices:
+        return str([c for c in row.allowed() if c != row.default and c not in row.unbuilt_values][-1])
+    if row.kind == "int":
+        return str(max(row.default or 0, int(row.minimum or 0)) + 1)
+    return {"float": "1.5"}.get(row.kind, "x")
+
+
+@pytest.mark.parametrize("row, variable", SPELLINGS, ids=[variable for _, variable in SPELLINGS])
+def test_each_spelling_of_a_variable_is_read_alone(row, variable, monkeypatch):
+    """`python scripts/prove_honoured.py --kind spelling` hides one name at a time: the value each name gives alone
+    is the one the processes use (a row not built: each name alone is refused in one line)."""
+    from hasten.config.resolve import runtime_value
+
+    for name in (*row.env, "HASTEN_CONFIG_SOURCES"):
+        monkeypatch.delenv(name, raising=False)
+    text = _other_than_default(row)
+    monkeypatch.setenv(variable, text)
+    if not row.built:
+        with pytest.raises(NotBuiltError, match=f"^environment variable {variable}="):
+            Accelerator()
+        return
+    resolved = runtime_value(row.name)
+    assert (resolved.value, resolved.source, resolved.origin) == (row.convert(text), "environment", variable)

@@ -51,19 +51,16 @@ def _env(field_name: str) -> tuple[Optional[str], Optional[str]]:
     row = _ROWS[field_name]
     from .resolve import resolve
 
-    try:  # the table's one precedence decides whether a variable is given, as for every other setting
+    given = [(name, os.environ[name]) for name in row.env if os.environ.get(name, "") != ""]
+    try:  # the table's one precedence decides the value, as for every other setting
         found = resolve(settings=[row])[row.name]
-        # a variable the launcher wrote from its own defaults is recorded with source "default": still given
-        given = found.source != "default" or found.origin != "built-in default"
     except ConfigError:  # a bad value is given: the field's own check below names it with the plugin's words
-        given = True
-    if not given:
+        return given[0][1], given[0][0]
+    # a variable the launcher wrote from its own defaults is recorded with source "default": still given
+    if found.value is None or (found.source == "default" and found.origin == "built-in default") or not given:
         return None, None
-    for name in row.env:
-        value = os.environ.get(name)
-        if value not in (None, ""):
-            return value, name
-    return None, None
+    value = found.value  # the table's value, as text (the field's converters below read text)
+    return (str(value).lower() if isinstance(value, bool) else str(value)), given[0][0]
 
 
 def _source(variable: Optional[str]) -> str:

@@ -404,6 +404,15 @@ def _check_same_network(values: dict) -> None:
         )
 
 
+def default_threads(num_processes: int, num_machines: int) -> int:
+    """num_cpu_threads_per_process when nothing sets it: the machine's physical cores shared among its processes
+    (without a limit every process starts one thread per core and they fight for the same cores)."""
+    import psutil
+
+    per_node = max(1, num_processes // max(1, num_machines))
+    return max(1, (psutil.cpu_count(logical=False) or 1) // per_node)
+
+
 def _exports(values: dict, env: Mapping[str, str], written: Mapping[str, str | None] | None = None) -> dict:
     """Variables for the training processes: winners from a flag, the file, a computed default or a default the
     launcher writes (`written`: {setting: the user's variable it replaces, also overwritten, or None})."""
@@ -435,11 +444,7 @@ def _exports(values: dict, env: Mapping[str, str], written: Mapping[str, str | N
         if written.get(setting.name):
             exports[written[setting.name]] = value  # the user's variable now says what the launcher wrote
     if values["num_cpu_threads_per_process"].value is None and "OMP_NUM_THREADS" not in env:
-        # Without a limit every process starts one thread per core and they fight for the same cores.
-        import psutil
-
-        per_node = max(1, values["num_processes"].value // max(1, values["num_machines"].value))
-        threads = max(1, (psutil.cpu_count(logical=False) or 1) // per_node)
+        threads = default_threads(values["num_processes"].value, values["num_machines"].value)
         exports["OMP_NUM_THREADS"] = str(threads)
         sources["num_cpu_threads_per_process"] = ["default", "built-in default (physical cores / processes)"]
         values["num_cpu_threads_per_process"] = Resolved(
