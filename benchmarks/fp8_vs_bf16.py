@@ -19,6 +19,7 @@ from benchmarks._common import (
     ACCELERATE, ACCELERATE_LEFT_OUT, HASTEN, Table, base_parser, fmt_time, interleave, median, print_tables, ratio,
     want_accelerate,
 )
+from benchmarks._launch import mlp_blocks
 
 RAW_AO = "raw torchao"
 
@@ -42,21 +43,11 @@ def cannot_run() -> str | None:
 def build_model(width: int, depth: int):
     import torch
 
-    class Block(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.norm = torch.nn.LayerNorm(width)
-            self.up = torch.nn.Linear(width, 4 * width)
-            self.down = torch.nn.Linear(4 * width, width)
-
-        def forward(self, x):
-            return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
-
     class Net(torch.nn.Module):
         def __init__(self):
             super().__init__()
             self.first = torch.nn.Linear(width, width)
-            self.blocks = torch.nn.ModuleList(Block() for _ in range(depth))
+            self.blocks = torch.nn.ModuleList(mlp_blocks(width, depth))
             self.last = torch.nn.Linear(width, width)
 
         def forward(self, x):

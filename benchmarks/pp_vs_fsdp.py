@@ -12,16 +12,16 @@ fresh processes (`hasten launch`), so its peak memory is its own.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
-import time
 
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.tp_vs_fsdp import _args as _tp_args, _kib, _model  # noqa: E402
+from benchmarks._launch import (  # noqa: E402
+    forward, hasten_command, kib, launch_all, launch_env, print_strategy_table, worker_or_parent,
+)
+from benchmarks.tp_vs_fsdp import _args as _tp_args, _model, measure, model_text  # noqa: E402
 
 STRATEGIES = ("ddp", "fsdp2", "pp-1f1b", "pp-gpipe")
 ACCELERATE_NOTE = "accelerate: left out: its pipeline training runs only through Megatron-LM"
@@ -61,18 +61,15 @@ def worker(args) -> None:
         config = {"ddp": ParallelismConfig(dp_replicate_size=n), "fsdp2": ParallelismConfig(dp_shard_size=n)}[args.worker]
     accelerator = Accelerator(parallelism_config=config)
     rank, is_main = accelerator.process_index, accelerator.is_main_process
-    baseline = _kib("VmRSS")
+    baseline = kib("VmRSS")
     model = _model(args)
     params = sum(p.numel() for p in model.parameters())
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     model, optimizer = accelerator.prepare(model, optimizer)
     rows = args.rows * n if pipelined else args.rows
     generator = torch.Generator().manual_seed(0 if pipelined else rank)
-    times = []
-    for step in range(2 + args.steps):
-        x = torch.randn(rows, args.seq, args.dim, generator=generator)
-        torch.distributed.barrier()
-        start = time.perf_counter()
+
+    def step(x):
         if pipelined:
             loss = model(x, labels=torch.zeros(rows))
         else:
@@ -80,46 +77,26 @@ def worker(args) -> None:
         accelerator.backward(loss)
         optimizer.step()
         optimizer.zero_grad()
-        torch.distributed.barrier()
-        if step >= 2:
-            times.append(time.perf_counter() - start)
-    peak = _kib("VmHWM") - baseline
-    peaks = [None] * n
-    torch.distributed.all_gather_object(peaks, peak)
-    if is_main:
-        print("RESULT " + json.dumps({"strategy": args.worker, "params": params, "step_s": sorted(times)[len(times) // 2],
-                                      "peak_mib": [p / 1024 for p in peaks]}))
-    torch.distributed.destroy_process_group()
+
+    measure(args, step, rows, generator, is_main, baseline, params)
 
 
 def main(argv=None) -> int:
-    args = _args(argv)
-    if args.worker:
-        worker(args)
-        return 0
-    results = []
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HASTEN_", "ACCELERATE_", "FSDP_", "PARALLELISM_"))}
-    for strategy in STRATEGIES:
-        command = [sys.executable, "-m", "hasten", "launch", "--num_processes", str(args.num_processes), __file__,
-                   f"--worker={strategy}", "--microbatches", str(args.microbatches),
-                   *(f"--{k}={getattr(args, k)}" for k in ("dim", "heads", "depth", "seq", "rows", "steps"))]
-        done = subprocess.run(command, capture_output=True, text=True, env=env)
-        lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-        if done.returncode != 0 or not lines:
-            print(done.stdout[-3000:], done.stderr[-3000:], file=sys.stderr)
-            return 1
-        results.append(json.loads(lines[0][len("RESULT "):]))
-    params = results[0]["params"]
-    print(f"model: {args.depth} transformer blocks of width {args.dim} ({args.heads} heads) = {params / 1e6:.1f}M "
-          f"parameters ({params * 4 / 2**20:.0f} MiB fp32), AdamW; {args.num_processes} CPU processes (gloo); global "
-          f"batch {args.rows * args.num_processes} x {args.seq} tokens per step for every side; pp: "
-          f"{args.microbatches} micro-batches; median of {args.steps} steps")
-    print(f"{'strategy':<10}{'step time (s)':>15}{'x ddp':>8}{'peak memory per process/stage (MiB)':>40}{'x ddp':>8}")
-    ddp = results[0]
-    for r in results:
-        peaks = " / ".join(f"{p:.0f}" for p in r["peak_mib"])
-        print(f"{r['strategy']:<10}{r['step_s']:>15.3f}{r['step_s'] / ddp['step_s']:>8.2f}{peaks:>40}"
-              f"{max(r['peak_mib']) / max(ddp['peak_mib']):>8.2f}")
+    return worker_or_parent(_args(argv), worker, compare)
+
+
+def compare(args) -> int:
+    """Launch each strategy, print the table."""
+    env = launch_env("HASTEN_", "ACCELERATE_", "FSDP_", "PARALLELISM_")
+    results = launch_all([hasten_command(__file__, args.num_processes, [
+        f"--worker={strategy}", "--microbatches", str(args.microbatches),
+        *forward(args, "dim", "heads", "depth", "seq", "rows", "steps")]) for strategy in STRATEGIES], env)
+    if results is None:
+        return 1
+    print(f"model: {model_text(args, results[0]['params'])}; global batch {args.rows * args.num_processes} x "
+          f"{args.seq} tokens per step for every side; pp: {args.microbatches} micro-batches; median of "
+          f"{args.steps} steps")
+    print_strategy_table(results, "peak memory per process/stage (MiB)")
     print(ACCELERATE_NOTE)
     return 0
 

@@ -15,40 +15,32 @@ runs in fresh processes (`hasten launch`).
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
-import time
+
+if __package__ in (None, ""):  # run as a script, as `hasten launch` runs the workers
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks._launch import (  # noqa: E402
+    forward, hasten_command, kib, launch, launch_env, markdown_head, markdown_row, peaks_text, report_peaks,
+    strategy_parser, timed_steps, worker_or_parent,
+)
 
 SIDES = ("ddp", "sp")
 
 
 def _args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--num_processes", type=int, default=2)
-    parser.add_argument("--seqs", default="1024,2048,4096")
-    parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--layers", type=int, default=4)
+    parser = strategy_parser(__doc__.splitlines()[0], SIDES, num_processes=2, seqs="1024,2048,4096", hidden=256,
+                             heads=8, layers=4)
     parser.add_argument("--attn", default="sdpa", choices=("sdpa", "eager"))
     parser.add_argument("--steps", type=int, default=3, help="timed steps (after 1 warm-up step)")
     parser.add_argument("--limit_mib", type=float, default=0, help="report the longest sequence under this peak")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: checks the benchmark runs")
-    parser.add_argument("--worker", choices=SIDES, help=argparse.SUPPRESS)
     parser.add_argument("--seq", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.quick:
         args.seqs, args.hidden, args.layers, args.steps = "64", 64, 1, 1
     return args
-
-
-def _kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    return 0
 
 
 def worker(args) -> None:
@@ -78,13 +70,11 @@ def worker(args) -> None:
     # DDP: each process its own sequences (a loader over num_processes times the rows); sp: one shared sequence
     loader = torch.utils.data.DataLoader(rows * (n if args.worker == "ddp" else 1), batch_size=1, collate_fn=collate)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-    baseline = _kib("VmHWM")
-    times = []
-    for step, batch in enumerate(loader):
-        if step > args.steps:
-            break
-        torch.distributed.barrier()
-        start = time.perf_counter()
+    baseline = kib("VmHWM")
+    logits = None
+
+    def step(batch):
+        nonlocal logits  # sp: kept until the next step's logits replace it, part of the peak as in a plain loop
         if args.worker == "sp":
             logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"]).logits
             loss = causal_lm_loss(logits, batch["shift_labels"])
@@ -93,47 +83,37 @@ def worker(args) -> None:
         accelerator.backward(loss)
         optimizer.step()
         optimizer.zero_grad()
-        torch.distributed.barrier()
-        if step >= 1:
-            times.append(time.perf_counter() - start)
-    peak = (_kib("VmHWM") - baseline) / 1024
-    peaks = [None] * n
-    torch.distributed.all_gather_object(peaks, peak)
-    if accelerator.is_main_process:
-        print("RESULT " + json.dumps({"side": args.worker, "seq": args.seq, "step_s": sorted(times)[len(times) // 2],
-                                      "peak_mib": peaks}))
+
+    step_s = timed_steps(step, loader, 1, args.steps, torch.distributed.barrier)
+    report_peaks(accelerator.is_main_process, baseline, side=args.worker, seq=args.seq, step_s=step_s)
     torch.distributed.destroy_process_group()
 
 
 def main(argv=None) -> int:
-    args = _args(argv)
-    if args.worker:
-        worker(args)
-        return 0
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HASTEN_", "ACCELERATE_", "FSDP_", "PARALLELISM_"))}
+    return worker_or_parent(_args(argv), worker, compare)
+
+
+def compare(args) -> int:
+    """Launch each side at each sequence length, print a row as each ends."""
+    env = launch_env("HASTEN_", "ACCELERATE_", "FSDP_", "PARALLELISM_")
     n = args.num_processes
     print(f"### Ulysses sp={n} vs DDP ({n} CPU processes, gloo; Llama {args.layers} layers x {args.hidden} wide, "
           f"{args.heads} heads, {args.attn} attention; AdamW; one sequence per process (DDP) or per sp group; "
           f"median of {args.steps} steps)")
-    print("| sequence | side | step time (s) | tokens/s | peak memory per process (MiB) |")
-    print("| --- | --- | --- | --- | --- |")
+    print(markdown_head(["sequence", "side", "step time (s)", "tokens/s", "peak memory per process (MiB)"]))
     fits = {side: 0 for side in SIDES}
     for seq in (int(s) for s in args.seqs.split(",")):
         for side in SIDES:
-            command = [sys.executable, "-m", "hasten", "launch", "--num_processes", str(n), "--main_process_port", "0",
-                       __file__, "--worker", side, "--seq", str(seq),
-                       *(f"--{k}={getattr(args, k)}" for k in ("num_processes", "hidden", "heads", "layers", "attn",
-                                                               "steps"))]
-            done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
-            lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-            if done.returncode != 0 or not lines:
-                print(f"| {seq} | {side} | failed (exit {done.returncode}) | | |")
-                print(done.stdout[-2000:], done.stderr[-2000:], file=sys.stderr)
+            launched = launch(hasten_command(__file__, n, ["--worker", side, "--seq", str(seq), *forward(
+                args, "num_processes", "hidden", "heads", "layers", "attn", "steps")], ["--main_process_port", "0"]), env)
+            result = launched.result
+            if result is None:
+                print(markdown_row([seq, side, f"failed (exit {launched.returncode})", "", ""]))
+                launched.print_tail(2000)
                 continue
-            result = json.loads(lines[-1][len("RESULT "):])
             tokens = seq * (n if side == "ddp" else 1)
-            peaks = " / ".join(f"{p:.0f}" for p in result["peak_mib"])
-            print(f"| {seq} | {side} | {result['step_s']:.3f} | {tokens / result['step_s']:.0f} | {peaks} |")
+            print(markdown_row([seq, side, f"{result['step_s']:.3f}", f"{tokens / result['step_s']:.0f}",
+                                peaks_text(result)]))
             if not args.limit_mib or max(result["peak_mib"]) <= args.limit_mib:
                 fits[side] = max(fits[side], seq)
     if args.limit_mib:

@@ -12,12 +12,16 @@ tensor parallelism needs a transformers model loaded with tp_plan="auto". Each s
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import subprocess
 import sys
-import time
+
+if __package__ in (None, ""):  # run as a script, as `hasten launch` runs the workers
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks._launch import (  # noqa: E402
+    forward, hasten_command, kib, launch_all, launch_env, params_text, print_strategy_table, report_peaks,
+    strategy_parser, timed_steps, worker_or_parent,
+)
 
 STRATEGIES = ("ddp", "fsdp2", "tp", "raw-tp")
 ACCELERATE_NOTE = ("accelerate: left out: its tensor parallelism only runs transformers models loaded with "
@@ -25,24 +29,9 @@ ACCELERATE_NOTE = ("accelerate: left out: its tensor parallelism only runs trans
 
 
 def _args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--num_processes", type=int, default=2)
-    parser.add_argument("--dim", type=int, default=512)
-    parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--depth", type=int, default=4)
-    parser.add_argument("--seq", type=int, default=64)
-    parser.add_argument("--rows", type=int, default=8, help="sequences per data-parallel process per step")
-    parser.add_argument("--steps", type=int, default=5, help="timed steps (after 2 warm-up steps)")
-    parser.add_argument("--worker", choices=STRATEGIES, help=argparse.SUPPRESS)
+    parser = strategy_parser(__doc__.splitlines()[0], STRATEGIES, {"rows": "sequences per data-parallel process per step"},
+                             num_processes=2, dim=512, heads=8, depth=4, seq=64, rows=8, steps=5)
     return parser.parse_args(argv)
-
-
-def _kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    return 0
 
 
 def _model(args):
@@ -75,6 +64,11 @@ def _model(args):
     return torch.nn.Sequential(*[Block() for _ in range(args.depth)])
 
 
+def model_text(args, params: int) -> str:
+    return (f"{args.depth} transformer blocks of width {args.dim} ({args.heads} heads) = {params_text(params)}, AdamW; "
+            f"{args.num_processes} CPU processes (gloo)")
+
+
 def worker(args) -> None:
     import torch
 
@@ -93,7 +87,7 @@ def worker(args) -> None:
                   "tp": ParallelismConfig(tp_size=n)}[args.worker]
         accelerator = Accelerator(parallelism_config=config)
         rank, is_main = accelerator.process_index, accelerator.is_main_process
-    baseline = _kib("VmRSS")
+    baseline = kib("VmRSS")
     model = _model(args)
     params = sum(p.numel() for p in model.parameters())
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -111,55 +105,39 @@ def worker(args) -> None:
     shares_batch = args.worker in ("tp", "raw-tp")
     rows = args.rows * n if shares_batch else args.rows
     generator = torch.Generator().manual_seed(0 if shares_batch else rank)
-    times = []
-    for step in range(2 + args.steps):
-        x = torch.randn(rows, args.seq, args.dim, generator=generator)
-        torch.distributed.barrier()
-        start = time.perf_counter()
-        loss = model(x).pow(2).mean()
-        backward(loss)
+
+    def step(x):
+        backward(model(x).pow(2).mean())
         optimizer.step()
         optimizer.zero_grad()
-        torch.distributed.barrier()
-        if step >= 2:
-            times.append(time.perf_counter() - start)
-    peak = _kib("VmHWM") - baseline
-    peaks = [None] * n
-    torch.distributed.all_gather_object(peaks, peak)
-    if is_main:
-        print("RESULT " + json.dumps({"strategy": args.worker, "params": params, "step_s": sorted(times)[len(times) // 2],
-                                      "peak_mib": [p / 1024 for p in peaks]}))
+
+    measure(args, step, rows, generator, is_main, baseline, params)
+
+
+def measure(args, step, rows: int, generator, is_main: bool, baseline: int, params: int) -> None:
+    """Time `step` on `rows` random sequences a step, report, and leave the process group (pp_vs_fsdp's too)."""
+    import torch
+
+    batches = (torch.randn(rows, args.seq, args.dim, generator=generator) for _ in range(2 + args.steps))
+    step_s = timed_steps(step, batches, 2, args.steps, torch.distributed.barrier)
+    report_peaks(is_main, baseline, strategy=args.worker, params=params, step_s=step_s)
     torch.distributed.destroy_process_group()
 
 
 def main(argv=None) -> int:
-    args = _args(argv)
-    if args.worker:
-        worker(args)
-        return 0
-    results = []
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HASTEN_", "ACCELERATE_", "FSDP_", "PARALLELISM_"))}
-    for strategy in STRATEGIES:
-        command = [sys.executable, "-m", "hasten", "launch", "--num_processes", str(args.num_processes), __file__,
-                   "--worker", strategy, *(f"--{k}={getattr(args, k)}" for k in ("dim", "heads", "depth", "seq",
-                                                                                  "rows", "steps"))]
-        done = subprocess.run(command, capture_output=True, text=True, env=env)
-        lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-        if done.returncode != 0 or not lines:
-            print(done.stdout[-3000:], done.stderr[-3000:], file=sys.stderr)
-            return 1
-        results.append(json.loads(lines[0][len("RESULT "):]))
-    params = results[0]["params"]
-    print(f"model: {args.depth} transformer blocks of width {args.dim} ({args.heads} heads) = {params / 1e6:.1f}M "
-          f"parameters ({params * 4 / 2**20:.0f} MiB fp32), AdamW; {args.num_processes} CPU processes (gloo); global "
-          f"batch {args.rows * args.num_processes} x {args.seq} tokens per step for every side; median of "
-          f"{args.steps} steps")
-    print(f"{'strategy':<10}{'step time (s)':>15}{'x ddp':>8}{'peak memory per process (MiB)':>34}{'x ddp':>8}")
-    ddp = results[0]
-    for r in results:
-        peaks = " / ".join(f"{p:.0f}" for p in r["peak_mib"])
-        print(f"{r['strategy']:<10}{r['step_s']:>15.3f}{r['step_s'] / ddp['step_s']:>8.2f}{peaks:>34}"
-              f"{max(r['peak_mib']) / max(ddp['peak_mib']):>8.2f}")
+    return worker_or_parent(_args(argv), worker, compare)
+
+
+def compare(args) -> int:
+    """Launch each strategy, print the table."""
+    env = launch_env("HASTEN_", "ACCELERATE_", "FSDP_", "PARALLELISM_")
+    results = launch_all([hasten_command(__file__, args.num_processes, ["--worker", strategy, *forward(
+        args, "dim", "heads", "depth", "seq", "rows", "steps")]) for strategy in STRATEGIES], env)
+    if results is None:
+        return 1
+    print(f"model: {model_text(args, results[0]['params'])}; global batch {args.rows * args.num_processes} x "
+          f"{args.seq} tokens per step for every side; median of {args.steps} steps")
+    print_strategy_table(results)
     print(ACCELERATE_NOTE)
     return 0
 
