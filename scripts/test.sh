@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh test
-bash scripts/setup.sh test,deepspeed,alias-test,rich,fp8,bnb,stateful,hf-datasets \
+bash scripts/setup.sh test,deepspeed,alias-test,rich,fp8,bnb,stateful,hf-datasets,storage-test \
   || echo "some optional libraries did not install; their tests will skip" >&2
 # trl and peft (their tests run through the accelerate alias): without their dependencies, which ask for a real
 # Accelerate; everything else they need is installed above.

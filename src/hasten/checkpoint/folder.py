@@ -156,15 +156,17 @@ def prepare_target(target: str, automatic: bool, token: str) -> str:
 
 # -- the commit -------------------------------------------------------------------------------------------------
 def commit(temp: str, target: str, files: dict, iteration, num_processes: int, rank: int,
-           checksums: dict | None = None) -> None:
+           checksums: dict | None = None, extra: dict | None = None) -> None:
     """Write the marker into `temp` (whose files are durable already) and put `temp` in `target`'s place.
-    `checksums`: {name: spec} of the files whose writers digested them (see `checksum.py`)."""
+    `checksums`: {name: spec} of the files whose writers digested them (see `checksum.py`); `extra`: more fields
+    for the marker (the storage layer's whole-object crc32s)."""
     marker = {
         "format": markers.MARKER_FORMAT, "version": 1, "complete": True, "iteration": iteration,
         "num_processes": num_processes, "created": time.time(), "files": files,
     }
     if checksums:
         marker["checksums"] = checksums
+    marker.update(extra or {})
     durable.write_file(os.path.join(temp, markers.MARKER_NAME), lambda p: durable.save_json(marker, p), rank)
     durable.fsync_dir(temp)
     parent = os.path.dirname(target)

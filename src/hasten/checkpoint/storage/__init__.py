@@ -1,0 +1,37 @@
+"""The storage layer: where checkpoint bytes go, and the commit that makes a checkpoint real.
+
+`storage_for(path_or_url)` gives a `LocalStorage` for a path (or `file://`) and a `RemoteStorage` (fsspec) for an
+object-store URL (`s3://`, `gs://`, `az://`, `abfs://`, `memory://`, ...). Both answer the same few operations
+(`base.Storage`): write an object, read a range, list, test, delete, and begin/commit/abort a checkpoint; a reader
+trusts a checkpoint only when its manifest is there and checks each object against it.
+
+Status (issue 38): the layer and its object-store commit are built and tested (tests/checkpoint/test_storage*.py,
+moto's S3 server through s3fs); `save_state`/`load_state` and the other checkpoint writers do not go through it yet.
+"""
+
+from __future__ import annotations
+
+from .base import MANIFEST_NAME, Storage, Written
+
+_LOCAL_SCHEMES = ("", "file")
+
+
+def is_remote(path) -> bool:
+    """Whether `path` names an object store (a URL with a scheme other than file://)."""
+    text = str(path)
+    scheme = text.split("://", 1)[0].lower() if "://" in text else ""
+    return scheme not in _LOCAL_SCHEMES
+
+
+def storage_for(path, **options) -> Storage:
+    """The storage that holds `path`: local for a path or file:// URL, fsspec's for any other URL."""
+    if not is_remote(path):
+        from .local import LocalStorage
+
+        return LocalStorage(str(path))
+    from .remote import RemoteStorage
+
+    return RemoteStorage(str(path), **options)
+
+
+__all__ = ["MANIFEST_NAME", "Storage", "Written", "is_remote", "storage_for"]
