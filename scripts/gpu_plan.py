@@ -92,6 +92,7 @@ CASES = [
           skips="CI only"),
     _case("test_gpu_check_plan.py", "test_the_scripts_need_no_build_tools_and_are_time_boxed", 1),
     _case("test_gpu_check_plan.py", "test_a_stuck_case_costs_its_bound_and_the_results_survive", 0, skips="CI only"),
+    _case("test_gpu_check_plan.py", "test_every_case_runs_its_cpu_twin_here", 0, skips="CI only"),
 ]
 
 

@@ -19,7 +19,8 @@ from hasten.core.availability import is_torchao_available
 
 FP8_GPU = CUDA and torch.cuda.get_device_capability() >= (8, 9)
 pytestmark = [
-    pytest.mark.skipif(not is_torchao_available(), reason="needs torchao (carried in .whl/ to the GPU machine)"),
+    pytest.mark.skipif(not is_torchao_available(),
+                       reason="torchao is not installed (carried in .whl/ to the GPU machine)"),
     pytest.mark.skipif(CUDA and not FP8_GPU, reason="needs a CUDA GPU with compute capability >= 8.9"),
 ]
 STEPS = 100 if CUDA else 30
