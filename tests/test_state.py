@@ -306,3 +306,19 @@ def test_synchronize_rng_states_rejects_unknown_types():
     synchronize_rng_states(["torch", "generator"], generator=torch.Generator())  # one process: nothing to do
     with pytest.raises(ConfigError, match=r"unknown RNG type 'dice'; choose from \['torch'"):
         synchronize_rng_states(["dice"])
+
+
+def test_destroying_the_default_group_lets_gloo_workers_finish(one_process_group, monkeypatch):
+    """`PartialState().destroy_process_group()` (and `end_training()`) wait for gloo's worker threads to finish
+    their last collective: a DDP model freed afterwards joins those threads with the GIL held, and one still
+    dropping a collective then waited forever (Accelerate's test_metrics hung at its end under hasten, once in
+    three runs on a loaded machine). The race itself is not reproduced here; the test shows the wait happens."""
+    import torch.distributed as dist
+
+    from hasten.distributed import bootstrap
+
+    waited = []
+    monkeypatch.setattr(bootstrap, "wait_for_gloo_workers", lambda: waited.append(True) or True)
+    dist.all_reduce(torch.ones(1))
+    PartialState().destroy_process_group()
+    assert not dist.is_initialized() and waited == [True]

@@ -586,11 +586,11 @@ class Accelerator:
         from .data.metrics import override_even_batches
 
         saved = self.even_batches
+        loaders = self._dataloaders if even_batches is not None else ()  # only an override touches the loaders
         if even_batches is not None:
             self.even_batches = even_batches
         try:
-            with override_even_batches(self._dataloaders, self.even_batches), \
-                    Join(joinables, enable=not self.even_batches):
+            with override_even_batches(loaders, self.even_batches), Join(joinables, enable=not self.even_batches):
                 yield
         finally:
             self.even_batches = saved

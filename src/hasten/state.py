@@ -320,6 +320,17 @@ class PartialState(_SharedState):
 
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group(group)
+            if group is None:
+                from .distributed import control
+
+                control.reset()  # the control group went with the default one
+            # A DDP model can still hold the gloo group; freeing it later joins gloo's worker threads with the GIL
+            # held, and a worker still dropping the last collective (which needs the GIL) then waits forever
+            # (seen at the end of Accelerate's test_metrics: the Accelerator holding the model went when main()
+            # returned). Let the workers finish now, while nothing holds the GIL against them.
+            from .distributed.bootstrap import wait_for_gloo_workers
+
+            wait_for_gloo_workers()
 
 
 class AcceleratorState(_SharedState):

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import warnings
 
 from torch.utils.data import BatchSampler
 
@@ -59,14 +60,18 @@ class override_even_batches:
         self.loaders, self.even_batches, self.saved = list(loaders), even_batches, []
 
     def __enter__(self):
+        unchanged = []
         for loader in self.loaders:
             holder = loader.sampler if isinstance(loader.sampler, BatchSampler) else loader.batch_sampler
             if hasattr(holder, "even_batches"):
                 self.saved.append((holder, holder.even_batches))
                 holder.even_batches = self.even_batches
             else:
-                logger.warning("join_uneven_inputs: even_batches cannot be changed for %s (an iterable or unsharded "
-                               "loader); it keeps its setting", type(loader).__name__)
+                unchanged.append(type(loader).__name__)
+        if unchanged:  # Accelerate's words (a UserWarning, which scripts check), then which loaders
+            warnings.warn("Overriding even_batches is only supported for map-style datasets, yet some dataloaders "
+                          f"given were iterable: even_batches cannot be changed for {', '.join(unchanged)} (an "
+                          "iterable or unsharded loader); it keeps its setting", stacklevel=4)
         return self
 
     def __exit__(self, *exc_info):
