@@ -71,12 +71,45 @@ def without_checksums(accelerator, folder):
     return save, (lambda: accelerator.load_state(folder))
 
 
+def checksum_ab(accelerator, folder, rounds: int, cold: bool) -> None:
+    """Load one checkpoint `rounds` times with and `rounds` times without its checksums, alternating (both share
+    the machine's load as it drifts); the median of each, and their ratio."""
+    import json
+    import statistics
+
+    accelerator.save_state(folder)
+    marker_path = os.path.join(folder, "hasten_checkpoint.json")
+    with open(marker_path) as handle:
+        with_sums = handle.read()
+    marker = json.loads(with_sums)
+    marker.pop("checksums")
+    without = json.dumps(marker)
+    times = {"verified": [], "not verified": []}
+    for _ in range(rounds):
+        for label, text in (("verified", with_sums), ("not verified", without)):
+            with open(marker_path, "w") as handle:
+                handle.write(text)
+            if cold:
+                os.sync()
+                with open("/proc/sys/vm/drop_caches", "w") as handle:
+                    handle.write("3\n")
+            start = time.perf_counter()
+            accelerator.load_state(folder)
+            times[label].append(time.perf_counter() - start)
+    on, off = statistics.median(times["verified"]), statistics.median(times["not verified"])
+    print(f"load_state, median of {rounds}: checksums verified {on:.3f} s, not verified {off:.3f} s: "
+          f"x{on / off:.3f} (pairs: {', '.join(f'{a / b:.2f}' for a, b in zip(times['verified'], times['not verified']))})")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--size-mb", type=int, default=500)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--dir", default=None)
     parser.add_argument("--cold", action="store_true", help="drop the page cache before each load (root only)")
+    parser.add_argument("--ab", type=int, default=0, metavar="N",
+                        help="only the checksums' load cost: N loads of one checkpoint with its checksums verified, "
+                             "alternating with N of the same bytes whose marker has none; prints the median ratio")
     args = parser.parse_args()
     if args.cold and not os.access("/proc/sys/vm/drop_caches", os.W_OK):
         parser.error("--cold drops the page cache through /proc/sys/vm/drop_caches, which needs root")
@@ -91,6 +124,12 @@ def main():
     accelerator = hasten.Accelerator()
     accelerator.prepare(model, optimizer)
     root = tempfile.mkdtemp(prefix="hasten-bench-", dir=args.dir)
+    if args.ab:
+        try:
+            checksum_ab(accelerator, os.path.join(root, "ab"), args.ab, args.cold)
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+        return
     contenders = {
         "raw torch": lambda folder: raw_torch(model, optimizer, folder, fsync=False),
         "raw + fsync": lambda folder: raw_torch(model, optimizer, folder, fsync=True),

@@ -39,9 +39,11 @@ def worker(lib: str, root: str, mode: str) -> None:
     import torch
 
     if lib == "hasten":
-        from hasten import Accelerator, InitProcessGroupKwargs, ProjectConfiguration
+        from hasten import Accelerator
+        from hasten.utils import InitProcessGroupKwargs, ProjectConfiguration
     else:
-        from accelerate import Accelerator, InitProcessGroupKwargs, ProjectConfiguration
+        from accelerate import Accelerator
+        from accelerate.utils import InitProcessGroupKwargs, ProjectConfiguration
     timeout = InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=10))
     acc = Accelerator(cpu=True, kwargs_handlers=[timeout], project_config=ProjectConfiguration(
         project_dir=root, automatic_checkpoint_naming=True, total_limit=3))

@@ -122,6 +122,19 @@ def test_frozen_rank():
     assert "killed by signal 9" not in summary, summary  # woken, it ended itself (the agent's kill came 30 s later)
 
 
+def test_frozen_rank_while_the_other_waits_in_a_collective_made_in_cpp():
+    """DDP's gradient all-reduce is not watched: gloo's own timeout ends the waiting rank, and on its way out the
+    doctor names the rank that stopped answering (and wakes it, so that it ends too)."""
+    result = launch(CASES, "frozen-in-backward", flags=["--debug"], timeout=120, check=False,
+                    env={**ENV, "HASTEN_COLLECTIVE_TIMEOUT": "10"})
+    assert result.returncode != 0
+    said = [line for line in result.stderr.splitlines() if line.startswith("hasten hang doctor: rank 0's collective")]
+    assert len(said) == 1, result.stderr[-3000:]
+    assert re.search(r"timed out: rank 1 stopped answering: its process \(pid \d+ on this machine\) is stopped",
+                     said[0]), said[0]
+    assert f"running Python code at tests/workers/{site('frozen-backward-work')} in frozen_in_backward" in said[0]
+
+
 def test_collective_queued_but_never_completed():
     """A call that returns before its collective completes (NCCL on a GPU; async_op=True here) still counts as
     waiting: the report comes at 90 % of the timeout, naming the collective and the rank that never arrived."""

@@ -62,6 +62,15 @@ def frozen():
     accelerator.wait_for_everyone()  # SITE:frozen-wait
 
 
+def frozen_in_backward():
+    # the same, while the other rank waits in DDP's gradient all-reduce (made in C++: the doctor does not see it)
+    model = accelerator.prepare(torch.nn.Linear(4, 1))
+    if rank == 1:
+        time.sleep(2)  # SITE:frozen-backward-work
+        os.kill(os.getpid(), signal.SIGSTOP)
+    accelerator.backward(model(t).sum())  # SITE:frozen-backward
+
+
 def broadcast_vs_all_reduce():
     if rank == 0:
         broadcast(t)  # SITE:broadcast

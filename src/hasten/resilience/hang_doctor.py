@@ -600,6 +600,9 @@ class Doctor:
         self.error = f"{kind.__name__}: {message}{site}"
         self.final_stack = [f"{short(t.tb_frame.f_code.co_filename)}:{t.tb_lineno} in {t.tb_frame.f_code.co_name}"
                             for t in user[-8:]]
+        frozen = liveness.after_timeout(self.store, self.rank, self.world_size, value)
+        if frozen:
+            print(f"hasten hang doctor: rank {self.rank}'s collective timed out: {frozen}", file=sys.stderr, flush=True)
         self._leave_as("raised")
 
     def on_exit(self) -> None:

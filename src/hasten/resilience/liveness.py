@@ -76,3 +76,22 @@ def wake(ident) -> None:
         os.kill(int(ident["pid"]), signal.SIGCONT)
     except (OSError, KeyError, TypeError, ValueError):
         pass
+
+
+def after_timeout(store, rank: int, world_size: int, error) -> str | None:
+    """A collective the doctor does not see (DDP's gradient all-reduce, made in C++) timed out on `rank` and ends its
+    process: name the ranks that stopped answering (a frozen one is then woken, so that it ends too instead of
+    ignoring the launcher's SIGTERM); None when `error` is no timeout or every other rank answers."""
+    text = str(error).lower()
+    if "timed out" not in text and "timeout" not in text:
+        return None
+    words = []
+    for other in range(world_size):
+        last = _read(store, f"s/{other}")
+        if other == rank or (last is not None and time.time() - last["time"] < 3 * HEARTBEAT):
+            continue  # it posted its status lately: it runs
+        said, ident = look(store, other)
+        words.append(said)
+        if ident is not None:
+            wake(ident)
+    return "; ".join(words) or None
