@@ -4,7 +4,8 @@ the uneven batches), SGD; launched by tests/distributed/test_sequence_parallel.p
 (each rank's loss all-gathered over the sp group, averaged by tokens), clipped at argv[3] (0: no clipping) as the
 one-process reference on whole sequences is (the batches in the order the loader adapter hands them out).
 Writes <folder>/result.json on rank 0: `loss` (over the 4 steps) and `weights` (after them) = max |difference| from
-one process. Usage: sp_deepspeed_lengths.py <folder> <stage> <clip>
+one process. With `helper` last, the loss goes through `true_gradient_loss(loss, model)`, which makes the gradient the
+true one at every stage (seen without clipping). Usage: sp_deepspeed_lengths.py <folder> <stage> <clip> [helper]
 """
 
 import json
@@ -16,9 +17,11 @@ import torch.distributed as dist
 from sp_common import VOCAB, collate, fresh_accelerator, make_model, max_diff, whole
 
 from hasten import DeepSpeedPlugin, ParallelismConfig
+from hasten.backends.deepspeed.ulysses import true_gradient_loss
 from hasten.utils.dataclasses import DeepSpeedSequenceParallelConfig
 
 folder, stage, clip = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+helper = sys.argv[4:] == ["helper"]  # back-propagate true_gradient_loss(loss, model)
 STEPS, LR = 4, 0.5
 g = torch.Generator().manual_seed(11)
 data = [torch.randint(1, VOCAB, (16 if i % 2 == 0 else 12,), generator=g) for i in range(STEPS)]
@@ -75,7 +78,7 @@ def train():
         good_per_rank = torch.distributed.nn.functional.all_gather(good, group=group)
         loss = sum(losses_per_rank[r] * good_per_rank[r] for r in range(2) if good_per_rank[r] > 0) / max(
             sum(good_per_rank), 1)
-        acc.backward(loss)
+        acc.backward(true_gradient_loss(loss, model) if helper else loss)
         opt.step()
         opt.zero_grad()
         losses.append(loss.item())

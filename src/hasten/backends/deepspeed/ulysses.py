@@ -119,4 +119,27 @@ class EvenLengths:
             yield batch
 
 
-__all__ = ["EvenLengths", "adapt_loader", "data_parallel_processes", "layout", "register"]
+__all__ = ["EvenLengths", "adapt_loader", "data_parallel_processes", "layout", "register", "true_gradient_loss"]
+
+
+def true_gradient_loss(loss, model):
+    """The loss to back-propagate under DeepSpeed's Ulysses for the gradient of the whole sequence, at every ZeRO stage.
+
+    `loss`: the sp group's loss, the same value on every sp rank (Accelerate's recipe: each rank's loss all-gathered
+    over the group and averaged by tokens); `model`: the prepared model (DeepSpeed's engine). Every sp rank then
+    back-propagates the whole loss; ZeRO-3 averages the sp ranks' gradients, which gives the true one, but ZeRO-0/1/2
+    add them up, which gives `sp_size` times it (hidden by clipping and Adam, not by plain SGD). So this returns
+    `loss / sp_size` below stage 3 and `loss` at stage 3 (measured against one process on whole sequences:
+    tests/distributed/test_sequence_parallel.py). Without sequence parallelism: `loss`."""
+    import torch.distributed as dist
+
+    if not hasattr(model, "zero_optimization_stage"):
+        raise ConfigError(f"true_gradient_loss needs the model prepare() returned (DeepSpeed's engine), got "
+                          f"{type(model).__name__}; fix: pass the prepared model")
+    from deepspeed.utils import groups
+
+    try:
+        size = dist.get_world_size(groups._get_sequence_parallel_group())
+    except KeyError:  # no sequence parallelism
+        return loss
+    return loss if size == 1 or model.zero_optimization_stage() == 3 else loss / size
