@@ -78,8 +78,9 @@ for step in range(STEPS):
     shift = torch.nn.functional.pad(batch["labels"][:, 1:], (0, 1), value=-100)
     loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, VOCAB), shift.reshape(-1), ignore_index=-100)
     loss.backward()
-    # Accelerate's recipe (an all-gathered loss) gives every sp rank the gradient of the whole loss and DeepSpeed
-    # adds the sp ranks' up: sp_size times the gradient, which clipping at 1.0 (Accelerate's default) hides.
+    # Accelerate's recipe (an all-gathered loss) gives every sp rank the gradient of the whole loss; ZeRO-2 adds the
+    # sp ranks' up (sp_size times the gradient), ZeRO-3 averages them: clipping at 1.0 (Accelerate's default) hides
+    # the difference (sp_deepspeed_lengths.py shows it without clipping).
     torch.nn.utils.clip_grad_norm_(ref.parameters(), 1.0)
     ref_opt.step()
     ref_opt.zero_grad()

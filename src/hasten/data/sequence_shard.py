@@ -43,19 +43,35 @@ def shard_sequence_batch(batch, rank: int, size: int, pad_token_id: int = 0, ign
         out["shift_labels"] = torch.nn.functional.pad(labels[:, 1:], (0, 1), value=ignore_index)
     padded = -(-length // size) * size
     chunk = padded // size
-    for key, fill in PAD_VALUES.items():
+    out = pad_sequence_batch(out, padded, pad_token_id, keys=PAD_VALUES)
+    for key in PAD_VALUES:
         value = out.get(key)
-        if not isinstance(value, torch.Tensor) or value.ndim < 2 or value.shape[1] != length:
+        if isinstance(value, torch.Tensor) and value.ndim >= 2 and value.shape[1] == padded:
+            out[key] = value[:, rank * chunk:(rank + 1) * chunk].contiguous()
+    return out
+
+
+def pad_sequence_batch(batch, length: int, pad_token_id: int = 0, keys=None) -> dict:
+    """`batch` with each (batch, seq, ...) tensor padded on the right to `length` tokens (a new dict; the tensors
+    already that long are kept): with `PAD_VALUES` for the entries it names (`position_ids` count on), 0 for any
+    other. `keys`: pad only these entries. The sequence length is `input_ids`' (or `inputs_embeds`')."""
+    lead = batch.get("input_ids", batch.get("inputs_embeds"))
+    current = lead.shape[1]
+    out = dict(batch)
+    if length == current:
+        return out
+    for key, value in batch.items():
+        if (keys is not None and key not in keys) or not isinstance(value, torch.Tensor) or value.ndim < 2 \
+                or value.shape[1] != current:
             continue
-        if padded != length:
-            extra = padded - length
-            if fill == "continue":
-                tail = value[:, -1:] + torch.arange(1, extra + 1, device=value.device)
-            else:
-                shape = (value.shape[0], extra, *value.shape[2:])
-                tail = torch.full(shape, pad_token_id if fill is None else fill, dtype=value.dtype, device=value.device)
-            value = torch.cat([value, tail], dim=1)
-        out[key] = value[:, rank * chunk:(rank + 1) * chunk].contiguous()
+        fill = PAD_VALUES.get(key, 0)
+        extra = length - current
+        if fill == "continue":
+            tail = value[:, -1:] + torch.arange(1, extra + 1, device=value.device)
+        else:
+            shape = (value.shape[0], extra, *value.shape[2:])
+            tail = torch.full(shape, pad_token_id if fill is None else fill, dtype=value.dtype, device=value.device)
+        out[key] = torch.cat([value, tail], dim=1)
     return out
 
 
@@ -79,4 +95,4 @@ def shard_loader(loader, state, pad_token_id: int = 0):
     return loader
 
 
-__all__ = ["SequenceShardCollate", "shard_loader", "shard_sequence_batch"]
+__all__ = ["SequenceShardCollate", "pad_sequence_batch", "shard_loader", "shard_sequence_batch"]

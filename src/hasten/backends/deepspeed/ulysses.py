@@ -75,7 +75,71 @@ def adapt_loader(loader, device, mpu=None):
     else:
         group, size, rank = (mpu.get_sequence_parallel_group(), mpu.get_sequence_parallel_world_size(),
                              mpu.get_sequence_parallel_rank())
+    import torch.distributed as dist
+
+    if size > 1 and dist.get_backend(group) == "gloo":
+        loader = EvenLengths(loader, group, size, device)
     return UlyssesSPDataLoaderAdapter(loader, sp_rank=rank, sp_group=group, sp_world_size=size, device=device)
 
 
-__all__ = ["adapt_loader", "data_parallel_processes", "layout", "register"]
+class EvenLengths:
+    """A loader whose batches the ranks of an sp group take at the same time, each padded on the right to the
+    longest of them (rounded up to a multiple of the group's size) when their lengths differ.
+
+    DeepSpeed's adapter all-gathers every rank's batch to hand each rank its slice of all of them; NCCL gathers
+    tensors of different lengths, gloo refuses them ("allgather" of uneven tensors), and Accelerate's own ALST
+    example (sp-alst.py: 16 and 12 tokens on two ranks) crashed there on CPU processes. Padding on the right changes
+    no result: labels are -100 there, position ids count on, and causal attention never lets a real token see a
+    pad. Only under gloo: on NCCL nothing is padded (no tokens computed for nothing)."""
+
+    def __init__(self, loader, group, size: int, device):
+        self.loader, self.group, self.size, self.device = loader, group, size, device
+
+    def __len__(self):
+        return len(self.loader)
+
+    def __getattr__(self, name):  # batch_size, set_epoch, ...: the loader's own
+        if name == "loader":  # not set yet (unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.loader, name)
+
+    def __iter__(self):
+        import torch
+        import torch.distributed as dist
+
+        from ...data.sequence_shard import pad_sequence_batch
+
+        for batch in self.loader:
+            mine = torch.tensor([batch["input_ids"].shape[1]], dtype=torch.int64, device=self.device)
+            lengths = [torch.zeros_like(mine) for _ in range(self.size)]
+            dist.all_gather(lengths, mine, group=self.group)
+            lengths = [int(t.item()) for t in lengths]
+            if len(set(lengths)) > 1:
+                batch = pad_sequence_batch(batch, -(-max(lengths) // self.size) * self.size)
+            yield batch
+
+
+__all__ = ["EvenLengths", "adapt_loader", "data_parallel_processes", "layout", "register", "true_gradient_loss"]
+
+
+def true_gradient_loss(loss, model):
+    """The loss to back-propagate under DeepSpeed's Ulysses for the gradient of the whole sequence, at every ZeRO stage.
+
+    `loss`: the sp group's loss, the same value on every sp rank (Accelerate's recipe: each rank's loss all-gathered
+    over the group and averaged by tokens); `model`: the prepared model (DeepSpeed's engine). Every sp rank then
+    back-propagates the whole loss; ZeRO-3 averages the sp ranks' gradients, which gives the true one, but ZeRO-0/1/2
+    add them up, which gives `sp_size` times it (hidden by clipping and Adam, not by plain SGD). So this returns
+    `loss / sp_size` below stage 3 and `loss` at stage 3 (measured against one process on whole sequences:
+    tests/distributed/test_sequence_parallel.py). Without sequence parallelism: `loss`."""
+    import torch.distributed as dist
+
+    if not hasattr(model, "zero_optimization_stage"):
+        raise ConfigError(f"true_gradient_loss needs the model prepare() returned (DeepSpeed's engine), got "
+                          f"{type(model).__name__}; fix: pass the prepared model")
+    from deepspeed.utils import groups
+
+    try:
+        size = dist.get_world_size(groups._get_sequence_parallel_group())
+    except KeyError:  # no sequence parallelism
+        return loss
+    return loss if size == 1 or model.zero_optimization_stage() == 3 else loss / size

@@ -37,21 +37,22 @@ def save_pretrained_with_whole_weights(model) -> None:
     signature = inspect.signature(save)
     if not {"state_dict", "is_main_process"} <= set(signature.parameters):
         return
-    owner = weakref.ref(model)  # the model holds this function: no reference cycle through it
+    unbound = type(model).save_pretrained  # the class's function: the model holds this wrapper, which holds the
+    owner = weakref.ref(model)  # model only weakly (no reference cycle keeps a freed model alive)
 
-    @functools.wraps(save)
+    @functools.wraps(unbound)
     def save_pretrained(*args, **kwargs):
+        model = owner()
         bound = signature.bind(*args, **kwargs)
-        if bound.arguments.get("state_dict") is not None or owner() is None:
-            return save(*args, **kwargs)
-        import torch.distributed as dist
+        if bound.arguments.get("state_dict") is None:
+            import torch.distributed as dist
 
-        from .checkpoint import full_model_state_dict
+            from .checkpoint import full_model_state_dict
 
-        bound.arguments["state_dict"] = full_model_state_dict(owner())  # a collective; {} but on rank 0
-        if dist.get_rank() != 0:
-            bound.arguments["is_main_process"] = False
-        return save(*bound.args, **bound.kwargs)
+            bound.arguments["state_dict"] = full_model_state_dict(model)  # a collective; {} but on rank 0
+            if dist.get_rank() != 0:
+                bound.arguments["is_main_process"] = False
+        return unbound(model, *bound.args, **bound.kwargs)
 
     setattr(save_pretrained, _MARK, True)
     model.save_pretrained = save_pretrained
