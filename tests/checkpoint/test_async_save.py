@@ -242,7 +242,7 @@ def test_backend_with_its_own_files_refuses_async(accelerator, tmp_path):
         def save_model_and_optimizer(self, folder, models, optimizers, **kwargs):
             return []
 
-    accelerator._backend = OwnFiles(accelerator.state)
+    accelerator._backend = OwnFiles(accelerator.state, accelerator.run_plan)
     with pytest.raises(ConfigError, match=r"async_save=True\) is not available with the ownfiles backend"):
         accelerator.save_state(async_save=True)
     assert not os.path.exists(os.path.join(tmp_path, "checkpoints")) or not os.listdir(os.path.join(tmp_path, "checkpoints"))

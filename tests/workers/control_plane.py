@@ -17,6 +17,7 @@ import torch.distributed as dist
 from fsdp_common import fresh_accelerator, full_params, make_model, max_diff, train_steps
 from hasten.config.fsdp import FullyShardedDataParallelPlugin
 from hasten.distributed import control
+from hasten.state import PartialState
 from hasten.utils import ProjectConfiguration
 
 root = sys.argv[1]
@@ -111,7 +112,8 @@ acc = fresh_accelerator(fsdp_plugin=plugin, cpu=True,
 model = make_model(3)
 model = acc.prepare(model)
 whole = full_params(acc, model)
-acc.state.local_process_index = 0  # a second machine: rank 1 is its machine's local main process
+# a second machine: rank 1 is its machine's local main process (the process questions are PartialState's)
+acc.state.local_process_index = PartialState().local_process_index = 0
 assert acc.is_local_main_process
 machine = os.path.join(root, f"machine{rank}")  # each machine's own disk
 os.makedirs(machine, exist_ok=True)

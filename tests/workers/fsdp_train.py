@@ -1,6 +1,8 @@
 """FSDP2 and FSDP1 training against DDP and a single-process reference, fp32 and bf16; accumulation,
 clipping, optimizers built before/after prepare, state dicts. Run by tests/backends/test_fsdp.py on 2 processes."""
 
+import warnings
+
 import torch
 from torch.distributed.tensor import DTensor
 
@@ -184,13 +186,13 @@ for version in (2, 1):
     assert skipped == [True, True], (version, skipped)
     assert max_diff(full_params(acc, model), before) == 0.0
 
-# -- what the device cannot do fails at prepare, with the fix in the message ------------------------------------
+# -- cpu_offload on a CPU run: left out with one warning (the same config runs on a GPU; strict refuses it,
+# tests/backends/test_fsdp.py::test_offloads_to_cpu_memory_on_a_cpu_run) ------------------------------------------
 acc = fresh_accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2, cpu_offload=True))
-try:
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
     acc.prepare(make_model())
-    raise AssertionError("cpu_offload on a CPU run should fail at prepare")
-except ConfigError as error:
-    assert "fsdp_offload_params" in str(error)
+assert [str(w.message) for w in caught if "fsdp cpu_offload" in str(w.message)], [str(w.message) for w in caught]
 
 # A model on the meta device where it cannot be filled: the same error on every process, no hang.
 # (An explicit cpu_ram_efficient_loading is exported to FSDP_CPU_RAM_EFFICIENT_LOADING, as Accelerate does for

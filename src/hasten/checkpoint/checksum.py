@@ -15,6 +15,7 @@ checkpoint files went out (documented in docs/checkpointing.md, beside the crash
 from __future__ import annotations
 
 import errno
+import importlib.util
 import os
 import threading
 import zlib
@@ -22,16 +23,20 @@ import zlib
 CHUNK_BYTES = 16 * 2**20
 DISK_FULL_ENV = "HASTEN_TEST_DISK_FULL_AFTER"
 
-try:  # pragma: no cover - depends on the environment
-    import xxhash as _xxhash
-except ImportError:  # pragma: no cover
-    _xxhash = None
-
-ALGORITHM = "xxh3_64" if _xxhash is not None else "crc32"
+# xxhash is looked for without importing it: `import hasten` loads no optional library (it is imported at the
+# first digest, tests/distributed/test_cluster.py)
+_HAS_XXHASH = importlib.util.find_spec("xxhash") is not None
+ALGORITHM = "xxh3_64" if _HAS_XXHASH else "crc32"
 
 
 def available(algorithm: str) -> bool:
-    return algorithm == "crc32" or (algorithm == "xxh3_64" and _xxhash is not None)
+    return algorithm == "crc32" or (algorithm == "xxh3_64" and _HAS_XXHASH)
+
+
+def _xxh3_64():
+    import xxhash
+
+    return xxhash.xxh3_64()
 
 
 class _Running:
@@ -39,7 +44,7 @@ class _Running:
 
     def __init__(self, algorithm: str):
         self.algorithm = algorithm
-        self.state = _xxhash.xxh3_64() if algorithm == "xxh3_64" else 0
+        self.state = _xxh3_64() if algorithm == "xxh3_64" else 0
 
     def update(self, data) -> None:
         if self.algorithm == "xxh3_64":

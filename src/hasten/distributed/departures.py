@@ -36,12 +36,16 @@ def announce_departure() -> None:
 
     import torch.distributed as dist
 
+    from ..core.env import parse_int
+
     try:
-        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], parse_int(os.environ["MASTER_PORT"]), is_master=False,
                               timeout=timedelta(seconds=30))
-        attempt_store(store).set(_left_key(int(os.environ.get("RANK", "0"))), "1")
-    except Exception:  # noqa: BLE001 - best effort: the process is leaving anyway
-        pass
+        attempt_store(store).set(_left_key(parse_int(os.environ.get("RANK", "0"))), "1")
+    except (RuntimeError, OSError, KeyError, ValueError):
+        # best effort, and nothing is lost: the process is leaving anyway, and a peer that cannot be told still
+        # ends at the collective timeout, as before
+        return
 
 
 def wait_for_arrivals(store, rank: int, world_size: int, timeout) -> None:
