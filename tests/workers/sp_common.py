@@ -97,3 +97,16 @@ def whole(state: dict) -> dict:
 def max_diff(a: dict, b: dict) -> float:
     assert set(a) == set(b), (sorted(set(a) ^ set(b)))
     return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+
+
+def accelerate_sp_loss(model, unwrapped, batch, device, group):
+    """The loss of Accelerate's DeepSpeed-sp recipe (its sp-alst.py example): each sp rank's loss over its own
+    tokens, all-gathered and weighted by the ranks' counts of real tokens."""
+    out = model(input_ids=batch["input_ids"].to(device), position_ids=batch["position_ids"].to(device))
+    shift = batch["shift_labels"].to(device)
+    loss = unwrapped.loss_function(logits=out.logits, labels=None, shift_labels=shift, vocab_size=VOCAB)
+    losses_per_rank = torch.distributed.nn.functional.all_gather(loss, group=group)
+    good = (shift != -100).view(-1).sum()
+    good_per_rank = torch.distributed.nn.functional.all_gather(good, group=group)
+    return sum(losses_per_rank[r] * good_per_rank[r] for r in range(len(good_per_rank)) if good_per_rank[r] > 0) / max(
+        sum(good_per_rank), 1)

@@ -14,6 +14,7 @@ import torch.distributed as dist
 from sp_common import (
     SEQ,
     VOCAB,
+    accelerate_sp_loss,
     collate,
     fresh_accelerator,
     make_model,
@@ -55,14 +56,7 @@ group = groups._get_sequence_parallel_group()
 unwrapped = acc.unwrap_model(model)
 losses = []
 for _, batch in zip(range(STEPS), dl):
-    out = model(input_ids=batch["input_ids"].to(acc.device), position_ids=batch["position_ids"].to(acc.device))
-    shift = batch["shift_labels"].to(acc.device)
-    loss = unwrapped.loss_function(logits=out.logits, labels=None, shift_labels=shift, vocab_size=VOCAB)
-    losses_per_rank = torch.distributed.nn.functional.all_gather(loss, group=group)
-    good = (shift != -100).view(-1).sum()
-    good_per_rank = torch.distributed.nn.functional.all_gather(good, group=group)
-    loss = sum(losses_per_rank[r] * good_per_rank[r] for r in range(2) if good_per_rank[r] > 0) / max(
-        sum(good_per_rank), 1)
+    loss = accelerate_sp_loss(model, unwrapped, batch, acc.device, group)
     acc.backward(loss)
     opt.step()
     opt.zero_grad()
