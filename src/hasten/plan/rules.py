@@ -2,23 +2,21 @@
 
 `make_run_plan` decides all of it once, from what `Accelerator(...)` was given, the resolved settings (launcher
 flags, config file, environment: hasten.config.resolve) and the detected cluster, before anything is built. The
-result is one frozen `RunPlan`; `AcceleratorState`, the backend registry (`create_backend(plan.backend, ...)`), the
+result is one frozen `RunPlan`; `AcceleratorState`, the backend registry (`create_backend(plan, state, ...)`), the
 precision policy and `GradientState` read it and decide nothing again. `hasten config explain --plan` prints the
 plan the same function makes from the launch settings alone.
 
-Adding a backend: a rule in `_backend` (and, if it needs one, a plugin step below), a line in `REGISTRY`
-(backends/__init__.py) and its folder. Adding a layout dimension: `plan/layout.backend_for_layout` refuses it
-or names the backend it needs; a backend that runs whatever the distributed type says joins `LAYOUT_BACKENDS` (plan/layout.py). The
-order of the steps is the order in which Accelerate checks its arguments, so the first error a script sees is the
-one it saw before the plan existed.
+Adding a backend: a rule in `plan/layout.backend_to_build` (and, if it needs one, a plugin step below), a line in
+`REGISTRY` (backends/__init__.py) and its folder. Adding a layout dimension: `plan/layout.backend_for_layout`
+refuses it or names the backend it needs; a backend that runs whatever the distributed type says joins
+`LAYOUT_BACKENDS` (plan/layout.py). The order of the steps is the order in which Accelerate checks its arguments,
+so the first error a script sees is the one it saw before the plan existed.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from ..core.enums import DistributedType
@@ -397,7 +395,7 @@ def _accumulation(steps_argument, plugin, backend: str, deepspeed_plugin) -> Acc
         if backend == "deepspeed":
             steps, source = _deepspeed_accumulation(deepspeed_plugin, plugin.num_steps, source)
             if steps != plugin.num_steps:  # a copy: the user's plugin keeps what the user set
-                plugin = dataclasses.replace(plugin, num_steps=steps)
+                plugin = replace(plugin, num_steps=steps)
     return Accumulation(plugin.num_steps, source, plugin)
 
 
