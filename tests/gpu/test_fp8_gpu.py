@@ -33,7 +33,9 @@ def test_fp8_torchao_tracks_bf16(fsdp):
     result = launch("fp8_train.py", STEPS, num_processes=count, flags=flags, timeout=600)
     assert "fp8 tracked bf16" in result.stdout
     assert device_only_skips(result) == (0 if CUDA else count), result.stdout
-    report = json.loads(next(line for line in result.stdout.splitlines() if line.startswith("{")))
+    # the report is rank 0's one line; another rank's words may share that line of the joined output
+    line = next(line for line in result.stdout.splitlines() if '{"distributed_type"' in line)
+    report, _ = json.JSONDecoder().raw_decode(line, line.index('{"distributed_type"'))
     # the launcher's FSDP default, as a user's `accelerate launch --use_fsdp` run gets it
     assert report["ram_efficient_loading"] is fsdp
     print(f"\n{report['distributed_type']}: fp8/bf16 step time {report['fp8_over_bf16_step_time']:.3f} "

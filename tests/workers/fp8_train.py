@@ -114,10 +114,13 @@ def main():
     fp8_losses, fp8_time, accelerator = train("fp8", steps)
     windows = [(sum(bf16_losses[i:i + 10]) / 10, sum(fp8_losses[i:i + 10]) / 10) for i in range(0, steps - 9, 10)]
     if accelerator.is_main_process:
-        print(json.dumps({"distributed_type": str(accelerator.distributed_type), "bf16_losses": bf16_losses,
-                          "fp8_losses": fp8_losses, "bf16_step_s": bf16_time, "fp8_step_s": fp8_time,
-                          "fp8_over_bf16_step_time": fp8_time / bf16_time,
-                          "ram_efficient_loading": ram_efficient_loading(accelerator)}))
+        report = json.dumps({"distributed_type": str(accelerator.distributed_type), "bf16_losses": bf16_losses,
+                             "fp8_losses": fp8_losses, "bf16_step_s": bf16_time, "fp8_step_s": fp8_time,
+                             "fp8_over_bf16_step_time": fp8_time / bf16_time,
+                             "ram_efficient_loading": ram_efficient_loading(accelerator)})
+        # one write: print() writes the line and its newline apart, and the other rank's output can fall between
+        sys.stdout.write(report + "\n")
+        sys.stdout.flush()
     assert bf16_losses[-1] < bf16_losses[0] / 2 and fp8_losses[-1] < fp8_losses[0] / 2, (bf16_losses, fp8_losses)
     for index, (bf16, fp8) in enumerate(windows):
         assert abs(fp8 - bf16) <= 0.1 * bf16 + 0.05, f"steps {10 * index}-{10 * index + 9}: fp8 {fp8:.4f}, bf16 {bf16:.4f}"
