@@ -19,6 +19,7 @@ import re
 from . import files
 from . import folder as folders
 from . import marker as markers
+from . import remote_checkpoints as remote
 from ..core.errors import CheckpointError, ConfigError
 from ..distributed import control
 
@@ -39,7 +40,8 @@ _KINDS = {
 def objects_in(folder: str) -> dict:
     """{kind: how many objects of that kind `folder` holds}, read from the file names."""
     counts = dict.fromkeys(_KINDS, 0)
-    for name in os.listdir(folder):
+    names = {n.split("/", 1)[0] for n in remote.objects_in(folder)} if remote.is_remote(folder) else os.listdir(folder)
+    for name in names:
         for kind, pattern in _KINDS.items():
             match = pattern.match(name)
             if match:
@@ -68,6 +70,12 @@ class PendingResume:
         if not getattr(project, "automatic_resume", False):
             return None
         root = folders.checkpoints_root(project)
+        if remote.is_remote(root):  # object storage: only committed checkpoints are listed at all
+            found = remote.committed_under(root)
+            if not found:
+                logger.info("automatic_resume: no committed checkpoint under %s yet; starting from the beginning", root)
+                return None
+            return cls(found[-1])
         path = folders.newest_checkpoint(root)
         if path is None:
             if folders.list_checkpoints(root):
@@ -97,8 +105,13 @@ class PendingResume:
         # mismatch, a file that no longer parses) on any process is passed over, on every process alike, for the
         # one before it. Loading an older one restores every object again, over what the damaged one had set.
         root = os.path.dirname(self.path)
-        candidates = [p for p in reversed(folders.list_checkpoints(root)) if folders.number_in(os.path.basename(p))
-                      <= folders.number_in(os.path.basename(self.path)) and _whole(p)]
+        newest = folders.number_in(os.path.basename(self.path))
+        if remote.is_remote(self.path):
+            candidates = [u for u in reversed(remote.committed_under(root))
+                          if folders.number_in(os.path.basename(u)) <= newest]
+        else:
+            candidates = [p for p in reversed(folders.list_checkpoints(root))
+                          if folders.number_in(os.path.basename(p)) <= newest and _whole(p)]
         for path in candidates:
             logger.info("automatic_resume: resuming from %s", path)
             problem = None

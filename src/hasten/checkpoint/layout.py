@@ -26,6 +26,7 @@ from . import async_save as background
 from . import checksum, durable, fast_io, files, state_dicts
 from . import folder as folders
 from . import marker as markers
+from . import remote_checkpoints as remote
 
 logger = logging.getLogger(__name__)
 
@@ -162,22 +163,27 @@ def _loader_files(contents: CheckpointContents, stage=None) -> list:
 # -- save_state -------------------------------------------------------------------------------------------------
 def _target_for(project, output_dir):
     if project.automatic_checkpoint_naming:
-        return os.path.abspath(os.path.join(folders.checkpoints_root(project), f"checkpoint_{project.iteration}"))
+        root = folders.checkpoints_root(project)
+        if remote.is_remote(root):
+            return remote.join(root, f"checkpoint_{project.iteration}")
+        return os.path.abspath(os.path.join(root, f"checkpoint_{project.iteration}"))
     if output_dir is None:
         raise ConfigError(
             "save_state() needs an output_dir, or ProjectConfiguration(automatic_checkpoint_naming=True, "
             "project_dir=...) to name checkpoints itself"
         )
+    if remote.is_remote(output_dir):
+        return str(output_dir).rstrip("/")
     return os.path.abspath(os.path.expanduser(str(output_dir)))
 
 
-def _make_temp(contents: CheckpointContents, target: str) -> str:
+def _make_temp(contents: CheckpointContents, target: str, automatic: bool) -> str:
     """Step 1 of a save: the writing process(es) make the temporary folder; everybody learns whether that worked."""
     token = _broadcast(uuid.uuid4().hex[:12])
     problem = None
     if contents.writer:
         try:
-            folders.prepare_target(target, contents.project.automatic_checkpoint_naming, token)
+            folders.prepare_target(target, automatic, token)
         except ConfigError as error:
             problem = error
         except OSError as error:
@@ -224,12 +230,15 @@ class _Commit:
     iteration: int
     num_processes: int
     total_limit: object  # None, or how many automatically named checkpoints to keep
+    local_main: bool = True
+    remote: object = None  # a remote_checkpoints.RemoteTarget when the checkpoint goes to object storage
 
 
-def _commit_for(contents: CheckpointContents, temp: str, target: str) -> _Commit:
+def _commit_for(contents: CheckpointContents, temp: str, target: str, place=None) -> _Commit:
     project = contents.project
     limit = project.total_limit if project.automatic_checkpoint_naming else None
-    return _Commit(temp, target, contents.writer, contents.rank, project.iteration, contents.state.num_processes, limit)
+    return _Commit(temp, target, contents.writer, contents.rank, project.iteration, contents.state.num_processes, limit,
+                   contents.state.is_local_main_process, place)
 
 
 def _hooks_runner(contents: CheckpointContents, temp: str):
@@ -256,9 +265,13 @@ def save_state(contents: CheckpointContents, output_dir=None, safe_serialization
     target = _target_for(project, output_dir)
     if async_save and not contents.backend.supports_async_save:
         raise background.refuse(contents.backend)
-    temp = _make_temp(contents, target)
+    automatic = project.automatic_checkpoint_naming
+    place = remote.start_save(target, automatic, _broadcast, contents.rank) if remote.is_remote(target) else None
+    # a checkpoint for object storage is written as a local one first, under the staging root, then uploaded
+    temp = _make_temp(contents, place.local_target if place else target, automatic and place is None)
     if async_save:
-        _save_in_background(contents, _commit_for(contents, temp, target), safe_serialization, save_model_func_kwargs)
+        _save_in_background(contents, _commit_for(contents, temp, target, place), safe_serialization,
+                            save_model_func_kwargs)
         project.iteration += 1
         return target
 
@@ -270,7 +283,7 @@ def save_state(contents: CheckpointContents, output_dir=None, safe_serialization
         written = _write_files(contents, temp, loader_plan, safe_serialization, save_model_func_kwargs)
     except Exception as error:  # noqa: BLE001 - reported to every rank below
         problem = error
-    _finish(_commit_for(contents, temp, target), problem, written, _all_gather)
+    _finish(_commit_for(contents, temp, target, place), problem, written, _all_gather)
     project.iteration += 1
     return target
 
@@ -291,6 +304,11 @@ def _finish(commit: _Commit, problem, written: dict, gather) -> None:
         if problem is not None:
             raise CheckpointError(f"save_state({target}) failed on rank {commit.rank}: {_describe(problem)}") from problem
         _raise_failures([error for error, _, _ in reports], f"save_state({target})")
+    if commit.remote is not None:  # object storage: upload, then rank 0 writes the manifest
+        remote.publish(commit.remote, temp, reports, gather, rank=commit.rank, writer=commit.writer,
+                       local_main=commit.local_main, iteration=commit.iteration, num_processes=commit.num_processes,
+                       total_limit=commit.total_limit, describe=_describe)
+        return
 
     # 4. Commit, rotate. The marker lists every file in the folder (on this machine's disk, with
     # save_on_each_node), including any a hook wrote.
@@ -388,6 +406,13 @@ def _resolve_input(contents: CheckpointContents, input_dir) -> str:
                 "pick the newest checkpoint itself"
             )
         root = folders.checkpoints_root(project)
+        if remote.is_remote(root):
+            found = (remote.committed_under(root) or [None])[-1]
+            if found is None and not getattr(project, "automatic_resume", False):
+                raise FileNotFoundError(f"load_state(): no committed checkpoint under {root} yet; set "
+                                        "ProjectConfiguration(automatic_resume=True) to start from the beginning when "
+                                        "there is no checkpoint yet")
+            return None if found is None else _fetch(contents, found)
         found = folders.newest_checkpoint(root)
         if found is None and folders.list_checkpoints(root):  # folders there, none whole: refuse to start over
             raise CheckpointError(f"no complete checkpoint in {root} to load (each one is damaged; see the warnings)")
@@ -401,6 +426,8 @@ def _resolve_input(contents: CheckpointContents, input_dir) -> str:
             # automatic_resume (a hasten setting): a fresh project has nothing to resume; see docs/fault_tolerance.md
             logger.info("load_state(): no checkpoint in %s yet; starting from the beginning", root)
         return found
+    if remote.is_remote(input_dir):
+        return _fetch(contents, str(input_dir).rstrip("/"))
     path = os.path.abspath(os.path.expanduser(str(input_dir)))
     if contents.writer:
         folders.recover(path)
@@ -408,6 +435,11 @@ def _resolve_input(contents: CheckpointContents, input_dir) -> str:
     if not os.path.isdir(path):
         raise ConfigError(f"load_state({input_dir!r}): {path} is not a directory")
     return path
+
+
+def _fetch(contents: CheckpointContents, url: str) -> str:
+    """A committed checkpoint in object storage, downloaded to a local folder with a complete marker."""
+    return remote.fetch(url, contents.state.is_local_main_process, contents.state.wait_for_everyone)
 
 
 def _load_gradients(contents: CheckpointContents, folder: str) -> None:
@@ -523,7 +555,9 @@ def _next_iteration(project, folder: str, marker) -> None:
         numbers.append(marker["iteration"])
     elif folders.number_in(os.path.basename(folder)) is not None:
         numbers.append(folders.number_in(os.path.basename(folder)))
-    numbers += [folders.number_in(os.path.basename(p)) for p in folders.list_checkpoints(folders.checkpoints_root(project))]
+    root = folders.checkpoints_root(project)
+    existing = remote.committed_under(root) if remote.is_remote(root) else folders.list_checkpoints(root)
+    numbers += [folders.number_in(p.rstrip("/").rsplit("/", 1)[-1]) for p in existing]
     if numbers:
         project.iteration = max(project.iteration, max(numbers) + 1)
 
@@ -537,12 +571,17 @@ def load_state(contents: CheckpointContents, input_dir=None, load_kwargs=None, *
     folder = _resolve_input(contents, input_dir)
     if folder is None:
         return None
-    marker = markers.read_marker(folder)
-    if marker is not None:
-        markers.verify_files(folder, marker)
-    # Every file read below is checked against the checksums written with it, as its bytes come in.
-    with fast_io.expect_checksums(folder, (marker or {}).get("checksums")):
-        return _load_from(contents, folder, marker, load_kwargs, load_model_func_kwargs)
+    try:
+        marker = markers.read_marker(folder)
+        if marker is not None:
+            markers.verify_files(folder, marker)
+        # Every file read below is checked against the checksums written with it, as its bytes come in.
+        with fast_io.expect_checksums(folder, (marker or {}).get("checksums")):
+            return _load_from(contents, folder, marker, load_kwargs, load_model_func_kwargs)
+    finally:
+        if folder.startswith(remote.staging_root()):  # a downloaded copy of a remote checkpoint
+            contents.state.wait_for_everyone()
+            remote.release(folder, contents.state.is_local_main_process)
 
 
 def _load_from(contents: CheckpointContents, folder: str, marker, load_kwargs, load_model_func_kwargs):
@@ -592,8 +631,9 @@ def _custom_load_kwargs(load_kwargs: dict) -> dict:
 def save_model(contents: CheckpointContents, model, save_directory, max_shard_size="10GB",
                safe_serialization: bool = True) -> None:
     """Write the unwrapped model's weights as (sharded) safetensors plus an index, the layout HF tools read."""
-    save_directory = os.path.expanduser(str(save_directory))
-    if os.path.isfile(save_directory):
+    to_store = remote.is_remote(save_directory)
+    save_directory = str(save_directory).rstrip("/") if to_store else os.path.expanduser(str(save_directory))
+    if not to_store and os.path.isfile(save_directory):
         logger.error("save_model: %s should be a directory, not a file", save_directory)
         return
     max_bytes = state_dicts.parse_size(max_shard_size)
@@ -606,7 +646,10 @@ def save_model(contents: CheckpointContents, model, save_directory, max_shard_si
         meta = [name for name, t in state_dict.items() if isinstance(t, torch.Tensor) and t.is_meta]
         if meta:
             raise RuntimeError(f"save_model: {len(meta)} tensor(s) are on the meta device (e.g. {meta[0]}); load weights first")
-        if contents.writer:
+        if contents.writer and to_store:  # written locally under the staging root, then uploaded, the index last
+            remote.save_directory(save_directory, lambda local: write_weights(state_dict, local, max_bytes,
+                                                                              safe_serialization))
+        elif contents.writer:
             write_weights(state_dict, save_directory, max_bytes, safe_serialization)
     contents.state.wait_for_everyone()
 

@@ -105,6 +105,16 @@ class RemoteStorage(Storage):
         self._retry(lambda: self.fs.pipe_file(self._full(name), payload), f"upload of {self.url_of(name)}")
         return Written(name, len(payload), crc32_of(payload))
 
+    def upload(self, local_path: str, name: str) -> int:
+        """Copy the local file `local_path` to the object `name` (the library streams it: multipart uploads for
+        large files, no whole copy in memory); its size."""
+        self._retry(lambda: self.fs.put_file(local_path, self._full(name)), f"upload of {self.url_of(name)}")
+        return os.path.getsize(local_path)
+
+    def download(self, name: str, local_path: str) -> None:
+        """Copy the object `name` to the local file `local_path` (streamed)."""
+        self._retry(lambda: self.fs.get_file(self._full(name), local_path), f"download of {self.url_of(name)}")
+
     def read(self, name: str, offset: int = 0, length: int | None = None) -> bytes:
         end = None if length is None else offset + length
         return self._retry(lambda: self.fs.cat_file(self._full(name), start=offset or None, end=end),
