@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import tempfile
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -35,7 +36,9 @@ logger = logging.getLogger(__name__)
 
 STAGING_ENV = "HASTEN_STAGING_DIR"
 WORKERS_ENV = "HASTEN_STORAGE_WORKERS"
+_STALE = re.compile(r"^(?:model|pytorch_model)(?:-\d{5}-of-\d{5})?(?:\.safetensors|\.bin)(?:\.index\.json)?$")
 _checked: set = set()  # roots this process has shown to be writable
+_continued: set = set()  # roots this process resumed from: its saves there take the root's claim over
 
 
 def staging_root() -> str:
@@ -65,7 +68,9 @@ def _key(url: str) -> str:
 
 
 def _storage(parent: str):
-    return storage_for(parent)
+    storage = storage_for(parent)
+    storage.take_over = parent in _continued
+    return storage
 
 
 @dataclass(frozen=True)
@@ -118,7 +123,7 @@ def _assignment(reports: list) -> dict:
 
 def _upload(storage, temp: str, names: list, staging: str) -> dict:
     def one(name):
-        return name, storage.upload(os.path.join(temp, name), f"{staging}/{name}")
+        return name, storage.upload(os.path.join(temp, name), f"{staging}/{name}" if staging else name)
 
     with ThreadPoolExecutor(max_workers=max(1, min(workers(), len(names) or 1))) as pool:
         return dict(pool.map(one, names))
@@ -210,6 +215,7 @@ def fetch(url: str, local_main: bool, barrier) -> str:
     barrier()
     if failures:
         raise CheckpointError(f"load_state({url}) could not download the checkpoint: {'; '.join(failures)}")
+    _continued.add(parent)
     return local
 
 
@@ -241,7 +247,7 @@ def release(local: str, local_main: bool) -> None:
 
 # -- save_model -------------------------------------------------------------------------------------------------
 def save_directory(url: str, write) -> None:
-    """`save_model` to a URL: `write(local_dir)` writes the files locally (returns their names), then they are
+    """`save_model` to a URL: `write(local_dir)` writes the files locally, then they are
     uploaded in parallel, the index last, and shards a previous save left that the new index does not name are
     removed. Runs on the writing process only."""
     storage = _storage(url)
@@ -250,14 +256,14 @@ def save_directory(url: str, write) -> None:
         _checked.add(url)
     local = os.path.join(staging_root(), "models", _key(url) + "-" + uuid.uuid4().hex[:8])
     try:
-        names = write(local)
+        write(local)
+        names = sorted(os.listdir(local))
         index = [n for n in names if n.endswith(".index.json")]
         shards = [n for n in names if n not in index]
         _upload(storage, local, shards, "")
         _upload(storage, local, index, "")
-        for entry in storage.listdir(""):
-            stale = entry.split("-", 1)[0] in ("model", "pytorch_model") and entry not in names
-            if stale and (entry.endswith(".safetensors") or entry.endswith(".bin") or entry.endswith(".index.json")):
+        for entry in storage.listdir(""):  # shards and an index of an earlier save the new files do not replace
+            if entry not in names and _STALE.match(entry):
                 storage.delete(entry)
     finally:
         durable.remove_tree(local)

@@ -5,8 +5,9 @@ object-store URL (`s3://`, `gs://`, `az://`, `abfs://`, `memory://`, ...). Both 
 (`base.Storage`): write an object, read a range, list, test, delete, and begin/commit/abort a checkpoint; a reader
 trusts a checkpoint only when its manifest is there and checks each object against it.
 
-Status: the layer and its object-store commit are built and tested (tests/checkpoint/test_storage*.py,
-moto's S3 server through s3fs); `save_state`/`load_state` and the other checkpoint writers do not go through it yet.
+`save_state`/`load_state`/`save_model`/`automatic_resume` reach object stores through it (`checkpoint/
+remote_checkpoints.py`: staged locally, uploaded by every rank, committed by the manifest); local checkpoints keep
+`checkpoint/folder.py`'s path, which `LocalStorage` shares.
 """
 
 from __future__ import annotations

@@ -83,6 +83,9 @@ class RemoteStorage(Storage):
         self._base = path.rstrip("/")
         self.run_id = run_id or _run_id()
         self.claim_ttl = claim_ttl
+        # a run that resumed from a checkpoint under this root continues the run that wrote it: it takes the
+        # claim over (set by the caller; a run still writing there is refused at its own next save)
+        self.take_over = False
         self._retry_limits = {"attempts": attempts, "seconds": seconds}
 
     def _full(self, name: str) -> str:
@@ -230,7 +233,7 @@ class RemoteStorage(Storage):
                 claim = {}
             other = claim.get("run_id")
             age = now - float(claim.get("time", 0))
-            if other and other != self.run_id and age < self.claim_ttl:
+            if other and other != self.run_id and age < self.claim_ttl and not self.take_over:
                 raise CheckpointError(
                     f"another run ({other}, on {claim.get('host')}, pid {claim.get('pid')}, {age:.0f} s ago) writes "
                     f"checkpoints to {self.root}; two runs there would delete each other's checkpoints: use another "
