@@ -206,3 +206,17 @@ def test_a_run_saved_to_a_bucket_resumes_from_it_bit_identical(layout, s3_env, t
     kept = sorted(p.rsplit("/", 1)[-1] for p in fs.ls(root, detail=False, refresh=True) if "checkpoint_" in p)
     assert kept == ["checkpoint_2", "checkpoint_3"], kept  # the resumed run saved (taking the claim over), rotated
     assert env["AWS_SECRET_ACCESS_KEY"] not in part.stdout + part.stderr + resumed.stdout + resumed.stderr
+
+
+def test_a_relaunch_that_resumed_takes_the_root_over_and_a_stranger_is_refused(memory_url, monkeypatch):
+    monkeypatch.setattr(remote_checkpoints, "_continued", set())
+    monkeypatch.setenv("HASTEN_RUN_ID", "first-job")
+    _run(memory_url, 1)
+    monkeypatch.setenv("HASTEN_RUN_ID", "another-job")  # a second job, while the first one's claim is fresh
+    stranger = _run(memory_url, 1, save=False)[0]
+    stranger.project_configuration.iteration = 5
+    with pytest.raises(CheckpointError, match="another run .*first-job.* writes checkpoints to"):
+        stranger.save_state()
+    # a relaunch that resumed from the root continues the run that wrote it: its saves go on
+    accelerator, *_ = _run(memory_url, 0, automatic_resume=True)
+    assert accelerator.save_state().endswith("checkpoint_1")
