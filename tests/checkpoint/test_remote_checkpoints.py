@@ -220,3 +220,24 @@ def test_a_relaunch_that_resumed_takes_the_root_over_and_a_stranger_is_refused(m
     # a relaunch that resumed from the root continues the run that wrote it: its saves go on
     accelerator, *_ = _run(memory_url, 0, automatic_resume=True)
     assert accelerator.save_state().endswith("checkpoint_1")
+
+
+def test_an_asynchronous_save_meets_the_store_in_the_background_and_reports_a_refusal(memory_url, monkeypatch):
+    monkeypatch.setattr(remote_checkpoints, "_continued", set())
+    monkeypatch.setenv("HASTEN_RUN_ID", "first-job")
+    _run(memory_url, 1)  # the first save to a root meets the store in the call (a bad bucket is said at once)
+    monkeypatch.setenv("HASTEN_RUN_ID", "another-job")
+    stranger = _run(memory_url, 1, save=False)[0]
+    stranger.project_configuration.iteration = 5
+    calls = []
+    monkeypatch.setattr(remote_checkpoints, "_begin", lambda *a, _real=remote_checkpoints._begin: calls.append(
+        "begin") or _real(*a))
+    stranger.save_state(async_save=True)  # returns before any request to the store: the claim is checked later
+    assert calls == []
+    with pytest.raises(CheckpointError, match="another run .*first-job"):
+        stranger.wait_for_checkpoint()
+    assert calls == ["begin"]
+    root = f"{memory_url}/checkpoints"
+    assert remote_checkpoints.committed_under(root) == [f"{root}/checkpoint_0"]  # nothing else committed
+    staging = os.environ[remote_checkpoints.STAGING_ENV]
+    assert not [f for _, _, files in os.walk(staging) for f in files]  # the staged files were removed

@@ -266,7 +266,8 @@ def save_state(contents: CheckpointContents, output_dir=None, safe_serialization
     if async_save and not contents.backend.supports_async_save:
         raise background.refuse(contents.backend)
     automatic = project.automatic_checkpoint_naming
-    place = remote.start_save(target, automatic, _broadcast, contents.rank) if remote.is_remote(target) else None
+    place = (remote.start_save(target, automatic, _broadcast, contents.rank, in_background=async_save)
+             if remote.is_remote(target) else None)
     # a checkpoint for object storage is written as a local one first, under the staging root, then uploaded
     temp = _make_temp(contents, place.local_target if place else target, automatic and place is None)
     if async_save:

@@ -39,6 +39,7 @@ WORKERS_ENV = "HASTEN_STORAGE_WORKERS"
 _STALE = re.compile(r"^(?:model|pytorch_model)(?:-\d{5}-of-\d{5})?(?:\.safetensors|\.bin)(?:\.index\.json)?$")
 _checked: set = set()  # roots this process has shown to be writable
 _continued: set = set()  # roots this process resumed from: its saves there take the root's claim over
+_started: set = set()  # roots this process has saved to
 
 
 def staging_root() -> str:
@@ -81,34 +82,48 @@ class RemoteTarget:
     parent: str
     name: str
     local_target: str
-    staging: str  # the version prefix every rank uploads into (relative to `parent`)
+    automatic: bool  # named by automatic naming: never written over
+    staging: str | None  # the version prefix every rank uploads into (relative to `parent`); None: not opened yet
 
 
-def start_save(url: str, automatic: bool, broadcast, rank: int) -> RemoteTarget:
-    """On every process: rank 0 checks the store (once per root: bucket, credentials, permission), claims the root
-    for this run, clears what a dead save left and opens a version prefix; everybody learns the outcome."""
+def start_save(url: str, automatic: bool, broadcast, rank: int, in_background: bool = False) -> RemoteTarget:
+    """On every process, where a save starts. The store's side of the start (rank 0: check the store once per root
+    -- bucket, credentials, permission --, claim the root for this run, clear what a dead save left, open a version
+    prefix) runs now, so that a refusal comes before anything is written; for an asynchronous save other than the
+    first one to a root it runs in the background, before the uploads (`publish`), so that the call returns without
+    waiting for the store. Every process learns the outcome."""
     parent, name = _split(url)
-    token = broadcast(uuid.uuid4().hex[:12])
+    local = os.path.join(staging_root(), _key(parent), name)
+    target = RemoteTarget(url.rstrip("/"), parent, name, local, automatic, None)
+    if in_background and parent in _started:  # every process saves the same sequence: the same answer everywhere
+        return target
+    staging = _begin(target, broadcast, rank)
+    _started.add(parent)
+    return RemoteTarget(target.url, parent, name, local, automatic, staging)
+
+
+def _begin(target: RemoteTarget, share, rank: int) -> str:
+    """Rank 0 opens the save's version prefix; `share(value)` hands rank 0's value to every process."""
+    token = share(uuid.uuid4().hex[:12])
     outcome = None
     if rank == 0:
         try:
-            storage = _storage(parent)
-            if parent not in _checked:
+            storage = _storage(target.parent)
+            if target.parent not in _checked:
                 storage.check_writable()
-                _checked.add(parent)
-            if automatic and storage.is_committed(name):
-                raise ConfigError(f"checkpoint {url} already exists; set accelerator.project_configuration.iteration "
-                                  "past it, or call load_state() first (hasten then continues the numbering)")
-            outcome = ("ok", storage.begin(name, token))
+                _checked.add(target.parent)
+            if target.automatic and storage.is_committed(target.name):
+                raise ConfigError(f"checkpoint {target.url} already exists; set accelerator.project_configuration."
+                                  "iteration past it, or call load_state() first (hasten then continues the numbering)")
+            outcome = ("ok", storage.begin(target.name, token))
         except (CheckpointError, ConfigError) as error:
             outcome = (type(error).__name__, str(error))
-    outcome = broadcast(outcome)
+    outcome = share(outcome)
     if outcome[0] == "ConfigError":
         raise ConfigError(outcome[1])
     if outcome[0] != "ok":
         raise CheckpointError(outcome[1])
-    local = os.path.join(staging_root(), _key(parent), name)
-    return RemoteTarget(url.rstrip("/"), parent, name, local, outcome[1])
+    return outcome[1]
 
 
 def _assignment(reports: list) -> dict:
@@ -134,6 +149,14 @@ def publish(target: RemoteTarget, temp: str, reports: list, gather, *, rank: int
             num_processes: int, total_limit, describe) -> None:
     """The remote commit, on every process, after every process wrote its files into `temp`: upload, agree,
     rank 0 writes the manifest and rotates, the staged files are removed. Raises the same error on every process."""
+    if target.staging is None:  # an asynchronous save opens its version prefix here, off the training loop
+        try:
+            staging = _begin(target, lambda value: gather(value)[0], rank)
+        except (CheckpointError, ConfigError):
+            if local_main or writer:
+                durable.remove_tree(temp)
+            raise
+        target = RemoteTarget(target.url, target.parent, target.name, target.local_target, target.automatic, staging)
     storage = _storage(target.parent)
     plan = _assignment(reports)
     problem, sizes = None, {}
