@@ -201,6 +201,8 @@ def test_a_run_saved_to_a_bucket_resumes_from_it_bit_identical(layout, s3_env, t
     assert stored == set(manifest["files"]) and manifest["num_processes"] == 2
     resumed = launch("remote_resume.py", url, tmp_path, layout, "resume", **args)
     assert "START rank=0 step=3 iteration=3" in resumed.stdout, resumed.stdout
+    if layout in ("fsdp2", "tp"):  # sharded (DCP): every rank read its shards from the bucket, none was downloaded
+        assert resumed.stdout.count("shard_files_on_disk=0") == 2, resumed.stdout
     full, again = torch.load(tmp_path / "full.pt"), torch.load(tmp_path / "resume.pt")
     assert full.keys() == again.keys() and all(torch.equal(full[k], again[k]) for k in full), layout
     kept = sorted(p.rsplit("/", 1)[-1] for p in fs.ls(root, detail=False, refresh=True) if "checkpoint_" in p)

@@ -88,6 +88,12 @@ def run(url: str, workdir: str, layout: str, phase: str) -> None:
                                    automatic_resume=phase == "resume")
     accelerator, model, optimizer, loader, loss_of = build(layout, project)
     progress = Progress()
+
+    def report(models, folder):  # what the fetched copy of the checkpoint holds on this machine's disk
+        local = sum(name.endswith(".distcp") for _, _, names in os.walk(folder) for name in names)
+        print(f"FETCHED rank={accelerator.process_index} shard_files_on_disk={local}", flush=True)
+
+    accelerator.register_load_state_pre_hook(report)
     accelerator.register_for_checkpointing(progress)  # automatic_resume loads here, once everything is held
     print(f"START rank={accelerator.process_index} step={progress.step} iteration={accelerator.save_iteration}",
           flush=True)

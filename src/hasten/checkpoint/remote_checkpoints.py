@@ -30,6 +30,7 @@ from ..core.errors import CheckpointError, ConfigError
 from ..distributed import control
 from . import durable
 from . import folder as folders
+from . import marker as markers
 from .storage import is_remote, storage_for
 
 logger = logging.getLogger(__name__)
@@ -40,6 +41,8 @@ _STALE = re.compile(r"^(?:model|pytorch_model)(?:-\d{5}-of-\d{5})?(?:\.safetenso
 _checked: set = set()  # roots this process has shown to be writable
 _continued: set = set()  # roots this process resumed from: its saves there take the root's claim over
 _started: set = set()  # roots this process has saved to
+_streamed: dict = {}  # local sharded folder of a fetched checkpoint -> the URL its shards are read from
+DCP_METADATA = ".metadata"
 
 
 def staging_root() -> str:
@@ -239,7 +242,33 @@ def fetch(url: str, local_main: bool, barrier) -> str:
     if failures:
         raise CheckpointError(f"load_state({url}) could not download the checkpoint: {'; '.join(failures)}")
     _continued.add(parent)
+    _register_streamed(local)
     return local
+
+
+def _sharded_folders(names) -> set:
+    """The DCP folders among a checkpoint's objects (a folder holding `.metadata`)."""
+    return {n.rsplit("/", 1)[0] for n in names if n.endswith("/" + DCP_METADATA)}
+
+
+def _can_stream() -> bool:
+    try:
+        from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader  # noqa: F401
+    except ImportError:  # a torch without it: the shards are downloaded like every other file
+        return False
+    return True
+
+
+def dcp_reader(path: str):
+    """The DCP `StorageReader` for the folder `path`: for a sharded folder left in the store when its checkpoint was
+    fetched, torch's fsspec reader on it (each process reads the byte ranges of its own shards, no local copy);
+    None otherwise (DCP reads the local folder)."""
+    url = _streamed.get(os.path.abspath(path))
+    if url is None:
+        return None
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+
+    return FsspecReader(url)
 
 
 def _download(storage, name: str, local: str, url: str) -> None:
@@ -249,7 +278,14 @@ def _download(storage, name: str, local: str, url: str) -> None:
                               "load an older checkpoint")
     durable.remove_tree(local)
     temp = folders.prepare_target(local, automatic=False, token=uuid.uuid4().hex[:12])
-    names = sorted(manifest.get("files", {}))
+    files = dict(manifest.get("files", {}))
+    # Sharded (DCP) folders stay in the store but for their metadata: every process reads its own shards there.
+    sharded = _sharded_folders(files) if _can_stream() else set()
+    streamed = {folder: storage.url_of(storage.resolve(name, folder)) for folder in sorted(sharded)}
+    for file in list(files):
+        if file.split("/", 1)[0] in sharded and not file.endswith("/" + DCP_METADATA):
+            del files[file]
+    names = sorted(files)
 
     def one(file):
         path = os.path.join(temp, *file.split("/"))
@@ -258,12 +294,22 @@ def _download(storage, name: str, local: str, url: str) -> None:
 
     with ThreadPoolExecutor(max_workers=max(1, min(workers(), len(names) or 1))) as pool:
         list(pool.map(one, names))
-    folders.commit(temp, local, manifest.get("files", {}), manifest.get("iteration"),
-                   manifest.get("num_processes", 1), rank=0, checksums=manifest.get("checksums"))
+    folders.commit(temp, local, files, manifest.get("iteration"), manifest.get("num_processes", 1), rank=0,
+                   checksums={n: c for n, c in (manifest.get("checksums") or {}).items() if n in files},
+                   extra={"streamed": streamed})
+
+
+def _register_streamed(local: str) -> None:
+    """Every process learns which sharded folders of the fetched copy at `local` are read from the store."""
+    marker = markers.read_marker(local) or {}
+    for folder, url in (marker.get("streamed") or {}).items():
+        _streamed[os.path.abspath(os.path.join(local, folder))] = url
 
 
 def release(local: str, local_main: bool) -> None:
     """Remove a downloaded copy once loaded (on each machine's first process)."""
+    for folder in [f for f in _streamed if f.startswith(os.path.join(local, ""))]:
+        del _streamed[folder]
     if local_main and local.startswith(os.path.join(staging_root(), "loaded")):
         durable.remove_tree(os.path.dirname(local))
 

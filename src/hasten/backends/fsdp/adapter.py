@@ -92,7 +92,7 @@ def load_adapter(model, input_dir: str, index: int) -> None:
         peft_model = _peft_model(model)
         # DCP reads into the tensors it is given: this process's shards of the adapter's parameters.
         state = {"model": get_state(peft_model, adapter_name=peft_model.active_adapter)}
-        dcp.load(state, checkpoint_id=path)
+        dcp.load(state, **checkpoint.dcp_source(path))
         set_state(peft_model, state["model"], adapter_name=peft_model.active_adapter)
         return
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict

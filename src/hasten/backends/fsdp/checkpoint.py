@@ -258,6 +258,15 @@ def _find(input_dir: str, stem: str, index: int) -> tuple[str, bool]:
     )
 
 
+def dcp_source(path: str) -> dict:
+    """`dcp.load`'s arguments for the DCP folder `path`: a folder that a checkpoint fetched from object storage left
+    in the store is read there, each process its own shards' byte ranges (`checkpoint/remote_checkpoints.py`)."""
+    from ...checkpoint.remote_checkpoints import dcp_reader
+
+    reader = dcp_reader(path)
+    return {"checkpoint_id": path} if reader is None else {"storage_reader": reader}
+
+
 def _load_planner(state: dict):
     """DCP's load planner, told not to split ShardedTensors unless one holds another sharded tensor (2-D layouts).
 
@@ -299,7 +308,7 @@ def load_model(model, input_dir: str, index: int, *, strict: bool = True, map_lo
         if not strict:
             planner = dcp.DefaultLoadPlanner(flatten_sharded_tensors=planner.flatten_sharded_tensors,
                                              allow_partial_load=True)
-        dcp.load(state, checkpoint_id=path, planner=planner)
+        dcp.load(state, planner=planner, **dcp_source(path))
         set_model_state_dict(model, state["model"], options=StateDictOptions(strict=strict))
         return
     load_full_model_from_rank0(model, path, strict=strict, map_location=map_location, load_kwargs=load_kwargs)
@@ -347,7 +356,8 @@ def _saved_flat(path: str, model) -> bool:
     write it: each stage has the param groups of its own parameters only) rather than a `param_groups` list."""
     from torch.distributed.checkpoint import FileSystemReader
 
-    keys = FileSystemReader(path).read_metadata().state_dict_metadata
+    reader = dcp_source(path).get("storage_reader") or FileSystemReader(path)
+    keys = reader.read_metadata().state_dict_metadata
     prefixes = tuple(f"optimizer.param_groups.{name.replace('_checkpoint_wrapped_module.', '')}."
                      for name, _ in model.named_parameters())
     return any(key.startswith(prefixes) for key in keys)
@@ -366,7 +376,7 @@ def load_optimizer_flat_or_not(model, optimizer, path: str, one_stage: bool = Fa
     options = StateDictOptions(flatten_optimizer_state_dict=_saved_flat(path, model))
     # get_optimizer_state_dict creates the (zero) state tensors of a fresh optimizer for DCP to fill.
     state = {"optimizer": get_optimizer_state_dict(model, optimizer, options=options)}
-    dcp.load(state, checkpoint_id=path, planner=_load_planner(state))
+    dcp.load(state, planner=_load_planner(state), **dcp_source(path))
     loaded = state["optimizer"]
     if one_stage and not options.flatten_optimizer_state_dict:
         # A whole model's param groups read into one stage: keep the names this process holds.
