@@ -23,7 +23,7 @@ status=0
 # The suite must leave the work tree as it found it (a save to a path made from None once put a None/ folder into
 # the repository, and it was committed): what git sees before and after the run is compared.
 tree_before="$(git status --porcelain --untracked-files=all 2>/dev/null || true)"
-.venv/bin/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile "$@" || status=$?
+.venv/bin/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=20 "$@" || status=$?
 tree_after="$(git status --porcelain --untracked-files=all 2>/dev/null || true)"
 if [ "$tree_before" != "$tree_after" ]; then
   echo "the test run changed the work tree (fix the test that writes there; write under tmp_path instead):" >&2
