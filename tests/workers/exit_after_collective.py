@@ -10,6 +10,7 @@ Prints `EXIT CHECK <name>` per check and process; the test also needs exit code 
 
 import os
 import sys
+import time
 
 import torch
 
@@ -18,6 +19,10 @@ from hasten.distributed.bootstrap import gloo_worker_activity
 
 accelerator = Accelerator()
 workers = gloo_worker_activity()
+deadline = time.monotonic() + 10
+while not workers and time.monotonic() < deadline:  # a new thread names itself once it runs: under load, later
+    time.sleep(0.01)
+    workers = gloo_worker_activity()
 if sys.platform.startswith("linux"):
     # The exit hook finds gloo's worker threads by name; a torch that renames them would make it wait for nothing.
     assert len(workers) >= 1, f"no gloo worker threads found by name in {os.listdir('/proc/self/task')}"
