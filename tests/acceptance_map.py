@@ -277,6 +277,8 @@ MAP = {
     'setting:hang_doctor_wait': 'tests/resilience/test_hang_doctor.py::test_correct_run_is_left_alone',
     'setting:tracker_errors': 'tests/tracking/test_tracking.py::test_a_failing_tracker_warns_once_and_training_goes_on',
     'setting:tensorboard_one_run': 'tests/tracking/test_tracking.py::test_tensorboard_layout_is_accelerates_unless_one_run_is_asked',
+    'setting:staging_dir': 'tests/checkpoint/test_remote_checkpoints.py::test_the_staging_dir_setting_is_where_a_save_is_staged',
+    'setting:storage_workers': 'tests/checkpoint/test_remote_checkpoints.py::test_storage_workers_bound_the_uploads_one_process_runs_at_once',
     'setting:use_cpu': 'tests/test_state.py::test_use_cpu_keeps_an_installed_torch_xla_from_taking_the_run',
     'setting:tpu': 'tests/commands/test_tpu.py::test_it_runs_gcloud_and_a_tpu_training_config_goes_to_the_tpu_launcher',
     'setting:mixed_precision': 'tests/backends/test_ddp.py::test_ddp_training_matches_one_process_and_accumulates',

@@ -38,7 +38,7 @@ def fresh_state(tmp_path, monkeypatch):
 def memory_url(request):
     import fsspec
 
-    url = f"memory://hasten-tests/{request.node.name}"
+    url = "memory://hasten-tests/" + "".join(c if c.isalnum() or c == "_" else "-" for c in request.node.name)
     yield url
     fs = fsspec.filesystem("memory")
     if fs.exists(url):
@@ -243,3 +243,38 @@ def test_an_asynchronous_save_meets_the_store_in_the_background_and_reports_a_re
     assert remote_checkpoints.committed_under(root) == [f"{root}/checkpoint_0"]  # nothing else committed
     staging = os.environ[remote_checkpoints.STAGING_ENV]
     assert not [f for _, _, files in os.walk(staging) for f in files]  # the staged files were removed
+
+
+def test_the_staging_dir_setting_is_where_a_save_is_staged(memory_url, tmp_path, monkeypatch):
+    monkeypatch.setenv("HASTEN_STAGING_DIR", str(tmp_path / "chosen"))
+    place = remote_checkpoints.start_save(f"{memory_url}/ckpt", False, lambda value: value, 0)
+    assert place.local_target.startswith(str(tmp_path / "chosen") + os.sep)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_storage_workers_bound_the_uploads_one_process_runs_at_once(workers, memory_url, monkeypatch):
+    import threading
+
+    from hasten.checkpoint.storage.remote import RemoteStorage
+
+    monkeypatch.setenv("HASTEN_STORAGE_WORKERS", str(workers))
+    real, lock, active, most, calls = RemoteStorage.upload, threading.Lock(), [0], [0], [0]
+    meet = threading.Barrier(2, timeout=60)  # with 2 workers, the first two uploads must run side by side
+
+    def upload(self, local_path, name):
+        with lock:
+            active[0] += 1
+            most[0] = max(most[0], active[0])
+            calls[0] += 1
+            first_two = calls[0] <= 2
+        if workers == 2 and first_two:
+            meet.wait()
+        try:
+            return real(self, local_path, name)
+        finally:
+            with lock:
+                active[0] -= 1
+
+    monkeypatch.setattr(RemoteStorage, "upload", upload)
+    _run(memory_url, 1)  # model, optimizer and random states: three files
+    assert most[0] == workers

@@ -25,7 +25,6 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from ..core import env
 from ..core.errors import CheckpointError, ConfigError
 from ..distributed import control
 from . import durable
@@ -46,14 +45,18 @@ DCP_METADATA = ".metadata"
 
 
 def staging_root() -> str:
-    """Where a process stages a remote checkpoint on its own machine."""
-    return os.path.expanduser(os.environ.get(STAGING_ENV) or os.path.join(tempfile.gettempdir(),
-                                                                          f"hasten-staging-{os.getuid()}"))
+    """Where a process stages a remote checkpoint on its own machine (`staging_dir` in docs/settings.md)."""
+    from ..config.resolve import runtime_value
+
+    chosen = runtime_value("staging_dir").value
+    return os.path.expanduser(chosen or os.path.join(tempfile.gettempdir(), f"hasten-staging-{os.getuid()}"))
 
 
 def workers() -> int:
-    """How many transfers one process runs at once (bounded: each is one request stream)."""
-    return max(1, env.get_int_from_env([WORKERS_ENV], 8))
+    """How many transfers one process runs at once (`storage_workers`: each is one request stream)."""
+    from ..config.resolve import runtime_value
+
+    return int(runtime_value("storage_workers").value)
 
 
 def join(root: str, *names: str) -> str:

@@ -197,6 +197,14 @@ SETTINGS: tuple[Setting, ...] = (
             help="TensorBoard keeps one run per project: hyperparameters go into the run's own event file and nested "
                  "dicts are logged as parent/child scalars of that run (off: Accelerate's add_hparams and "
                  "add_scalars, each of which opens another run folder) (hasten only)."),
+    Setting("staging_dir", "str", None, env=("HASTEN_STAGING_DIR",), owner="save_state", role="environment",
+            help="Checkpoints in object storage (s3://, gs://, az://): the local folder where each machine stages "
+                 "the files of a save before uploading them and the objects of a load (default: the temporary "
+                 "directory) (hasten only; docs/checkpointing.md)."),
+    Setting("storage_workers", "int", 8, env=("HASTEN_STORAGE_WORKERS",), minimum=1, owner="save_state",
+            role="environment",
+            help="Checkpoints in object storage: how many uploads or downloads one process runs at once (hasten "
+                 "only)."),
     # -- hardware -----------------------------------------------------------------------------------------------
     Setting("use_cpu", "bool", False, flags=("--cpu",), dest="cpu", switch=True, file_key=("use_cpu",),
             owner="Accelerator", code="cpu", group="Hardware selection",
