@@ -36,6 +36,7 @@ from .parallelism_config import mesh_rank
 from .checkpoint import auto_resume
 from .resilience import preemption
 from .state import AcceleratorState, GradientState, detected_cluster, holds_deepspeed_plugins
+from .training.accumulation import _AccumulationStep
 from .training.compilation import compile_model
 from .training.lomo import is_lomo_optimizer, lomo_backward
 from .training.precision import PrecisionPolicy
@@ -419,15 +420,9 @@ class Accelerator:
     def deepspeed_ulysses_dl_adapter(self, dl, model):
         """`UlyssesSPDataLoaderAdapter` around a loader prepared apart from the model (call it after preparing the
         model, as the Trainer does); the loader itself when sp_size is 1."""
-        config = self.parallelism_config
-        if config is None or config.sp_size == 1:
-            return dl
-        if config.native_sp_enabled:
-            raise ConfigError("deepspeed_ulysses_dl_adapter is DeepSpeed's (sp_backend='deepspeed'); with "
-                              "sp_backend='hasten' prepared loaders are cut already; fix: use the prepared loader")
-        from .backends.deepspeed.ulysses import adapt_loader
+        from .backends.deepspeed.ulysses import dl_adapter
 
-        return adapt_loader(dl, model.device)
+        return dl_adapter(self.parallelism_config, dl, model)
 
     def skip_first_batches(self, dataloader, num_batches: int = 0):
         from .data_loader import skip_first_batches
@@ -569,31 +564,12 @@ class Accelerator:
             return functools.partial(self.on_local_process, local_process_index=local_process_index)
         return self._run_if(lambda: self.local_process_index == local_process_index, function)
 
-    @contextlib.contextmanager
     def join_uneven_inputs(self, joinables, even_batches=None):
         """Let processes with fewer batches finish early (DDP on several devices or CPU processes; a no-op
         elsewhere, with Accelerate's warning)."""
-        # Unlike Accelerate, MULTI_CPU joins too: there Accelerate does nothing, and the process with the extra
-        # batch waits forever in DDP's gradient all-reduce (its test_distributed_data_loop hangs on CPU).
-        if not (self.multi_device or (self.use_distributed and self.distributed_type == DistributedType.MULTI_CPU)):
-            if self.use_distributed:
-                warnings.warn("Joining uneven inputs is only supported for multi-GPU training, as a result "
-                              "`join_uneven_inputs` will have no effect.", stacklevel=3)
-            yield
-            return
-        from torch.distributed.algorithms.join import Join
+        from .data.join import join_uneven_inputs
 
-        from .data.metrics import override_even_batches
-
-        saved = self.even_batches
-        loaders = self._dataloaders if even_batches is not None else ()  # only an override touches the loaders
-        if even_batches is not None:
-            self.even_batches = even_batches
-        try:
-            with override_even_batches(loaders, self.even_batches), Join(joinables, enable=not self.even_batches):
-                yield
-        finally:
-            self.even_batches = saved
+        return join_uneven_inputs(self, joinables, even_batches)
 
     def set_trigger(self):
         self.flag_tensor = torch.tensor(1, device=self.device)
@@ -751,37 +727,3 @@ class Accelerator:
     def __deepcopy__(self, memo):
         return self
 
-
-class _AccumulationStep:
-    """The `accumulate()` context. A plain class, not a generator: it runs on every training step."""
-
-    __slots__ = ("accelerator", "models", "entered")
-
-    def __init__(self, accelerator: Accelerator, models):
-        self.accelerator = accelerator
-        self.models = models
-        self.entered = ()
-
-    def __enter__(self):
-        accelerator = self.accelerator
-        accelerator._do_sync()
-        # Only several processes have a gradient sync to hold back (no_sync is a no-op in one).
-        if not accelerator._holds_back_sync or not self.models:
-            return None
-        state = accelerator.gradient_state
-        if state.sync_gradients or state.sync_each_batch:
-            return None
-        self.entered = [accelerator.no_sync(model) for model in self.models]
-        for context in self.entered:
-            context.__enter__()
-        return None
-
-    def __exit__(self, *exc_info):
-        if self.entered:
-            for context in reversed(self.entered):
-                context.__exit__(*exc_info)
-            self.entered = ()
-        preemption = self.accelerator._preemption
-        if preemption is not None and exc_info[0] is None and self.accelerator.gradient_state.sync_gradients:
-            preemption.at_step_boundary()  # the step is complete: every rank agrees whether to checkpoint and stop
-        return False
