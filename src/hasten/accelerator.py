@@ -36,7 +36,7 @@ from .parallelism_config import mesh_rank
 from .checkpoint import auto_resume
 from .resilience import preemption
 from .state import AcceleratorState, GradientState, detected_cluster, holds_deepspeed_plugins
-from .training.accumulation import _AccumulationStep
+from .training.accumulation import AccumulationStep
 from .training.compilation import compile_model
 from .training.lomo import is_lomo_optimizer, lomo_backward
 from .training.precision import PrecisionPolicy
@@ -464,7 +464,7 @@ class Accelerator:
 
     def accumulate(self, *models):
         """One micro-step: gradients synchronise (and optimizers step) only on the last of each window."""
-        return _AccumulationStep(self, models)
+        return AccumulationStep(self, models)
 
     def no_sync(self, model):
         """Context in which backward accumulates gradients locally, without all-reducing them."""

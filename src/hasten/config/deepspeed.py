@@ -1,6 +1,7 @@
-"""DeepSpeed settings with Accelerate's names: `DeepSpeedPlugin`, `HfDeepSpeedConfig`, and the filling of a
-DeepSpeed config's `"auto"` values (the placeholders `DummyOptim`/`DummyScheduler` are in `dummies.py`, Ulysses'
-`DeepSpeedSequenceParallelConfig` in `hasten.config.sequence_parallel`).
+"""DeepSpeed settings with Accelerate's names: `DeepSpeedPlugin` and the filling of a DeepSpeed config's `"auto"`
+values (the config itself, `HfDeepSpeedConfig`, is `hasten.config.deepspeed_config`; the placeholders
+`DummyOptim`/`DummyScheduler` are in `backends/deepspeed/dummies.py`, Ulysses' `DeepSpeedSequenceParallelConfig` in
+`hasten.config.sequence_parallel`).
 
 Nothing here imports deepspeed: a plugin can be built, checked and printed on a machine without it.
 

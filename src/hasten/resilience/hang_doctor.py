@@ -36,6 +36,10 @@ How it works:
 
 The report is written to the worker's torchelastic error file; `hasten launch` prints it once, last. Under
 another launcher the rank that wrote the report prints it.
+
+Here: the path of every collective, the checker thread, installing and removing the wrappers. A `Doctor` is also
+made of `hang_verdict.Verdicts` (statuses, the survey, the reports) and `hang_watchdog.Watchdog` (the watchdog
+thread, how a rank leaves); `hang_report` words the report.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ holds back the gradient sync of the models it was given on the others."""
 from __future__ import annotations
 
 
-class _AccumulationStep:
+class AccumulationStep:
     """The `accumulate()` context. A plain class, not a generator: it runs on every training step."""
 
     __slots__ = ("accelerator", "models", "entered")
@@ -37,3 +37,6 @@ class _AccumulationStep:
         if preemption is not None and exc_info[0] is None and self.accelerator.gradient_state.sync_gradients:
             preemption.at_step_boundary()  # the step is complete: every rank agrees whether to checkpoint and stop
         return False
+
+
+__all__ = ["AccumulationStep"]
