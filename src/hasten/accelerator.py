@@ -16,7 +16,7 @@ from .backends import create_backend
 from .plan import make_run_plan
 from .backends.unwrap import is_compiled
 from .big_model.bnb_params import quantized_model_placement
-from .config import accelerator_args, megatron
+from .config import accelerator_args
 from .config.handlers import (
     AutocastKwargs,
     DataLoaderConfiguration,
@@ -265,12 +265,10 @@ class Accelerator:
         models = [(i, o) for i, o in enumerate(args) if isinstance(o, torch.nn.Module)]
         optimizers = [(i, o) for i, o in enumerate(args) if isinstance(o, torch.optim.Optimizer)]
         self.precision.convert_models([o for _, o in models], [o for _, o in optimizers], fsdp2=self.is_fsdp2)
-        if self._backend.accelerate_fsdp2_step:  # Accelerate's FSDP2 step (scripts patch its names)
-            self._prepare_fsdp2(*[o for _, o in models], *[o for _, o in optimizers])
-        self._backend.prepare_together(
-            [o for _, o in models], [o for _, o in optimizers], schedulers=[o for o in args if _is_scheduler(o)],
-            data_loaders=[o for o in args if _is_dataloader(o)], split_batches=self.split_batches,
-            accumulation_steps=self.gradient_accumulation_steps,
+        self._backend.before_prepare(
+            [o for _, o in models], [o for _, o in optimizers], fsdp2_step=self._prepare_fsdp2,
+            schedulers=[o for o in args if _is_scheduler(o)], data_loaders=[o for o in args if _is_dataloader(o)],
+            split_batches=self.split_batches, accumulation_steps=self.gradient_accumulation_steps,
         )
         # Pass 1: everything but schedulers (they must find their wrapped optimizer in pass 2).
         for i, obj in enumerate(args):
@@ -279,11 +277,7 @@ class Accelerator:
         for i, obj in enumerate(args):
             if _is_scheduler(obj):
                 result[i] = self._prepare_one(obj, device_placement[i])
-        if models and self._backend.ulysses_mpu is not None:  # DeepSpeed's Ulysses (Accelerate's)
-            from .backends.deepspeed.ulysses import adapt_loader
-
-            mpu = self._backend.ulysses_mpu
-            result = [adapt_loader(o, self.device, mpu) if _is_dataloader(args[i]) else o for i, o in enumerate(result)]
+        result = self._backend.after_prepare(result, list(args), with_models=bool(models))
         self._resume_when_ready()
         return result[0] if len(result) == 1 else tuple(result)
 
@@ -343,10 +337,7 @@ class Accelerator:
             bnb_runs_on_cpu=lambda: is_bitsandbytes_multi_backend_available() and not is_xpu_available())
         if any(p.is_meta for p in model.parameters()) and device_placement:
             raise ConfigError("prepare() got a model with parameters on the meta device; load its weights first")
-        if self.parallelism_config is not None and self.parallelism_config.native_sp_enabled:
-            from .distributed.sequence_parallel import prepare_model
-
-            prepare_model(model)  # hasten's Ulysses: attention over the whole sequence
+        self._backend.layout_model(model)  # e.g. hasten's Ulysses: attention over the whole sequence
         self.precision.convert_models([model], fsdp2=self.is_fsdp2)
         self.precision.wrap_forward(model)
         model = self._backend.prepare_model(model, device_placement=device_placement, evaluation_mode=evaluation_mode)
@@ -369,8 +360,7 @@ class Accelerator:
         self.has_lomo_optimizer |= is_lomo_optimizer(optimizer)
         self.precision.repoint_optimizer(optimizer)
         wrapped = self._backend.prepare_optimizer(optimizer, device_placement=device_placement, scaler=self.scaler)
-        if self.run_plan.megatron_lm_plugin is not None:
-            megatron.clip_at_step(self.run_plan.megatron_lm_plugin, wrapped, self._backend)
+        self._backend.layout_optimizer(wrapped)  # e.g. Megatron-LM's gradient_clipping before each step
         wrapped._is_accelerate_prepared = True
         self._optimizers.append(wrapped)
         self._resume_when_ready()
@@ -408,10 +398,7 @@ class Accelerator:
             data_seed=config.data_seed, non_blocking=config.non_blocking,
             use_stateful_dataloader=config.use_stateful_dataloader, torch_device_mesh=self.state.device_mesh,
         )
-        if self.parallelism_config is not None and self.parallelism_config.native_sp_enabled:
-            from .data.sequence_shard import shard_loader
-
-            shard_loader(prepared, self.state)  # each sp rank keeps its slice of the sequence
+        self._backend.layout_loader(prepared)  # e.g. each sp rank keeps its slice of the sequence
         prepared._is_accelerate_prepared = True
         self._dataloaders.append(prepared)
         self._resume_when_ready()

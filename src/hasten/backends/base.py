@@ -7,7 +7,9 @@ A backend answers, for its strategy:
 
 - preparing:   `prepare_together`, `prepare_model`, `prepare_optimizer`, `prepare_scheduler` (the last two
                return the objects whose `step`/`zero_grad` the script calls: a backend whose engine steps
-               itself returns wrappers that leave that to the engine)
+               itself returns wrappers that leave that to the engine); around them the layout's own steps,
+               which the facade calls for every run: `before_prepare`, `after_prepare`, `layout_model`,
+               `layout_loader`, `layout_optimizer` (sequence parallelism, Megatron-LM's clipping, Ulysses loaders)
 - precision:   `make_grad_scaler` (from the run's `PrecisionPolicy`, given at construction; a backend whose
                engine applies precision itself replaces `self.precision`, and the facade uses the backend's)
 - accumulation: `accumulation_steps` (agree the Accelerator's steps with the backend's own setting)
@@ -83,6 +85,52 @@ class Backend:
                          accumulation_steps: int = 1) -> None:
         """Hook for backends that must see everything one `prepare` call got at once (sharding, an engine built
         from model, optimizer, scheduler and batch size together); default: nothing."""
+
+    # -- the layout's steps around each object's wrapping (the facade calls them without knowing the layout) ---
+    def before_prepare(self, models: list, optimizers: list, fsdp2_step, **together) -> None:
+        """Everything one `prepare()` call got, before each object is wrapped: Accelerate's FSDP2 step where this
+        backend takes it (`fsdp2_step(*models, *optimizers)`, the facade's `_prepare_fsdp2`: scripts patch its
+        helper names on the accelerator module), then `prepare_together(models, optimizers, **together)`."""
+        if self.accelerate_fsdp2_step:
+            fsdp2_step(*models, *optimizers)
+        self.prepare_together(models, optimizers, **together)
+
+    def after_prepare(self, prepared: list, given: list, with_models: bool) -> list:
+        """What one `prepare()` call returns (`prepared`, in the order of `given`): under DeepSpeed's Ulysses (its
+        engine built with sp groups) the loaders prepared together with a model are adapted to those groups."""
+        if not with_models or self.ulysses_mpu is None:
+            return prepared
+        from .deepspeed.ulysses import adapt_loader
+
+        return [adapt_loader(obj, self.state.device, self.ulysses_mpu)
+                if isinstance(original, torch.utils.data.DataLoader) else obj for obj, original in zip(prepared, given)]
+
+    def layout_model(self, model: torch.nn.Module) -> None:
+        """The layout's steps on a model as the script built it, before precision and wrapping: hasten's Ulysses
+        sequence parallelism (`sp_backend="hasten"`) routes its attention over the whole sequence."""
+        config = self.state.parallelism_config
+        if config is not None and config.native_sp_enabled:
+            from ..distributed.sequence_parallel import prepare_model
+
+            prepare_model(model)
+
+    def layout_loader(self, loader) -> None:
+        """The layout's steps on a prepared loader, in place: under hasten's sequence parallelism each sp rank
+        keeps its slice of the sequence."""
+        config = self.state.parallelism_config
+        if config is not None and config.native_sp_enabled:
+            from ..data.sequence_shard import shard_loader
+
+            shard_loader(loader, self.state)
+
+    def layout_optimizer(self, optimizer) -> None:
+        """The layout's steps on a prepared optimizer: a Megatron-LM plugin's `gradient_clipping` clips the
+        global norm (through this backend) before each step, as Megatron-LM's train step does."""
+        plugin = self.plan.megatron_lm_plugin
+        if plugin is not None:
+            from ..config.megatron import clip_at_step
+
+            clip_at_step(plugin, optimizer, self)
 
     def free_memory(self) -> None:
         """Release what the backend holds for prepared objects (`accelerator.free_memory()`)."""
