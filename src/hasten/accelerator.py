@@ -489,8 +489,7 @@ class Accelerator:
         if self.scaler is not None and not self.sync_gradients:
             return None
         self.unscale_gradients()
-        # torch's fused (foreach) clamp refuses a mix of DTensor and plain gradients (tensor parallel layouts)
-        torch.nn.utils.clip_grad_value_(parameters, clip_value, foreach=self._backend.clip_value_foreach)
+        self._backend.clip_grad_value_(parameters, clip_value)
 
     # -- collectives and process control --------------------------------------------------------------------
     def gather(self, tensor):

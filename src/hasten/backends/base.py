@@ -15,7 +15,7 @@ A backend answers, for its strategy:
 - accumulation: `accumulation_steps` (agree the Accelerator's steps with the backend's own setting)
 - one step:    `backward` (gets the raw loss and the accumulation steps: a backend whose engine divides the
                loss itself skips the division), `no_sync`, `trigger_sync_in_backward`, `clip_grad_norm_`,
-               `supports_clip_grad_value`
+               `clip_grad_value_` where `supports_clip_grad_value`
 - checkpoints: `save_model_and_optimizer` / `load_model_and_optimizer` (the model and optimizer files of a
                `save_state` folder: safetensors/bin here, DCP folders for FSDP, an engine's own files for
                DeepSpeed), and `full_state_dict` (`save_model`, `get_state_dict`)
@@ -188,6 +188,11 @@ class Backend:
 
     def clip_grad_norm_(self, parameters, max_norm: float, norm_type: float = 2.0):
         return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+
+    def clip_grad_value_(self, parameters, clip_value: float) -> None:
+        """Clamp every gradient to [-clip_value, clip_value] (the facade asks `supports_clip_grad_value` first)."""
+        # torch's fused (foreach) clamp refuses a mix of DTensor and plain gradients (tensor parallel layouts)
+        torch.nn.utils.clip_grad_value_(parameters, clip_value, foreach=self.clip_value_foreach)
 
     # -- checkpoints ----------------------------------------------------------------------------------------
     def check_save_kwargs(self, save_model_func_kwargs: dict) -> None:
