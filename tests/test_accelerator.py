@@ -318,3 +318,38 @@ def test_lomo_optimizer_is_detected_and_its_fused_backward_runs():
     assert accelerator.has_lomo_optimizer is True and module is not None
     accelerator.backward(model(torch.ones(1, 2)).sum(), learning_rate=0.5)
     assert calls == [0.5] and model.weight.grad is not None
+
+
+# What only a layout knows (issue 39): the facade hands every such decision to the backend, built from the plan.
+_LAYOUT_ATTRIBUTES = {"native_sp_enabled", "sp_size", "sp_backend", "megatron_lm_plugin", "ulysses_mpu",
+                      "accelerate_fsdp2_step"}
+_LAYOUT_MODULES = {"megatron", "sequence_parallel", "sequence_shard"}
+_LAYOUT_TYPES = {"FSDP", "DEEPSPEED", "MEGATRON_LM", "XLA"}
+
+
+def test_the_facade_has_no_layout_branch():
+    """accelerator.py never asks which layout or backend it runs: no sequence-parallel, Megatron-LM, Ulysses or FSDP2
+    test, no distributed type of a backend, no probing of the backend by getattr/hasattr/isinstance/name."""
+    import ast
+    import pathlib
+
+    import hasten.accelerator
+
+    tree = ast.parse(pathlib.Path(hasten.accelerator.__file__).read_text())
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in _LAYOUT_ATTRIBUTES:
+            found.append(f"line {node.lineno}: .{node.attr}")
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "DistributedType" \
+                and node.attr in _LAYOUT_TYPES:
+            found.append(f"line {node.lineno}: DistributedType.{node.attr}")
+        if isinstance(node, ast.ImportFrom):
+            names = {(node.module or "").rsplit(".", 1)[-1]} | {alias.name for alias in node.names}
+            found += [f"line {node.lineno}: imports {name}" for name in sorted(names & _LAYOUT_MODULES)]
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                and node.func.id in ("getattr", "hasattr", "isinstance") and node.args \
+                and "_backend" in ast.unparse(node.args[0]):
+            found.append(f"line {node.lineno}: {ast.unparse(node)}")
+        if isinstance(node, ast.Compare) and "_backend.name" in ast.unparse(node):
+            found.append(f"line {node.lineno}: {ast.unparse(node)}")
+    assert found == [], found

@@ -16,7 +16,7 @@ from .backends import create_backend
 from .plan import make_run_plan
 from .backends.unwrap import is_compiled
 from .big_model.bnb_params import quantized_model_placement
-from .config import accelerator_args, megatron
+from .config import accelerator_args
 from .config.handlers import (
     AutocastKwargs,
     DataLoaderConfiguration,
@@ -36,6 +36,7 @@ from .parallelism_config import mesh_rank
 from .checkpoint import auto_resume
 from .resilience import preemption
 from .state import AcceleratorState, GradientState, detected_cluster, holds_deepspeed_plugins
+from .training.accumulation import AccumulationStep
 from .training.compilation import compile_model
 from .training.lomo import is_lomo_optimizer, lomo_backward
 from .training.precision import PrecisionPolicy
@@ -264,12 +265,10 @@ class Accelerator:
         models = [(i, o) for i, o in enumerate(args) if isinstance(o, torch.nn.Module)]
         optimizers = [(i, o) for i, o in enumerate(args) if isinstance(o, torch.optim.Optimizer)]
         self.precision.convert_models([o for _, o in models], [o for _, o in optimizers], fsdp2=self.is_fsdp2)
-        if self._backend.accelerate_fsdp2_step:  # Accelerate's FSDP2 step (scripts patch its names)
-            self._prepare_fsdp2(*[o for _, o in models], *[o for _, o in optimizers])
-        self._backend.prepare_together(
-            [o for _, o in models], [o for _, o in optimizers], schedulers=[o for o in args if _is_scheduler(o)],
-            data_loaders=[o for o in args if _is_dataloader(o)], split_batches=self.split_batches,
-            accumulation_steps=self.gradient_accumulation_steps,
+        self._backend.before_prepare(
+            [o for _, o in models], [o for _, o in optimizers], fsdp2_step=self._prepare_fsdp2,
+            schedulers=[o for o in args if _is_scheduler(o)], data_loaders=[o for o in args if _is_dataloader(o)],
+            split_batches=self.split_batches, accumulation_steps=self.gradient_accumulation_steps,
         )
         # Pass 1: everything but schedulers (they must find their wrapped optimizer in pass 2).
         for i, obj in enumerate(args):
@@ -278,11 +277,7 @@ class Accelerator:
         for i, obj in enumerate(args):
             if _is_scheduler(obj):
                 result[i] = self._prepare_one(obj, device_placement[i])
-        if models and self._backend.ulysses_mpu is not None:  # DeepSpeed's Ulysses (Accelerate's)
-            from .backends.deepspeed.ulysses import adapt_loader
-
-            mpu = self._backend.ulysses_mpu
-            result = [adapt_loader(o, self.device, mpu) if _is_dataloader(args[i]) else o for i, o in enumerate(result)]
+        result = self._backend.after_prepare(result, list(args), with_models=bool(models))
         self._resume_when_ready()
         return result[0] if len(result) == 1 else tuple(result)
 
@@ -342,10 +337,7 @@ class Accelerator:
             bnb_runs_on_cpu=lambda: is_bitsandbytes_multi_backend_available() and not is_xpu_available())
         if any(p.is_meta for p in model.parameters()) and device_placement:
             raise ConfigError("prepare() got a model with parameters on the meta device; load its weights first")
-        if self.parallelism_config is not None and self.parallelism_config.native_sp_enabled:
-            from .distributed.sequence_parallel import prepare_model
-
-            prepare_model(model)  # hasten's Ulysses: attention over the whole sequence
+        self._backend.layout_model(model)  # e.g. hasten's Ulysses: attention over the whole sequence
         self.precision.convert_models([model], fsdp2=self.is_fsdp2)
         self.precision.wrap_forward(model)
         model = self._backend.prepare_model(model, device_placement=device_placement, evaluation_mode=evaluation_mode)
@@ -368,8 +360,7 @@ class Accelerator:
         self.has_lomo_optimizer |= is_lomo_optimizer(optimizer)
         self.precision.repoint_optimizer(optimizer)
         wrapped = self._backend.prepare_optimizer(optimizer, device_placement=device_placement, scaler=self.scaler)
-        if self.run_plan.megatron_lm_plugin is not None:
-            megatron.clip_at_step(self.run_plan.megatron_lm_plugin, wrapped, self._backend)
+        self._backend.layout_optimizer(wrapped)  # e.g. Megatron-LM's gradient_clipping before each step
         wrapped._is_accelerate_prepared = True
         self._optimizers.append(wrapped)
         self._resume_when_ready()
@@ -407,10 +398,7 @@ class Accelerator:
             data_seed=config.data_seed, non_blocking=config.non_blocking,
             use_stateful_dataloader=config.use_stateful_dataloader, torch_device_mesh=self.state.device_mesh,
         )
-        if self.parallelism_config is not None and self.parallelism_config.native_sp_enabled:
-            from .data.sequence_shard import shard_loader
-
-            shard_loader(prepared, self.state)  # each sp rank keeps its slice of the sequence
+        self._backend.layout_loader(prepared)  # e.g. each sp rank keeps its slice of the sequence
         prepared._is_accelerate_prepared = True
         self._dataloaders.append(prepared)
         self._resume_when_ready()
@@ -419,15 +407,9 @@ class Accelerator:
     def deepspeed_ulysses_dl_adapter(self, dl, model):
         """`UlyssesSPDataLoaderAdapter` around a loader prepared apart from the model (call it after preparing the
         model, as the Trainer does); the loader itself when sp_size is 1."""
-        config = self.parallelism_config
-        if config is None or config.sp_size == 1:
-            return dl
-        if config.native_sp_enabled:
-            raise ConfigError("deepspeed_ulysses_dl_adapter is DeepSpeed's (sp_backend='deepspeed'); with "
-                              "sp_backend='hasten' prepared loaders are cut already; fix: use the prepared loader")
-        from .backends.deepspeed.ulysses import adapt_loader
+        from .backends.deepspeed.ulysses import dl_adapter
 
-        return adapt_loader(dl, model.device)
+        return dl_adapter(self.parallelism_config, dl, model)
 
     def skip_first_batches(self, dataloader, num_batches: int = 0):
         from .data_loader import skip_first_batches
@@ -469,7 +451,7 @@ class Accelerator:
 
     def accumulate(self, *models):
         """One micro-step: gradients synchronise (and optimizers step) only on the last of each window."""
-        return _AccumulationStep(self, models)
+        return AccumulationStep(self, models)
 
     def no_sync(self, model):
         """Context in which backward accumulates gradients locally, without all-reducing them."""
@@ -507,8 +489,7 @@ class Accelerator:
         if self.scaler is not None and not self.sync_gradients:
             return None
         self.unscale_gradients()
-        # torch's fused (foreach) clamp refuses a mix of DTensor and plain gradients (tensor parallel layouts)
-        torch.nn.utils.clip_grad_value_(parameters, clip_value, foreach=self._backend.clip_value_foreach)
+        self._backend.clip_grad_value_(parameters, clip_value)
 
     # -- collectives and process control --------------------------------------------------------------------
     def gather(self, tensor):
@@ -569,31 +550,12 @@ class Accelerator:
             return functools.partial(self.on_local_process, local_process_index=local_process_index)
         return self._run_if(lambda: self.local_process_index == local_process_index, function)
 
-    @contextlib.contextmanager
     def join_uneven_inputs(self, joinables, even_batches=None):
         """Let processes with fewer batches finish early (DDP on several devices or CPU processes; a no-op
         elsewhere, with Accelerate's warning)."""
-        # Unlike Accelerate, MULTI_CPU joins too: there Accelerate does nothing, and the process with the extra
-        # batch waits forever in DDP's gradient all-reduce (its test_distributed_data_loop hangs on CPU).
-        if not (self.multi_device or (self.use_distributed and self.distributed_type == DistributedType.MULTI_CPU)):
-            if self.use_distributed:
-                warnings.warn("Joining uneven inputs is only supported for multi-GPU training, as a result "
-                              "`join_uneven_inputs` will have no effect.", stacklevel=3)
-            yield
-            return
-        from torch.distributed.algorithms.join import Join
+        from .data.join import join_uneven_inputs
 
-        from .data.metrics import override_even_batches
-
-        saved = self.even_batches
-        loaders = self._dataloaders if even_batches is not None else ()  # only an override touches the loaders
-        if even_batches is not None:
-            self.even_batches = even_batches
-        try:
-            with override_even_batches(loaders, self.even_batches), Join(joinables, enable=not self.even_batches):
-                yield
-        finally:
-            self.even_batches = saved
+        return join_uneven_inputs(self, joinables, even_batches)
 
     def set_trigger(self):
         self.flag_tensor = torch.tensor(1, device=self.device)
@@ -751,37 +713,3 @@ class Accelerator:
     def __deepcopy__(self, memo):
         return self
 
-
-class _AccumulationStep:
-    """The `accumulate()` context. A plain class, not a generator: it runs on every training step."""
-
-    __slots__ = ("accelerator", "models", "entered")
-
-    def __init__(self, accelerator: Accelerator, models):
-        self.accelerator = accelerator
-        self.models = models
-        self.entered = ()
-
-    def __enter__(self):
-        accelerator = self.accelerator
-        accelerator._do_sync()
-        # Only several processes have a gradient sync to hold back (no_sync is a no-op in one).
-        if not accelerator._holds_back_sync or not self.models:
-            return None
-        state = accelerator.gradient_state
-        if state.sync_gradients or state.sync_each_batch:
-            return None
-        self.entered = [accelerator.no_sync(model) for model in self.models]
-        for context in self.entered:
-            context.__enter__()
-        return None
-
-    def __exit__(self, *exc_info):
-        if self.entered:
-            for context in reversed(self.entered):
-                context.__exit__(*exc_info)
-            self.entered = ()
-        preemption = self.accelerator._preemption
-        if preemption is not None and exc_info[0] is None and self.accelerator.gradient_state.sync_gradients:
-            preemption.at_step_boundary()  # the step is complete: every rank agrees whether to checkpoint and stop
-        return False

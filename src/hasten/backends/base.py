@@ -7,13 +7,15 @@ A backend answers, for its strategy:
 
 - preparing:   `prepare_together`, `prepare_model`, `prepare_optimizer`, `prepare_scheduler` (the last two
                return the objects whose `step`/`zero_grad` the script calls: a backend whose engine steps
-               itself returns wrappers that leave that to the engine)
+               itself returns wrappers that leave that to the engine); around them the layout's own steps,
+               which the facade calls for every run: `before_prepare`, `after_prepare`, `layout_model`,
+               `layout_loader`, `layout_optimizer` (sequence parallelism, Megatron-LM's clipping, Ulysses loaders)
 - precision:   `make_grad_scaler` (from the run's `PrecisionPolicy`, given at construction; a backend whose
                engine applies precision itself replaces `self.precision`, and the facade uses the backend's)
 - accumulation: `accumulation_steps` (agree the Accelerator's steps with the backend's own setting)
 - one step:    `backward` (gets the raw loss and the accumulation steps: a backend whose engine divides the
                loss itself skips the division), `no_sync`, `trigger_sync_in_backward`, `clip_grad_norm_`,
-               `supports_clip_grad_value`
+               `clip_grad_value_` where `supports_clip_grad_value`
 - checkpoints: `save_model_and_optimizer` / `load_model_and_optimizer` (the model and optimizer files of a
                `save_state` folder: safetensors/bin here, DCP folders for FSDP, an engine's own files for
                DeepSpeed), and `full_state_dict` (`save_model`, `get_state_dict`)
@@ -84,6 +86,52 @@ class Backend:
         """Hook for backends that must see everything one `prepare` call got at once (sharding, an engine built
         from model, optimizer, scheduler and batch size together); default: nothing."""
 
+    # -- the layout's steps around each object's wrapping (the facade calls them without knowing the layout) ---
+    def before_prepare(self, models: list, optimizers: list, fsdp2_step, **together) -> None:
+        """Everything one `prepare()` call got, before each object is wrapped: Accelerate's FSDP2 step where this
+        backend takes it (`fsdp2_step(*models, *optimizers)`, the facade's `_prepare_fsdp2`: scripts patch its
+        helper names on the accelerator module), then `prepare_together(models, optimizers, **together)`."""
+        if self.accelerate_fsdp2_step:
+            fsdp2_step(*models, *optimizers)
+        self.prepare_together(models, optimizers, **together)
+
+    def after_prepare(self, prepared: list, given: list, with_models: bool) -> list:
+        """What one `prepare()` call returns (`prepared`, in the order of `given`): under DeepSpeed's Ulysses (its
+        engine built with sp groups) the loaders prepared together with a model are adapted to those groups."""
+        if not with_models or self.ulysses_mpu is None:
+            return prepared
+        from .deepspeed.ulysses import adapt_loader
+
+        return [adapt_loader(obj, self.state.device, self.ulysses_mpu)
+                if isinstance(original, torch.utils.data.DataLoader) else obj for obj, original in zip(prepared, given)]
+
+    def layout_model(self, model: torch.nn.Module) -> None:
+        """The layout's steps on a model as the script built it, before precision and wrapping: hasten's Ulysses
+        sequence parallelism (`sp_backend="hasten"`) routes its attention over the whole sequence."""
+        config = self.state.parallelism_config
+        if config is not None and config.native_sp_enabled:
+            from ..distributed.sequence_parallel import prepare_model
+
+            prepare_model(model)
+
+    def layout_loader(self, loader) -> None:
+        """The layout's steps on a prepared loader, in place: under hasten's sequence parallelism each sp rank
+        keeps its slice of the sequence."""
+        config = self.state.parallelism_config
+        if config is not None and config.native_sp_enabled:
+            from ..data.sequence_shard import shard_loader
+
+            shard_loader(loader, self.state)
+
+    def layout_optimizer(self, optimizer) -> None:
+        """The layout's steps on a prepared optimizer: a Megatron-LM plugin's `gradient_clipping` clips the
+        global norm (through this backend) before each step, as Megatron-LM's train step does."""
+        plugin = self.plan.megatron_lm_plugin
+        if plugin is not None:
+            from ..config.megatron import clip_at_step
+
+            clip_at_step(plugin, optimizer, self)
+
     def free_memory(self) -> None:
         """Release what the backend holds for prepared objects (`accelerator.free_memory()`)."""
 
@@ -140,6 +188,11 @@ class Backend:
 
     def clip_grad_norm_(self, parameters, max_norm: float, norm_type: float = 2.0):
         return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+
+    def clip_grad_value_(self, parameters, clip_value: float) -> None:
+        """Clamp every gradient to [-clip_value, clip_value] (the facade asks `supports_clip_grad_value` first)."""
+        # torch's fused (foreach) clamp refuses a mix of DTensor and plain gradients (tensor parallel layouts)
+        torch.nn.utils.clip_grad_value_(parameters, clip_value, foreach=self.clip_value_foreach)
 
     # -- checkpoints ----------------------------------------------------------------------------------------
     def check_save_kwargs(self, save_model_func_kwargs: dict) -> None:

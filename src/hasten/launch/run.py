@@ -125,7 +125,7 @@ def _run_distributed(args, plan: LaunchPlan) -> int:
     )
     entrypoint, entry_args = _target_command(args)
     # Debug mode's hang doctor leaves its report in the workers' error files for the launcher to print, once.
-    from ..resilience.hang_doctor import LAUNCHER_VARIABLE
+    from ..resilience.hang_verdict import LAUNCHER_VARIABLE
 
     os.environ[LAUNCHER_VARIABLE] = "1"
     from ..resilience.orphans import launcher_environment  # workers end with this process (resilience/orphans.py)
@@ -266,7 +266,7 @@ def _describe_failures(error) -> str:
 
 def _hang_report(error) -> str | None:
     """The hang doctor's report (debug mode) from the failed workers' error files: the root failure's first."""
-    from ..resilience.hang_doctor import REPORT_KEY
+    from ..resilience.hang_verdict import REPORT_KEY
 
     failures = getattr(error, "failures", {}) or {}
     reports = []

@@ -36,13 +36,16 @@ How it works:
 
 The report is written to the worker's torchelastic error file; `hasten launch` prints it once, last. Under
 another launcher the rank that wrote the report prints it.
+
+Here: the path of every collective, the checker thread, installing and removing the wrappers. A `Doctor` is also
+made of `hang_verdict.Verdicts` (statuses, the survey, the reports) and `hang_watchdog.Watchdog` (the watchdog
+thread, how a rank leaves); `hang_report` words the report.
 """
 
 from __future__ import annotations
 
 import atexit
 import functools
-import json
 import os
 import sys
 import threading
@@ -50,26 +53,15 @@ import time
 from collections import deque
 
 from ..core.errors import HangDetectedError
-from .call_sites import call_site, short, skip_prefixes, stack_lines
+from .call_sites import call_site, skip_prefixes
 from . import liveness
 from .completion import completion_marker, is_finished
-from .hang_report import (
-    DESCRIBE,
-    TERMINAL,
-    at,
-    calls_at,
-    divergence_headline,
-    format_report,
-    left_headline,
-    render,
-    timeout_headline,
-)
+from .hang_report import DESCRIBE, render
+from .hang_verdict import LAUNCHER_VARIABLE, Verdicts
+from .hang_watchdog import Watchdog
 
 __all__ = ["HangDetectedError", "WRAPPED", "active", "call_site", "install", "uninstall", "watch"]
 
-POLL = 0.2  # seconds between two looks of the watchdog at the store
-REPORT_KEY = "hasten_report"  # where the report sits in a torchelastic error file (read by `hasten launch`)
-LAUNCHER_VARIABLE = "HASTEN_LAUNCHER_PRINTS_REPORT"  # set by `hasten launch`: it prints the report itself
 _SEP = "\x1f"
 CHECK_EVERY = 0.05  # seconds between two passes of the checker thread (each pass: one store request per group)
 _CHUNK = 64  # collectives per store key of a group's reference fingerprints
@@ -86,7 +78,6 @@ def active() -> bool:
 
 
 WRAPPED = tuple(DESCRIBE)  # the torch.distributed functions the doctor watches while it is on
-QUEUED_SHARE = 0.9  # a queued collective is reported at this share of the collective timeout (see Doctor._limit)
 
 
 # -- the doctor ----------------------------------------------------------------------------------------------
@@ -114,7 +105,7 @@ class _Entry:
         return [self.group, self.seq, self.name, self.detail, self.site, self.since]
 
 
-class Doctor:
+class Doctor(Verdicts, Watchdog):
     def __init__(self, store, watch_store, rank: int, world_size: int, timeout: float, wait: float,
                  check_store=None):
         self.store, self.watch_store = store, watch_store
@@ -346,234 +337,6 @@ class Doctor:
             print(f"hasten hang doctor: rank {self.rank} {why}; collectives are no longer checked", file=sys.stderr,
                   flush=True)
 
-    # -- where every rank is ------------------------------------------------------------------------------------
-    def _status(self, answer: int) -> dict:
-        with self.lock:
-            entry = self.inside.get(self.main)
-            seqs = dict(self.seqs)
-            history = [e.as_list() for e in self.history]
-        entry = entry or self.unfinished()  # a collective the backend still has not completed
-        status = {"rank": self.rank, "state": self.state, "answer": answer, "seqs": seqs, "history": history,
-                  "error": self.error, "time": time.time()}
-        if self.state in TERMINAL:
-            status["stack"] = getattr(self, "final_stack", [])
-        else:
-            frame = sys._current_frames().get(self.main)
-            status["stack"] = stack_lines(frame) if frame is not None else []
-            if entry is not None:
-                status["state"] = "collective"
-                status["entry"] = entry.as_list()
-        return status
-
-    def _post(self, store, answer: int) -> None:
-        store.set(f"s/{self.rank}", json.dumps(self._status(answer)))
-
-    def survey(self, store) -> dict:
-        """Ask every rank where it is; {rank: status} of those that answered within the wait."""
-        ask = store.add("events", 1)
-        self._post(store, ask)
-        keys = [f"s/{rank}" for rank in range(self.world_size)]
-        answers = {}
-        deadline = time.monotonic() + self.wait
-        while True:
-            for rank, key in enumerate(keys):
-                if rank in answers or not store.check([key]):
-                    continue
-                status = json.loads(store.get(key))
-                if status["answer"] >= ask or status["state"] in TERMINAL:
-                    answers[rank] = status
-            if len(answers) == self.world_size or time.monotonic() > deadline:
-                return answers
-            time.sleep(0.05)
-
-    # -- reports ------------------------------------------------------------------------------------------------
-    def _report_divergence(self, entry, statuses, known=None, raise_here=False) -> bool:
-        """Publish a report if the ranks called different collectives at `entry`'s number; True if one was.
-
-        Each rank's call comes from its status (the collective it waits in, or its history when it passed it);
-        `known` adds calls read from the store (the reference rank's).
-        """
-        calls = {self.rank: (entry.name, entry.detail, entry.site)}
-        calls.update(known or {})
-        for rank, call in calls_at(statuses, entry.group, entry.seq).items():
-            calls.setdefault(rank, call)
-        if len({call[:2] for call in calls.values()}) < 2:
-            return False
-        headline, diverging = divergence_headline(calls, entry.group, entry.seq)
-        self._publish(headline, diverging, statuses, raise_here=raise_here, collective=(entry.group, entry.seq))
-        return True
-
-    def after_error(self, entry, error) -> None:
-        """A collective raised (mismatched sizes, timeout, lost peer): report a divergence, a rank that left
-        before it, or the timeout; otherwise the error goes on as it is."""
-        import torch.distributed as dist
-
-        if not dist.is_initialized():
-            return
-        # gloo raises at once on some mismatches: let the checker compare this collective first.
-        self.flush(self.wait)
-        text = str(error).lower()
-        timed_out = "timed out" in text or "timeout" in text
-        with self.report_lock:
-            if self._published() is not None:
-                self._raise_published()
-            statuses = self.survey(self._s())
-            if self._report_divergence(entry, statuses, raise_here=True):
-                return
-            if self._left_report(entry, statuses, raise_here=True):
-                return
-            if timed_out:
-                self._timeout_report(entry, statuses, raise_here=True)
-
-    def _left_report(self, entry, statuses, raise_here) -> bool:
-        """Publish a report if a rank left (returned or raised) before reaching `entry`; True if one was."""
-        members = self.members.get(entry.group, ())
-        gone = [r for r, s in sorted(statuses.items()) if r != self.rank and r in members
-                and s["state"] in TERMINAL and s["seqs"].get(entry.group, 0) < entry.seq]
-        if not gone:
-            return False
-        headline = left_headline(gone[0], statuses[gone[0]], self.rank, entry)
-        self._publish(headline, gone, statuses, raise_here=raise_here, kind="left")
-        return True
-
-    def _timeout_report(self, entry, statuses, raise_here) -> None:
-        missing = [r for r in self.members.get(entry.group, range(self.world_size))
-                   if r != self.rank and not at(statuses.get(r), entry.group, entry.seq)]
-        looks = {rank: liveness.look(self._s(), rank) for rank in missing if rank not in statuses}
-        self.to_wake = [ident for _, ident in looks.values() if ident is not None]
-        headline = timeout_headline(entry, missing, statuses, self.rank, self.timeout,
-                                    {rank: words for rank, (words, _) in looks.items()})
-        self._publish(headline, missing or [self.rank], statuses, raise_here=raise_here, kind="timeout")
-
-    def _published(self):
-        try:
-            store = self._s()
-            if store.check(["verdict"]):
-                return json.loads(store.get("verdict"))
-        except Exception:  # noqa: BLE001
-            return None
-        return None
-
-    def _publish(self, headline, diverging, statuses, raise_here, kind="diverged", collective=None) -> None:
-        report = format_report(headline, statuses, self.world_size, kind, collective)
-        if kind == "timeout":  # a collective nobody left can be the network: say which interface gloo took
-            from ..core.env import gloo_interface_words
-
-            report = report.replace("\nFix: ", f"\nNetwork: {gloo_interface_words()}.\nFix: ", 1)
-        value = json.dumps({"report": report, "headline": headline, "diverging": list(diverging),
-                            "by": self.rank})
-        try:
-            store = self._s()
-            stored = store.compare_set("verdict", "", value).decode()
-            store.add("events", 1)
-        except Exception:  # noqa: BLE001
-            stored = value
-        for ident in self.to_wake:  # a stopped rank: its watchdog can obey the report only once it runs
-            liveness.wake(ident)
-        verdict = json.loads(stored)
-        if raise_here:
-            self._raise(verdict)
-        self.stop(verdict)
-
-    def _raise_published(self):
-        self._raise(self._published())
-
-    def _raise(self, verdict) -> None:
-        self.raising_since = time.monotonic()
-        self._write_error_file(verdict)
-        error = HangDetectedError(verdict["headline"] + " (hasten hang doctor, debug mode: full report below)")
-        error.hasten_report = verdict["report"]
-        error.hasten_peer_loss = self.rank not in verdict["diverging"]
-        error.hasten_reporter = verdict["by"] == self.rank
-        raise error
-
-    def stop(self, verdict) -> None:
-        """End this process with the published report (its main thread is stuck, or elsewhere)."""
-        self._write_error_file(verdict)
-        if verdict["by"] == self.rank and not os.environ.get(LAUNCHER_VARIABLE):
-            print(verdict["report"], file=sys.stderr, flush=True)
-        else:
-            print(f"hasten hang doctor: rank {self.rank} stopped: {verdict['headline']}", file=sys.stderr,
-                  flush=True)
-        sys.stdout.flush()
-        os._exit(1)
-
-    def _write_error_file(self, verdict) -> None:
-        path = os.environ.get("TORCHELASTIC_ERROR_FILE")
-        if not path:
-            return
-        now = time.time()
-        data = {"message": {"message": f"HangDetectedError: {verdict['headline']}", "extraInfo": {
-            "py_callstack": verdict["report"], "timestamp": str(int(now)), "hasten_time": repr(now),
-            "hasten_peer_loss": self.rank not in verdict["diverging"], REPORT_KEY: verdict["report"]}}}
-        try:
-            with open(path, "w") as file:
-                json.dump(data, file)
-        except OSError:
-            pass
-
-    # -- the watchdog thread ------------------------------------------------------------------------------------
-    def _watch(self) -> None:
-        store = self.watch_store
-        seen, posted = 0, 0.0
-        verdict = None
-        while not self.stopped.wait(POLL):
-            try:
-                events = store.add("events", 0)
-                if events == seen and time.monotonic() - posted >= liveness.HEARTBEAT:
-                    posted = time.monotonic()  # where this rank is, left for a report if it freezes
-                    self._post(store, seen)
-                if events != seen:
-                    seen, posted = events, time.monotonic()
-                    self._post(store, events)
-                    verdict = verdict or self._published()
-                    if verdict is None:
-                        self._look_for_leavers(store)
-                if verdict is not None:
-                    self._obey(verdict)
-                    continue
-                entry = self.waiting_in()
-                if entry is not None and time.time() - entry.since >= self._limit(entry):
-                    with self.report_lock:
-                        if self.waiting_in() is entry and self._published() is None:
-                            self._timeout_report(entry, self.survey(store), raise_here=False)
-                if self.cleaners:
-                    self._clean(store)
-            except (RuntimeError, OSError):  # torch's store errors: the store is gone (the run is ending)
-                return
-            except Exception as error:  # noqa: BLE001 - a fault of the doctor's own: said, never hidden
-                print(f"hasten hang doctor: rank {self.rank}'s watchdog stopped ({type(error).__name__}: {error}); "
-                      "hangs are no longer reported", file=sys.stderr, flush=True)
-                return
-
-    def _limit(self, entry) -> float:
-        """Seconds after which `entry` counts as hung. A queued collective is reported at 90 % of the timeout:
-        at the timeout itself NCCL's own watchdog aborts the process, and the report must be written first."""
-        return QUEUED_SHARE * self.timeout if entry.queued else self.timeout
-
-    def _look_for_leavers(self, store) -> None:
-        """If this rank waits for a collective and a rank has left, report when it left before it."""
-        entry = self.waiting_in()
-        if entry is None:
-            return
-        left = []
-        for rank in range(self.world_size):
-            if rank != self.rank and store.check([f"s/{rank}"]):
-                if json.loads(store.get(f"s/{rank}"))["state"] in TERMINAL:
-                    left.append(rank)
-        if left and self.checked != (entry, tuple(left)):
-            self.checked = (entry, tuple(left))
-            with self.report_lock:
-                if self._published() is None:
-                    self._left_report(entry, self.survey(store), raise_here=False)
-
-    def _obey(self, verdict) -> None:
-        # The main thread raising the report itself ends the process its own way; give it time to do so.
-        if self.raising_since is not None and time.monotonic() - self.raising_since < self.wait + 5:
-            return
-        with self.report_lock:
-            self.stop(verdict)
-
     def _clean(self, store) -> None:
         # The cleaner of a group is its reference rank; it follows what its checker posted. A chunk is deleted
         # long after every rank compared it (no checker lags more than _MAX_PENDING collectives behind).
@@ -584,47 +347,6 @@ class Doctor:
             for old in range(done + 1, (seq - 1) // _CHUNK - _KEEP_CHUNKS + 1):
                 store.delete_key(f"c/{key}/{old}")
                 self.cleaned[key] = old
-
-    # -- how a rank leaves --------------------------------------------------------------------------------------
-    def on_uncaught(self, kind, value, tb) -> None:
-        if isinstance(value, HangDetectedError) or self.state in TERMINAL:
-            return
-        frames = []
-        while tb is not None:
-            frames.append(tb)
-            tb = tb.tb_next
-        user = [t for t in frames if not t.tb_frame.f_code.co_filename.startswith(skip_prefixes())]
-        where = user[-1] if user else (frames[-1] if frames else None)
-        site = f" at {short(where.tb_frame.f_code.co_filename)}:{where.tb_lineno}" if where else ""
-        message = (str(value).strip().splitlines() or [""])[0][:200]
-        self.error = f"{kind.__name__}: {message}{site}"
-        self.final_stack = [f"{short(t.tb_frame.f_code.co_filename)}:{t.tb_lineno} in {t.tb_frame.f_code.co_name}"
-                            for t in user[-8:]]
-        frozen = liveness.after_timeout(self.store, self.rank, self.world_size, value)
-        if frozen:
-            print(f"hasten hang doctor: rank {self.rank}'s collective timed out: {frozen}", file=sys.stderr, flush=True)
-        self._leave_as("raised")
-
-    def on_exit(self) -> None:
-        # A mismatch in the script's last collectives is still reported (bounded: the store may be gone).
-        self.flush(self.wait)
-        if self.state not in TERMINAL:
-            self.final_stack = []
-            self._leave_as("exited")
-        self.stopped.set()
-        self.wake.set()
-        if self.thread.is_alive() and self.thread is not threading.current_thread():
-            self.thread.join(timeout=2 * POLL + 1)
-
-    def _leave_as(self, state: str) -> None:
-        self.state = state
-        if self.broken:
-            return
-        try:
-            self._post(self.store, 0)
-            self.store.add("events", 1)
-        except Exception:  # noqa: BLE001 - the store may be gone at exit
-            pass
 
 
 # -- hasten's own collectives ---------------------------------------------------------------------------------

@@ -82,6 +82,17 @@ def adapt_loader(loader, device, mpu=None):
     return UlyssesSPDataLoaderAdapter(loader, sp_rank=rank, sp_group=group, sp_world_size=size, device=device)
 
 
+def dl_adapter(config, dl, model):
+    """`Accelerator.deepspeed_ulysses_dl_adapter`: `adapt_loader` on DeepSpeed's current groups for a loader prepared
+    apart from the model; the loader itself when the layout `config` has no sequence parallelism."""
+    if config is None or config.sp_size == 1:
+        return dl
+    if config.native_sp_enabled:
+        raise ConfigError("deepspeed_ulysses_dl_adapter is DeepSpeed's (sp_backend='deepspeed'); with "
+                          "sp_backend='hasten' prepared loaders are cut already; fix: use the prepared loader")
+    return adapt_loader(dl, model.device)
+
+
 class EvenLengths:
     """A loader whose batches the ranks of an sp group take at the same time, each padded on the right to the
     longest of them (rounded up to a multiple of the group's size) when their lengths differ.
@@ -119,7 +130,7 @@ class EvenLengths:
             yield batch
 
 
-__all__ = ["EvenLengths", "adapt_loader", "data_parallel_processes", "layout", "register", "true_gradient_loss"]
+__all__ = ["EvenLengths", "adapt_loader", "dl_adapter", "data_parallel_processes", "layout", "register", "true_gradient_loss"]
 
 
 def true_gradient_loss(loss, model):
