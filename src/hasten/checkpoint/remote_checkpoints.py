@@ -97,6 +97,9 @@ def start_save(url: str, automatic: bool, broadcast, rank: int) -> RemoteTarget:
             outcome = ("ok", storage.begin(name, token))
         except (CheckpointError, ConfigError) as error:
             outcome = (type(error).__name__, str(error))
+        except Exception as error:  # noqa: BLE001 - any other failure too, or the other ranks wait in the broadcast
+            outcome = ("CheckpointError", f"save_state({url}) could not start on the storage: "
+                                          f"{type(error).__name__}: {error}")
     outcome = broadcast(outcome)
     if outcome[0] == "ConfigError":
         raise ConfigError(outcome[1])
