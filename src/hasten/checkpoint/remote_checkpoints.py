@@ -55,7 +55,7 @@ def join(root: str, *names: str) -> str:
 
 def _split(url: str):
     parent, _, name = url.rstrip("/").rpartition("/")
-    if not name or "://" not in parent + "/":
+    if not name or not parent.partition("://")[2]:  # s3://bucket alone names no checkpoint inside it
         raise ConfigError(f"{url} names no checkpoint inside a bucket: use s3://bucket/path/checkpoint_name")
     return parent, name
 

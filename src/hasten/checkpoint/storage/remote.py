@@ -178,7 +178,7 @@ class RemoteStorage(Storage):
 
     def _refusal(self, error: BaseException) -> Exception:
         where = self.root
-        kind, text = type(error).__name__, self._scrub(error)
+        kind, text = type(error).__name__, " ".join(self._scrub(error).split())  # one line (botocore's have several)
         if "NoCredentials" in kind or "Unable to locate credentials" in text or "credentials" in text.lower():
             return CheckpointError(f"no credentials to write checkpoints to {where}: give them where the storage "
                                    "library looks (for s3: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, a profile in "
