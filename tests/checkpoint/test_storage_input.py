@@ -1,6 +1,7 @@
-"""Bad input for checkpoints in object storage, said in one line at the first save_state, before training is lost:
-a bad URL, a missing bucket, no credentials, no write permission (moto's IAM simulation denies a user whose policy
-only reads). The secret key never appears in a message, nor in what a launched run prints."""
+"""Bad input for checkpoints in object storage, said in one line before training is lost -- at `prepare()` when
+ProjectConfiguration.project_dir is a URL, else at the first save_state: a bad URL, a missing bucket, no
+credentials, no write permission (moto's IAM simulation denies a user whose policy only reads). The secret key never
+appears in a message, nor in what a launched run prints."""
 
 from __future__ import annotations
 
@@ -55,12 +56,22 @@ def s3(server, monkeypatch, tmp_path):
 
 
 def _first_save(project_dir=None, output_dir=None):
-    """What a training script does up to its first checkpoint: the error, as raised there."""
+    """What a training script does up to its first checkpoint. With a URL as project_dir the error comes from
+    `prepare()`, before any step (the `trained` list stays empty)."""
     accelerator = Accelerator(project_config=ProjectConfiguration(
         project_dir=project_dir, automatic_checkpoint_naming=project_dir is not None))
     model = accelerator.prepare(torch.nn.Linear(4, 4))
+    TRAINED.append(project_dir)
     accelerator.backward(model(torch.randn(2, 4)).sum())
     return accelerator.save_state(output_dir)
+
+
+TRAINED: list = []  # the project_dirs a test got past prepare() with
+
+
+@pytest.fixture(autouse=True)
+def nothing_trained_yet():
+    TRAINED.clear()
 
 
 def _one_line(error) -> str:
@@ -76,11 +87,12 @@ def _one_line(error) -> str:
     ("s3://Not_A_Bucket!/run", CheckpointError, "cannot write checkpoints to s3://Not_A_Bucket!/run/checkpoints: "
                                                 "ParamValidationError"),
 ])
-def test_a_bad_url_is_one_line_at_the_first_save(s3, url, error, words, tmp_path, monkeypatch):
+def test_a_bad_url_is_one_line_at_prepare(s3, url, error, words, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(error) as raised:
         _first_save(project_dir=url)
     assert words in _one_line(raised.value)
+    assert TRAINED == []  # said at prepare(), before any training
     assert not (tmp_path / "s3:").exists()  # a URL typed wrong never becomes a local folder
 
 
@@ -89,10 +101,15 @@ def test_a_bucket_alone_names_no_checkpoint(s3):
         _first_save(output_dir=f"s3://{BUCKET}")
 
 
-def test_a_missing_bucket_is_one_line(s3):
+def test_a_missing_bucket_is_one_line_at_prepare_or_at_the_first_save(s3):
     with pytest.raises(CheckpointError) as raised:
         _first_save(project_dir="s3://no-such-bucket-here/run")
     assert _one_line(raised.value).startswith("bucket or container 'no-such-bucket-here' does not exist")
+    assert TRAINED == []
+    with pytest.raises(CheckpointError) as raised:  # no project_dir: the first save_state(url) says it
+        _first_save(output_dir="s3://no-such-bucket-here/run/checkpoint_0")
+    assert _one_line(raised.value).startswith("bucket or container 'no-such-bucket-here' does not exist")
+    assert TRAINED == [None]
 
 
 def test_no_credentials_is_one_line(s3, monkeypatch):
@@ -104,6 +121,7 @@ def test_no_credentials_is_one_line(s3, monkeypatch):
     with pytest.raises(CheckpointError) as raised:
         _first_save(project_dir=f"s3://{BUCKET}/no-credentials")
     assert _one_line(raised.value).startswith(f"no credentials to write checkpoints to s3://{BUCKET}/no-credentials/")
+    assert TRAINED == []
 
 
 @pytest.fixture
@@ -133,7 +151,7 @@ def test_no_write_permission_is_one_line_and_the_secret_is_never_said(read_only_
     with pytest.raises(CheckpointError) as raised:
         _first_save(project_dir=f"s3://{BUCKET}/read-only")
     assert _one_line(raised.value).startswith(f"no permission to write checkpoints to s3://{BUCKET}/read-only/")
-    assert secret not in str(raised.value)
+    assert secret not in str(raised.value) and TRAINED == []
 
 
 @pytest.mark.parametrize("case", ["missing bucket", "no permission"])
@@ -150,4 +168,5 @@ def test_two_processes_say_it_on_every_rank_and_never_print_the_secret(server, t
     assert result.returncode != 0
     said = [line for line in printed.splitlines() if line.startswith("FIRST_SAVE ")]
     assert len(said) == 2 and all(words in line for line in said), printed  # every rank, one line each
+    assert all(line.startswith("FIRST_SAVE prepare CheckpointError: ") for line in said)
     assert secret not in printed

@@ -109,6 +109,27 @@ def start_save(url: str, automatic: bool, broadcast, rank: int) -> RemoteTarget:
     return RemoteTarget(url.rstrip("/"), parent, name, local, outcome[1])
 
 
+def check_project_store(project, rank: int) -> None:
+    """At `prepare()`, when the project directory is a URL: rank 0 writes and removes a probe where the checkpoints
+    will go (a missing bucket, missing credentials, no write permission, a bad URL), every rank learns the outcome,
+    and the same one line is raised on every rank, before any training is done. Once per root and process."""
+    if project.project_dir is None or not is_remote(project.project_dir):
+        return
+    root = folders.checkpoints_root(project) if project.automatic_checkpoint_naming else str(project.project_dir)
+    outcome = None
+    if rank == 0 and root not in _checked:
+        try:
+            _storage(root).check_writable()
+            _checked.add(root)
+        except (CheckpointError, ConfigError) as error:
+            outcome = (type(error).__name__, str(error))
+        except Exception as error:  # noqa: BLE001 - said on every rank below
+            outcome = ("CheckpointError", f"cannot use {root} for checkpoints: {type(error).__name__}: {error}")
+    outcome = control.broadcast_object(outcome)
+    if outcome is not None:
+        raise (ConfigError if outcome[0] == "ConfigError" else CheckpointError)(outcome[1])
+
+
 def _assignment(reports: list) -> dict:
     """{file: the rank that uploads it}: each file by one of the ranks that wrote it (round robin, so that the
     files of a sharded checkpoint go up from every rank at once)."""
@@ -266,5 +287,5 @@ def save_directory(url: str, write) -> None:
         durable.remove_tree(local)
 
 
-__all__ = ["RemoteTarget", "committed_under", "fetch", "is_remote", "objects_in", "publish", "release",
+__all__ = ["RemoteTarget", "check_project_store", "committed_under", "fetch", "is_remote", "objects_in", "publish", "release",
            "save_directory", "staging_root", "start_save"]
