@@ -148,7 +148,7 @@ def run(size_mb: int, repeats: int) -> list:
                           repeats)
         block = interleave({"async to s3://": async_remote, "async to a local folder": async_local}, repeats)
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
+        os.killpg(server.pid, signal.SIGKILL)
         server.wait()
         shutil.rmtree(work, ignore_errors=True)
 

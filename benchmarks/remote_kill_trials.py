@@ -2,7 +2,7 @@
 
 A 2-process run (DDP, or FSDP2 with SHARDED_STATE_DICT: every rank uploads its own DCP shards) saves to an s3://
 bucket on a moto server every step, automatic naming, `total_limit=2`. At a random moment after its first save the
-whole job (hasten launch, torchrun and both workers: one process group) gets SIGKILL, mostly in the middle of an
+whole job (hasten launch, torchrun and both workers, each stopped first) gets SIGKILL, mostly in the middle of an
 upload, since uploading is what the loop spends its time on. Then a fresh run starts: `load_state()` (automatic
 naming: the newest *committed* checkpoint) and checks it is whole: every weight and every optimizer buffer equals the
 checkpoint's number n, the registered counter equals n, on both ranks. Between trials this script lists the bucket
@@ -114,6 +114,37 @@ def _uncommitted_versions(fs, root: str) -> int:
     return found
 
 
+def _descendants(pid: int) -> list:
+    """`pid` and every process below it (torchrun starts its workers in sessions of their own, so a process group
+    is not the whole job)."""
+    children: dict = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    parent = int(stat.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(parent, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        todo += children.get(current, [])
+    return found
+
+
+def _kill_job(pid: int) -> None:
+    """SIGKILL the launcher, torchrun and every worker at once (stopped first, so none reacts to another's death)."""
+    job = _descendants(pid)
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for member in job:
+            try:
+                os.kill(member, sig)
+            except ProcessLookupError:
+                pass
+
+
 def _run(flags: list, root: str, env: dict, kill_after=None, timeout: float = 300):
     """One launch; with `kill_after` seconds, SIGKILL the whole job that long after its first save. Returns the
     parsed KILL_TRIAL reports and the number of saves seen."""
@@ -132,28 +163,24 @@ def _run(flags: list, root: str, env: dict, kill_after=None, timeout: float = 30
                 saves += 1
                 if saves == 1 and kill_after is not None:
                     time.sleep(kill_after)
-                    os.killpg(process.pid, signal.SIGKILL)
+                    _kill_job(process.pid)
                     break
             if time.monotonic() - started > timeout:
-                os.killpg(process.pid, signal.SIGKILL)
                 break
             if len(reports) == 2 and kill_after is None:
-                os.killpg(process.pid, signal.SIGKILL)
                 break
     finally:
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        _kill_job(process.pid)
         process.wait()
-    if len(reports) < 2 and kill_after is not None and saves == 0:
-        raise RuntimeError("the run ended before its first save:\n" + "".join(lines[-40:]))
+    if kill_after is not None and saves == 0 or len(reports) < 2:
+        raise RuntimeError("the run did not load and save as it should:\n" + "".join(lines[-40:]))
     return reports, saves
 
 
 def trials(backend: str, count: int, rng: random.Random, env: dict, fs) -> dict:
     root = f"s3://{BUCKET}/{backend}-{int(time.time())}"
     flags = BACKENDS[backend]
+    env = {**env, "HASTEN_RUN_ID": f"kill-trials-{root}"}  # one job, restarted (as a requeue keeps its job id)
     loaded_newest, torn, during_upload, details = 0, 0, 0, []
     for trial in range(count):
         before = _committed(root)
@@ -206,7 +233,7 @@ def main(argv=None) -> int:
         rng = random.Random(args.seed)
         results = [trials(b, args.trials, rng, env, fs) for b in args.backends.split(",")]
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
+        os.killpg(server.pid, signal.SIGKILL)
         server.wait()
     print("\n### Kill trials: SIGKILL of a 2-process job saving to s3:// every step\n")
     print("| backend | trials | loaded the newest committed checkpoint / runs | torn checkpoints taken | "
