@@ -11,7 +11,9 @@ itself (hasten's storage layer: checkpoints with a manifest) to know which check
 Per backend it prints: trials, runs that loaded the newest committed checkpoint / runs, torn loads (a checkpoint
 taken that was not whole: a mismatch, or a load that failed), kills that landed during an upload (the bucket held an
 uncommitted version afterwards).
-Run: `python -m benchmarks.remote_kill_trials [--trials 10] [--backends ddp,fsdp2] [--seed 0]`.
+With `--kill upload` the kill comes as soon as the bucket shows objects of a save that has no manifest yet (this
+script polls the bucket every 10 ms), so every kill lands in the middle of an upload.
+Run: `python -m benchmarks.remote_kill_trials [--trials 10] [--backends ddp,fsdp2] [--seed 0] [--kill upload]`.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import argparse
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -107,9 +110,12 @@ def _uncommitted_versions(fs, root: str) -> int:
     if not fs.exists(base):
         return 0
     for checkpoint in fs.ls(base, detail=False, refresh=True):
-        entries = fs.ls(checkpoint, detail=False, refresh=True) if fs.isdir(checkpoint) else []
-        manifest = f"{checkpoint}/hasten_checkpoint.json"
-        named = json.loads(fs.cat(manifest)).get("objects_under") if manifest in entries else None
+        try:
+            entries = fs.ls(checkpoint, detail=False, refresh=True) if fs.isdir(checkpoint) else []
+            manifest = f"{checkpoint}/hasten_checkpoint.json"
+            named = json.loads(fs.cat(manifest)).get("objects_under") if manifest in entries else None
+        except FileNotFoundError:  # rotation removed it meanwhile
+            continue
         found += sum(e.rsplit("/", 1)[-1].startswith(".v-") and e.rsplit("/", 1)[-1] != named for e in entries)
     return found
 
@@ -145,7 +151,12 @@ def _kill_job(pid: int) -> None:
                 pass
 
 
-def _run(flags: list, root: str, env: dict, kill_after=None, timeout: float = 300):
+def _upload_in_flight(fs, root: str) -> bool:
+    """Whether the bucket holds objects of a save that is not committed yet (a version no manifest names)."""
+    return _uncommitted_versions(fs, root) > 0
+
+
+def _run(flags: list, root: str, env: dict, kill_after=None, timeout: float = 300, fs=None):
     """One launch; with `kill_after` seconds, SIGKILL the whole job that long after its first save. Returns the
     parsed KILL_TRIAL reports and the number of saves seen."""
     command = [sys.executable, "-m", "hasten", "launch", "--num_processes", "2", "--main_process_port", "0", *flags,
@@ -157,12 +168,16 @@ def _run(flags: list, root: str, env: dict, kill_after=None, timeout: float = 30
     try:
         for line in process.stdout:
             lines.append(line)
-            if line.startswith("KILL_TRIAL "):
-                reports.append(json.loads(line.split(" ", 1)[1]))
-            elif line.startswith("SAVED "):
+            # the two workers' lines can meet on one line of torchrun's output: take every report in it
+            reports += [json.loads(found) for found in re.findall(r"KILL_TRIAL (\{[^{}]*\})", line)]
+            if "SAVED " in line:
                 saves += 1
                 if saves == 1 and kill_after is not None:
-                    time.sleep(kill_after)
+                    if fs is None:  # at a random moment
+                        time.sleep(kill_after)
+                    else:  # as soon as a save's objects are going up (its manifest not written yet)
+                        while not _upload_in_flight(fs, root) and time.monotonic() - started < timeout:
+                            time.sleep(0.01)
                     _kill_job(process.pid)
                     break
             if time.monotonic() - started > timeout:
@@ -177,7 +192,7 @@ def _run(flags: list, root: str, env: dict, kill_after=None, timeout: float = 30
     return reports, saves
 
 
-def trials(backend: str, count: int, rng: random.Random, env: dict, fs) -> dict:
+def trials(backend: str, count: int, rng: random.Random, env: dict, fs, during_upload_only: bool = False) -> dict:
     root = f"s3://{BUCKET}/{backend}-{int(time.time())}"
     flags = BACKENDS[backend]
     env = {**env, "HASTEN_RUN_ID": f"kill-trials-{root}"}  # one job, restarted (as a requeue keeps its job id)
@@ -185,7 +200,7 @@ def trials(backend: str, count: int, rng: random.Random, env: dict, fs) -> dict:
     for trial in range(count):
         before = _committed(root)
         kill_after = rng.uniform(0.0, 2.0)
-        reports, saves = _run(flags, root, env, kill_after=kill_after)
+        reports, saves = _run(flags, root, env, kill_after=kill_after, fs=fs if during_upload_only else None)
         expected = before[-1] if before else -1
         good = len(reports) == 2 and all(r.get("loaded") == expected and r.get("whole") for r in reports)
         torn += sum(1 for r in reports if r.get("loaded") is None or not r.get("whole", False))
@@ -213,6 +228,9 @@ def main(argv=None) -> int:
     parser.add_argument("--trials", type=int, default=10)
     parser.add_argument("--backends", default="ddp,fsdp2")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--kill", choices=["random", "upload"], default="random",
+                        help="random: 0-2 s after the first save; upload: as soon as the bucket shows a save's objects "
+                             "going up with no manifest yet (polled every 10 ms)")
     args = parser.parse_args(argv)
 
     import s3fs
@@ -231,11 +249,12 @@ def main(argv=None) -> int:
         fs = s3fs.S3FileSystem()
         fs.mkdir(BUCKET)
         rng = random.Random(args.seed)
-        results = [trials(b, args.trials, rng, env, fs) for b in args.backends.split(",")]
+        results = [trials(b, args.trials, rng, env, fs, args.kill == "upload") for b in args.backends.split(",")]
     finally:
         os.killpg(server.pid, signal.SIGKILL)
         server.wait()
-    print("\n### Kill trials: SIGKILL of a 2-process job saving to s3:// every step\n")
+    when = "at a random moment" if args.kill == "random" else "while a save's objects go up"
+    print(f"\n### Kill trials: SIGKILL of a 2-process job saving to s3:// every step, {when}\n")
     print("| backend | trials | loaded the newest committed checkpoint / runs | torn checkpoints taken | "
           "kills that left an uncommitted upload |")
     print("| --- | --- | --- | --- | --- |")
