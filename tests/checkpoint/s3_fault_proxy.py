@@ -13,6 +13,9 @@ save costs.
         ...
         proxy.set(fault=None)
 
+Another process (a launched worker) sets the faults with `set_faults(proxy_url, fault=..., rate=...)`, a request to
+the proxy's own path `/__proxy__/set`, which is never forwarded.
+
 Stdlib only, one thread per client connection (s3fs keeps a pool of keep-alive connections).
 """
 
