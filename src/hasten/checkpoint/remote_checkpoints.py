@@ -30,6 +30,7 @@ from ..distributed import control
 from . import durable
 from . import folder as folders
 from .storage import is_remote, storage_for
+from .storage.remote import _redacted
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +99,7 @@ def start_save(url: str, automatic: bool, broadcast, rank: int) -> RemoteTarget:
         except (CheckpointError, ConfigError) as error:
             outcome = (type(error).__name__, str(error))
         except Exception as error:  # noqa: BLE001 - any other failure too, or the other ranks wait in the broadcast
-            outcome = ("CheckpointError", f"save_state({url}) could not start on the storage: "
+            outcome = ("CheckpointError", f"save_state({_redacted(url)}) could not start on the storage: "
                                           f"{type(error).__name__}: {error}")
     outcome = broadcast(outcome)
     if outcome[0] == "ConfigError":
@@ -124,7 +125,8 @@ def check_project_store(project, rank: int) -> None:
         except (CheckpointError, ConfigError) as error:
             outcome = (type(error).__name__, str(error))
         except Exception as error:  # noqa: BLE001 - said on every rank below
-            outcome = ("CheckpointError", f"cannot use {root} for checkpoints: {type(error).__name__}: {error}")
+            outcome = ("CheckpointError", f"cannot use {_redacted(root)} for checkpoints: {type(error).__name__}: "
+                                          f"{error}")
     outcome = control.broadcast_object(outcome)
     if outcome is not None:
         raise (ConfigError if outcome[0] == "ConfigError" else CheckpointError)(outcome[1])
