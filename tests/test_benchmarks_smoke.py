@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 HAS_ACCELERATE = importlib.util.find_spec("accelerate") is not None
 
@@ -128,3 +130,15 @@ def test_sp_vs_ddp_prints_both_sides():
     out = run_benchmark("benchmarks/sp_vs_ddp.py", "--quick")
     header, *rows = table_rows(out, "Ulysses sp=2 vs DDP")
     assert {row[1] for row in rows} == {"ddp", "sp"} and all("failed" not in row[2] for row in rows), out
+
+
+def test_remote_checkpoint_prints_both_comparisons():
+    pytest.importorskip("s3fs")
+    pytest.importorskip("moto.server")
+    out = run_benchmark("-m", "benchmarks.remote_checkpoint", "--quick")
+    header, *rows = table_rows(out, "Save to s3://")
+    assert [r[0] for r in rows] == ["hasten save_state to s3://", "s3fs put of the staged folder"]
+    assert rows[1][header.index("ratio (put / side)")] == "1.000" and float(rows[0][3]) > 0
+    header, *rows = table_rows(out, "Training loop blocked")
+    assert [r[0] for r in rows] == ["async to s3://", "async to a local folder"] and float(rows[0][2]) > 0
+    assert "load average" in out

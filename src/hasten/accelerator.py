@@ -261,6 +261,10 @@ class Accelerator:
         for obj in args:
             if isinstance(obj, type) and issubclass(obj, (torch.nn.Module, torch.optim.Optimizer, torch.utils.data.DataLoader)):
                 raise TypeError(f"prepare() got the class {obj.__name__}, not an instance: did you forget `()`?")
+        if ":" in str(self.project_configuration.project_dir):  # checkpoints to object storage: check it now
+            from .checkpoint.remote_checkpoints import check_project_store
+
+            check_project_store(self.project_configuration, self.process_index)
         result = list(args)
         models = [(i, o) for i, o in enumerate(args) if isinstance(o, torch.nn.Module)]
         optimizers = [(i, o) for i, o in enumerate(args) if isinstance(o, torch.optim.Optimizer)]

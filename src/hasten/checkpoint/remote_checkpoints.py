@@ -31,6 +31,7 @@ from . import durable
 from . import folder as folders
 from . import marker as markers
 from .storage import is_remote, storage_for
+from .storage.remote import _redacted
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +66,7 @@ def join(root: str, *names: str) -> str:
 
 def _split(url: str):
     parent, _, name = url.rstrip("/").rpartition("/")
-    if not name or "://" not in parent + "/":
+    if not name or not parent.partition("://")[2]:  # s3://bucket alone names no checkpoint inside it
         raise ConfigError(f"{url} names no checkpoint inside a bucket: use s3://bucket/path/checkpoint_name")
     return parent, name
 
@@ -124,12 +125,37 @@ def _begin(target: RemoteTarget, share, rank: int) -> str:
             outcome = ("ok", storage.begin(target.name, token))
         except (CheckpointError, ConfigError) as error:
             outcome = (type(error).__name__, str(error))
+        except Exception as error:  # noqa: BLE001 - any other failure too, or the other ranks wait in `share`
+            outcome = ("CheckpointError", f"save_state({_redacted(target.url)}) could not start on the storage: "
+                                          f"{type(error).__name__}: {error}")
     outcome = share(outcome)
     if outcome[0] == "ConfigError":
         raise ConfigError(outcome[1])
     if outcome[0] != "ok":
         raise CheckpointError(outcome[1])
     return outcome[1]
+
+
+def check_project_store(project, rank: int) -> None:
+    """At `prepare()`, when the project directory is a URL: rank 0 writes and removes a probe where the checkpoints
+    will go (a missing bucket, missing credentials, no write permission, a bad URL), every rank learns the outcome,
+    and the same one line is raised on every rank, before any training is done. Once per root and process."""
+    if project.project_dir is None or not is_remote(project.project_dir):
+        return
+    root = folders.checkpoints_root(project) if project.automatic_checkpoint_naming else str(project.project_dir)
+    outcome = None
+    if rank == 0 and root not in _checked:
+        try:
+            _storage(root).check_writable()
+            _checked.add(root)
+        except (CheckpointError, ConfigError) as error:
+            outcome = (type(error).__name__, str(error))
+        except Exception as error:  # noqa: BLE001 - said on every rank below
+            outcome = ("CheckpointError", f"cannot use {_redacted(root)} for checkpoints: {type(error).__name__}: "
+                                          f"{error}")
+    outcome = control.broadcast_object(outcome)
+    if outcome is not None:
+        raise (ConfigError if outcome[0] == "ConfigError" else CheckpointError)(outcome[1])
 
 
 def _assignment(reports: list) -> dict:
@@ -284,7 +310,7 @@ def _download(storage, name: str, local: str, url: str) -> None:
     files = dict(manifest.get("files", {}))
     # Sharded (DCP) folders stay in the store but for their metadata: every process reads its own shards there.
     sharded = _sharded_folders(files) if _can_stream() else set()
-    streamed = {folder: storage.url_of(storage.resolve(name, folder)) for folder in sorted(sharded)}
+    streamed = {folder: storage.url_of(storage.resolve(name, folder, manifest)) for folder in sorted(sharded)}
     for file in list(files):
         if file.split("/", 1)[0] in sharded and not file.endswith("/" + DCP_METADATA):
             del files[file]
@@ -293,7 +319,7 @@ def _download(storage, name: str, local: str, url: str) -> None:
     def one(file):
         path = os.path.join(temp, *file.split("/"))
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        storage.download(storage.resolve(name, file), path)
+        storage.download(storage.resolve(name, file, manifest), path)
 
     with ThreadPoolExecutor(max_workers=max(1, min(workers(), len(names) or 1))) as pool:
         list(pool.map(one, names))
@@ -341,5 +367,5 @@ def save_directory(url: str, write) -> None:
         durable.remove_tree(local)
 
 
-__all__ = ["RemoteTarget", "committed_under", "fetch", "is_remote", "objects_in", "publish", "release",
+__all__ = ["RemoteTarget", "check_project_store", "committed_under", "fetch", "is_remote", "objects_in", "publish", "release",
            "save_directory", "staging_root", "start_save"]

@@ -12,15 +12,26 @@ remote_checkpoints.py`: staged locally, uploaded by every rank, committed by the
 
 from __future__ import annotations
 
+from ...core.errors import ConfigError
 from .base import MANIFEST_NAME, Storage, Written
 
 _LOCAL_SCHEMES = ("", "file")
+# object-store schemes: a path that starts with one of them and a colon but not "://" is a URL typed wrong, which
+# would otherwise become a local folder named "s3:" on a disk that dies with the node
+_STORE_SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "memory")
 
 
 def is_remote(path) -> bool:
-    """Whether `path` names an object store (a URL with a scheme other than file://)."""
+    """Whether `path` names an object store (a URL with a scheme other than file://). A store URL with a slash
+    missing (`s3:/bucket/run`, `s3:bucket`) is refused in one line rather than taken for a local folder."""
     text = str(path)
-    scheme = text.split("://", 1)[0].lower() if "://" in text else ""
+    if "://" not in text:
+        scheme, colon, _ = text.partition(":")
+        if colon and scheme.lower() in _STORE_SCHEMES:
+            raise ConfigError(f"{text!r} is not a valid {scheme}:// URL (a slash is missing): write "
+                              f"{scheme}://bucket/path, or ./{text} for a local folder of that name")
+        return False
+    scheme = text.split("://", 1)[0].lower()
     return scheme not in _LOCAL_SCHEMES
 
 

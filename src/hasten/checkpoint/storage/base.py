@@ -93,8 +93,9 @@ class Storage:
         self.delete(staging)
 
     # -- what readers trust -----------------------------------------------------------------------------------
-    def resolve(self, checkpoint: str, name: str) -> str:
-        """Where the object `name` of the committed checkpoint `checkpoint` is stored (relative to the root)."""
+    def resolve(self, checkpoint: str, name: str, manifest: dict | None = None) -> str:
+        """Where the object `name` of the committed checkpoint `checkpoint` is stored (relative to the root);
+        `manifest`: the checkpoint's manifest when the caller has read it already (saves a request per object)."""
         return f"{checkpoint}/{name}"
 
     def read_object(self, checkpoint: str, name: str) -> bytes:

@@ -36,7 +36,9 @@ VERSION_TAG = ".v-"
 _LIBRARIES = {"s3": ("s3fs", "s3"), "s3a": ("s3fs", "s3"), "gs": ("gcsfs", "gcs"), "gcs": ("gcsfs", "gcs"),
               "az": ("adlfs", "azure"), "abfs": ("adlfs", "azure"), "abfss": ("adlfs", "azure")}
 _TRANSIENT_WORDS = ("SlowDown", "Throttl", "TooManyRequests", "RequestTimeout", "InternalError", "ServiceUnavailable",
-                    "503", "500", "502", "504", "reset by peer", "Connection reset", "timed out", "Server disconnected")
+                    "503", "500", "502", "504", "reset by peer", "Connection reset", "timed out", "Server disconnected",
+                    "reduce your request rate", "Service Unavailable")
+_TRANSIENT_STATUS = (429, 500, 502, 503, 504)
 
 
 def is_transient(error: BaseException) -> bool:
@@ -46,8 +48,24 @@ def is_transient(error: BaseException) -> bool:
     name = type(error).__name__
     if any(word in name for word in ("Timeout", "ConnectionError", "Disconnected", "EndpointConnection")):
         return True
+    if _http_status(error) in _TRANSIENT_STATUS:
+        return True
     text = str(error)
     return isinstance(error, OSError) and any(word in text for word in _TRANSIENT_WORDS)
+
+
+def _http_status(error: BaseException):
+    """The HTTP status of the answer behind `error` (s3fs raises an OSError whose cause is botocore's ClientError,
+    and its text is only the server's message: a 503 SlowDown reads "Please reduce your request rate.")."""
+    seen = 0
+    while error is not None and seen < 8:
+        response = getattr(error, "response", None)
+        if isinstance(response, dict):
+            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if isinstance(status, int):
+                return status
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    return None
 
 
 def _redacted(url: str) -> str:
@@ -163,7 +181,7 @@ class RemoteStorage(Storage):
 
     def _refusal(self, error: BaseException) -> Exception:
         where = self.root
-        kind, text = type(error).__name__, self._scrub(error)
+        kind, text = type(error).__name__, " ".join(self._scrub(error).split())  # one line (botocore's have several)
         if "NoCredentials" in kind or "Unable to locate credentials" in text or "credentials" in text.lower():
             return CheckpointError(f"no credentials to write checkpoints to {where}: give them where the storage "
                                    "library looks (for s3: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, a profile in "
@@ -194,8 +212,8 @@ class RemoteStorage(Storage):
     def abort(self, staging: str, checkpoint: str) -> None:
         self.delete(staging)
 
-    def resolve(self, checkpoint: str, name: str) -> str:
-        manifest = self.manifest(checkpoint)
+    def resolve(self, checkpoint: str, name: str, manifest: dict | None = None) -> str:
+        manifest = manifest or self.manifest(checkpoint)
         if manifest is None:
             raise CheckpointError(f"{self.url_of(checkpoint)} is not a committed checkpoint (no {MANIFEST_NAME}): a "
                                   "save into it did not finish; load an older checkpoint")
