@@ -27,10 +27,10 @@ from ...state import GradientState
 from ..base import Backend, refuse_load_kwargs
 from ..unwrap import is_fsdp1, is_fsdp2
 from . import checkpoint as fsdp_checkpoint
-from . import sharding
+from ...parallelize import fsdp as sharding
 from .pretrained import save_pretrained_with_whole_weights
-from .sharding import checkpoint_wrap_blocks, load_full_state_dict, materialize  # noqa: F401 - published here too
-from .sharding import named_tensors as _named_tensors, plain_named_parameters, state_name  # noqa: F401
+from ...parallelize.fsdp import checkpoint_wrap_blocks, load_full_state_dict, materialize  # noqa: F401 - published here too
+from ...parallelize.fsdp import named_tensors as _named_tensors, plain_named_parameters, state_name  # noqa: F401
 
 # what torch's CheckpointWrapper inserts into the names of the parameters below it
 
