@@ -1,9 +1,10 @@
-"""The steps of sharding one model with FSDP2, shared by the FSDP backend and Accelerate's `fsdp_utils` helpers
-(`functions`): `fully_shard`'s keywords, fp32 master weights under mixed precision, sharding the units a wrap policy
-picks, activation checkpointing around blocks, filling a sharded model from rank 0's weights.
+"""Layout step: FSDP2 over the data-parallel dimensions (`apply_fsdp`; a pipeline's stages: `shard_stages`), and the
+pieces of sharding one model that the FSDP backend and Accelerate's `fsdp_utils` helpers (`backends/fsdp/functions`)
+share: `fully_shard`'s keywords, fp32 master weights under mixed precision, sharding the units a wrap policy picks,
+filling a sharded model from rank 0's weights.
 
-`functions` (Accelerate's `utils.fsdp_utils`) hands the backend its own wrap policy and upcast, looked up when called,
-so a script's `mock.patch` of them reaches the run; this module takes them as arguments and looks nothing up.
+`functions` (Accelerate's `utils.fsdp_utils`) hands its own wrap policy and upcast, looked up when called, so a
+script's `mock.patch` of them reaches the run; this module takes them as arguments and looks nothing up.
 """
 
 from __future__ import annotations
@@ -153,35 +154,108 @@ def load_full_state_dict(model, full_state: dict, device, cpu_offload: bool = Fa
         model.tie_weights()
 
 
-def checkpoint_wrap_blocks(model, predicate, offload: bool = False) -> torch.nn.Module:
-    """Accelerate's activation checkpointing for FSDP2: each submodule `predicate` picks (the plugin's auto-wrap
-    policy) is replaced, in `model`, by torch's `CheckpointWrapper` around it, innermost first, so parameter
-    names gain `_checkpoint_wrapped_module.` (state_dict keys do not). A block wrapped already is left as it is.
-    Unlike Accelerate, the random state is preserved for the recomputation: dropout inside a block then draws the
-    same mask in backward as in forward, so the gradient is that of the forward that ran.
+# -- the step ----------------------------------------------------------------------------------------------------------
 
-    `offload` (the plugin's activation_checkpointing_offload): each wrapped block also inside torch's
-    `offload_wrapper`, which keeps what the checkpoint saves (the block's input) in CPU memory until backward, as
-    Accelerate does; on a CPU run that is a copy in CPU memory, so it changes nothing but costs a copy."""
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
-        CheckpointWrapper,
-        checkpoint_wrapper,
-        offload_wrapper,
-    )
+def ignored_modules(model, ignored) -> list:
+    """The plugin's `ignored_modules` as modules: given as modules, or as a regex every full name must match."""
+    if ignored is None:
+        return []
+    if isinstance(ignored, str):
+        import re
 
-    from ..training.compilation import get_module_children_bottom_up
+        pattern = re.compile(ignored)
+        return [module for name, module in model.named_modules() if pattern.fullmatch(name)]
+    return list(ignored)
 
-    if predicate is None:
+
+def refuse_meta(model, plugin, fsdp2: bool) -> None:
+    """One line, on every rank together, for a model on the meta device that sharding cannot fill."""
+    from ..distributed.control import any_rank
+
+    ram_efficient = plugin.cpu_ram_efficient_loading
+    if fsdp2 and not ram_efficient and any_rank(any(p.is_meta for p in model.parameters())):
         raise ConfigError(
-            "fsdp activation_checkpointing needs an auto_wrap_policy (TRANSFORMER_BASED_WRAP or SIZE_BASED_WRAP) to "
-            "know which blocks to recompute"
+            "prepare() got a model with parameters on the meta device; load its weights first, or build it on the "
+            "meta device on every process but rank 0 and set fsdp cpu_ram_efficient_loading=True"
         )
-    inside_wrapper = {id(m._checkpoint_wrapped_module) for m in model.modules() if isinstance(m, CheckpointWrapper)}
-    for name, block in get_module_children_bottom_up(model, return_fqns=True)[:-1]:
-        if isinstance(block, CheckpointWrapper) or id(block) in inside_wrapper or not predicate(block):
-            continue
-        wrapped = checkpoint_wrapper(block)
-        model.set_submodule(name, offload_wrapper(wrapped) if offload else wrapped)
-        inside_wrapper.add(id(block))
-    return model
+    if ram_efficient and any_rank(dist.get_rank() == 0 and any(p.is_meta for p in model.parameters())):
+        raise ConfigError(
+            "fsdp cpu_ram_efficient_loading: rank 0 must build the model with its real weights (the others may use "
+            "the meta device), but rank 0's model has parameters on the meta device"
+        )
 
+
+def apply_fsdp(model, plugin, mesh, *, device, precision_mode: str, offload_policy, offloads: bool,
+               wrap_policy=None, upcast=None) -> list:
+    """`fully_shard` `model` in place over `mesh`, as Accelerate's `fsdp2_prepare_model` does: fp32 master weights
+    under mixed precision (`upcast`), activation checkpointing around the wrap policy's blocks, each unit the policy
+    picks then the root, and with cpu_ram_efficient_loading rank 0's weights streamed into everyone's empty shards.
+    `offload_policy`/`offloads`: what the caller decided about CPU offload (left out on a CPU run). `wrap_policy`
+    `(plugin, model)` and `upcast` are Accelerate's patchable helpers when its `fsdp2_prepare_model` called.
+    Returns [(parameter before, parameter after)] for the optimizer to be re-pointed."""
+    from .checkpointing import checkpoint_wrap_blocks
+
+    ram_efficient = plugin.cpu_ram_efficient_loading
+    (upcast or upcast_for_fsdp2)(model, precision_mode, dist.get_rank() == 0)
+    old_params = plain_named_parameters(model)
+    if ram_efficient:
+        # Everyone shards an empty (meta) model; rank 0 then streams its weights in tensor by tensor. fp8 layers
+        # (torchao) were swapped in before, on rank 0's real weights and the others' meta ones alike: rank 0 keeps
+        # the plain tensors inside their fp8 wrappers, which the move to meta would empty.
+        full = {}
+        if dist.get_rank() == 0:
+            full = {name: plain_tensor(t) for name, t in named_tensors(model).items()}
+        ties = shared_parameters(model)
+        model.to("meta")
+    if plugin.activation_checkpointing:
+        # As Accelerate's prepare (fsdp2_apply_ac): each block inside torch's CheckpointWrapper, before sharding.
+        checkpoint_wrap_blocks(model, plugin.wrap_predicate(model), offload=plugin.activation_checkpointing_offload)
+    kwargs = shard_kwargs(plugin, mesh, offload_policy=offload_policy)
+    ignored = {p for module in ignored_modules(model, plugin.ignored_modules) for p in module.parameters()}
+    if ignored:
+        kwargs["ignored_params"] = ignored
+
+    def free_replaced(module, replaced):
+        if ram_efficient:
+            return
+        # Free each whole parameter once its shard exists (the user's optimizer still holds the old
+        # object until it is re-pointed), so the peak is one copy plus a block, not one and a half copies.
+        still_used = {id(p) for _, p in model.named_parameters(remove_duplicate=False)}
+        for old in replaced:
+            if id(old) not in still_used:
+                old.data = torch.empty(0, dtype=old.dtype, device=old.device)
+
+    wants_own_unit = wrap_policy(plugin, model) if wrap_policy is not None else plugin.wrap_predicate(model)
+    shard_units(model, kwargs, wants_own_unit, can_be_unit=can_be_unit, after_unit=free_replaced)
+    if ram_efficient:
+        from .streaming import stream_from_rank0
+
+        materialize(model, device, offload=offloads)
+        retie(ties)
+        # Rank 0 drops each whole tensor as soon as it is sent, so no process ever holds two copies; buffers,
+        # non-persistent ones included (they are in no state dict), come from rank 0 too.
+        stream_from_rank0(named_tensors(model), full, torch.device(device or "cpu"), consume=True)
+    new_params = plain_named_parameters(model)
+    return [(old, new_params[name]) for name, old in old_params.items()
+            if name in new_params and new_params[name] is not old]
+
+
+def shard_stages(blocks, stages, plugin, mesh) -> None:
+    """A pipeline's FSDP2: each block of this process's stages with parameters, then each stage (the root its
+    schedule drives, so the schedule's own hooks hold the reduce-scatter back to the last micro-batch)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    kwargs = dict(mesh=mesh, reshard_after_forward=plugin.reshard_after_forward,
+                  mp_policy=plugin.mixed_precision_policy or MixedPrecisionPolicy())
+    for block in blocks:
+        if any(True for _ in block.parameters()):
+            fully_shard(block, **kwargs)
+    for stage in stages:
+        fully_shard(stage, **kwargs)
+
+
+def can_be_unit(module) -> bool:
+    """fully_shard needs a module that runs (not a ModuleList/ModuleDict container) and has parameters; an
+    activation-checkpointing wrapper is not one (the block inside it is)."""
+    has_forward = type(module).forward is not torch.nn.Module.forward
+    return has_forward and not hasattr(module, "_checkpoint_wrapped_module") and any(True for _ in module.parameters())
