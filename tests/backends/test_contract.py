@@ -8,6 +8,7 @@ launch flags that select it, and the number of processes. A registered backend w
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 
 import pytest
@@ -51,6 +52,17 @@ def test_every_registered_backend_has_a_contract_run():
     covered = {backend for backend, _, _ in RUNS.values()} | set(ELSEWHERE)
     missing = sorted(set(REGISTRY) - covered)
     assert not missing, f"add a row to RUNS in {__file__} for the backend(s) {missing}"
+
+
+def test_no_backend_inherits_another_backends_layout():
+    """Layouts compose (`hasten.parallelize`, one module per step) and what sharded backends keep is a helper object
+    (`backends/sharded.py`): every registered backend derives from `Backend` alone. The tensor-parallel and pipeline
+    backends were FSDPBackend subclasses."""
+    from hasten.backends import Backend
+
+    for name, (module, cls) in REGISTRY.items():
+        backend = getattr(importlib.import_module(module), cls)
+        assert backend.__mro__[1:] == (Backend, object), f"{name}: {[k.__name__ for k in backend.__mro__]}"
 
 
 def _marks(run) -> list:

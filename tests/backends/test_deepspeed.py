@@ -326,6 +326,28 @@ def test_prepare_rule_errors_come_before_deepspeed():
 
 
 @needs_deepspeed
+def test_the_backend_keeps_the_plans_fp8_recipe_and_leaves_casting_to_the_engine():
+    """DeepSpeed's engine casts and scales losses from its config, so the backend turns hasten's autocast and loss
+    scaler off; the rest of the precision policy built from the run plan (the fp8 recipe, with the plan's engine)
+    stays the run's. The backend used to build a fresh policy of its own, which dropped the recipe."""
+    from types import SimpleNamespace
+
+    from hasten.backends.deepspeed.backend import DeepSpeedBackend
+    from hasten.core.enums import DistributedType
+    from hasten.plan import Cluster, make_run_plan
+    from hasten.training.precision import PrecisionPolicy
+
+    plan = make_run_plan(cluster=lambda _fsdp: Cluster(1, "cpu", DistributedType.NO), mixed_precision="bf16",
+                         deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=CONFIG2))
+    recipe = object()  # stands for the run's Fp8Recipe
+    policy = PrecisionPolicy(mode="bf16", device_type="cpu", autocast_kwargs={"cache_enabled": False}, fp8=recipe)
+    backend = DeepSpeedBackend(SimpleNamespace(device=torch.device("cpu")), plan, precision=policy)
+    assert backend.precision.fp8 is recipe and backend.precision.device_type == "cpu"
+    assert not backend.precision.native_amp and backend.make_grad_scaler() is None
+    assert backend.precision.autocast_kwargs == {} and policy.mode == "bf16"  # the Accelerator's policy is untouched
+
+
+@needs_deepspeed
 def test_autotp_in_a_deepspeed_config_is_refused_before_deepspeed_runs():
     """docs/deepspeed.md: AutoTP is not built; its config key is refused in one line, not handed to DeepSpeed."""
     from hasten import Accelerator

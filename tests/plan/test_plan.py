@@ -309,6 +309,27 @@ def test_one_function_makes_the_plan_and_no_other_module_chooses_a_backend_or_pl
     assert not found, "decided outside the plan (hasten/plan/):\n" + "\n".join(found)
 
 
+def test_no_module_but_the_policy_itself_makes_a_precision_policy():
+    """The precision policy is made from the plan's precision (its fp8 engine included): by the Accelerator
+    (`PrecisionPolicy.from_setting` with the script's handlers) or, for a backend built without one,
+    `PrecisionPolicy.from_plan`. A backend whose engine casts narrows that policy (`applied_by_engine`); none makes
+    its own (the DeepSpeed backend's dropped the plan's fp8 recipe)."""
+    found = [f"{module}:{node.lineno}" for module, tree in _sources() for node in ast.walk(tree)
+             if isinstance(node, ast.Call) and _called_name(node) == "PrecisionPolicy"
+             and module != "training/precision.py"]
+    assert not found, "a PrecisionPolicy made outside the plan's precision:\n" + "\n".join(found)
+
+
+def test_a_backend_built_without_a_policy_takes_the_plans_precision():
+    from types import SimpleNamespace
+
+    from hasten.backends.single import SingleBackend
+
+    plan = make_run_plan(cluster=_cluster(1, DistributedType.NO), mixed_precision="bf16")
+    backend = SingleBackend(SimpleNamespace(device=torch.device("cpu")), plan)
+    assert backend.precision.mode == "bf16" and backend.precision.native_amp
+
+
 def test_the_exceptions_are_still_needed():
     """A named exception that no longer matches anything is removed, so the list stays the truth."""
     seen_types, seen_constructions = set(), set()

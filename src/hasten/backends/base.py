@@ -70,7 +70,7 @@ class Backend:
     def __init__(self, state, plan, precision: PrecisionPolicy | None = None, ddp_kwargs=None):
         self.state = state
         self.plan = plan  # the run plan (hasten/plan/): every setting this backend is built from
-        self.precision = precision if precision is not None else PrecisionPolicy(device_type=state.device.type)
+        self.precision = precision if precision is not None else PrecisionPolicy.from_plan(plan, state.device)
         self.ddp_kwargs = ddp_kwargs
         self.plugin = plan.sharding_plugin  # the FSDP(2) settings, for the backends that shard
 

@@ -7,6 +7,7 @@ import contextlib
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
+from ..parallelize.replicate import apply_ddp
 from .base import Backend
 
 
@@ -15,17 +16,9 @@ class DDPBackend(Backend):
 
     def prepare_model(self, model, device_placement, evaluation_mode):
         model = super().prepare_model(model, device_placement, evaluation_mode)
-        if evaluation_mode or not any(p.requires_grad for p in model.parameters()):
+        if evaluation_mode:
             return model
-        kwargs = self.ddp_kwargs.to_kwargs() if self.ddp_kwargs is not None else {}
-        device = self.state.device
-        if device.type != "cpu" and device.index is not None:
-            kwargs.setdefault("device_ids", [device.index])
-            kwargs.setdefault("output_device", device.index)
-        model = DistributedDataParallel(model, **kwargs)
-        if self.ddp_kwargs is not None:
-            self.ddp_kwargs.register_comm_hook(model)
-        return model
+        return apply_ddp(model, self.ddp_kwargs, self.state.device)  # the replicas step (parallelize/replicate.py)
 
     def no_sync(self, model):
         if isinstance(model, DistributedDataParallel):

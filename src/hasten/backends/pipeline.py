@@ -1,11 +1,11 @@
 """Pipeline parallelism on the layout's mesh, composed with tensor parallelism and FSDP2 (or replicas).
 
-Order, as torchtitan applies them: cut the model into stages over the `pp` dimension
-(`hasten.distributed.pipeline`), keep this process's stages only, split their layers over `tp`
-(`hasten.distributed.tp_plan`), then `fully_shard` each block and each stage over the data-parallel dimensions
-(`parallelism_config.fsdp_mesh`: `dp_shard` shards, `dp_replicate` alone replicates with one shard). The stage
-is the FSDP root, so the schedule's own hooks (`PipelineStage.backward_maybe_with_nosync` / `perform_reduce_grad`)
-hold back the reduce-scatter to the last micro-batch of each run.
+The model is laid out by `hasten.parallelize.parallelize(model, plan)`, in torchtitan's order: cut into stages over the
+`pp` dimension, keep this process's stages only, split their layers over `tp`, then `fully_shard` each block and each
+stage over the data-parallel dimensions (`parallelism_config.fsdp_mesh`: `dp_shard` shards, `dp_replicate` alone
+replicates with one shard). The stage is the FSDP root, so the schedule's own hooks
+(`PipelineStage.backward_maybe_with_nosync` / `perform_reduce_grad`) hold back the reduce-scatter to the last
+micro-batch of each run.
 
 The prepared model is a `PipelinedModel`: calling it in training mode runs the schedule and returns the loss;
 `accelerator.backward` has nothing left to do. The optimizer keeps only this process's parameters.
@@ -26,16 +26,23 @@ import torch.distributed as dist
 
 from ..core.errors import CheckpointError, ConfigError, PipelineCallError
 from ..optimizer import inner_optimizer as _plain
+from ..parallelize import parallelize
 from .base import Backend, refuse_load_kwargs
 from .fsdp import checkpoint as fsdp_checkpoint
-from .tensor_parallel import LayoutBackend
+from .sharded import ShardedModels
 
 
-class PipelineBackend(LayoutBackend):
+class PipelineBackend(Backend):
     name = "pipeline"
+    supports_clip_grad_value = False
+    accelerate_fsdp2_step = False  # the layout shards in its own order (stages first, then fully_shard)
+    regional_compilation_in_place = True  # FSDP2's hooks (and the stages' modules) must stay on the call path
 
     def __init__(self, state, plan, precision=None, ddp_kwargs=None):
         super().__init__(state, plan, precision=precision, ddp_kwargs=ddp_kwargs)
+        self.layout = plan.parallelism_config
+        self.version = self.plugin.fsdp_version  # FSDP2 (the plan refuses a layout with FSDP1)
+        self.sharded = ShardedModels(self.plugin, state.device)  # prepared models, replaced parameters, roots
         if self.precision.uses_grad_scaler:
             raise ConfigError("mixed_precision='fp16' scales the loss before backward, but with pp_size > 1 the "
                               "pipeline schedule runs backward itself; fix: mixed_precision='bf16' (or 'no')")
@@ -47,70 +54,45 @@ class PipelineBackend(LayoutBackend):
 
     # -- preparing ------------------------------------------------------------------------------------------
     def prepare_together(self, models, optimizers, **_):
+        prepared = self.sharded.prepared
         for model in models:
-            if model not in self._prepared and not getattr(model, "_is_accelerate_prepared", False):
-                self._prepared[model] = self._pipeline(model)
+            if model not in prepared and not getattr(model, "_is_accelerate_prepared", False):
+                prepared[model] = self._pipeline(model)
         for optimizer in optimizers:
             self._keep_own_parameters(_plain(optimizer))
 
-    def _pipeline(self, model):
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    def prepare_model(self, model, device_placement, evaluation_mode):
+        prepared = self.sharded.prepared
+        if model not in prepared:
+            prepared[model] = self._pipeline(model)
+        return prepared[model]
 
-        from ..distributed.pipeline import PipelinedModel, prune, refuse_unstartable_schedule, stage_blocks, stages_of_rank
-        from ..parallelism_config import fsdp_mesh
+    def _pipeline(self, model):
+        from ..distributed.pipeline import PipelinedModel
         from ..state import GradientState
 
         layout, handler = self.layout, self.layout.pp_handler
         mesh = layout.device_mesh
-        refuse_unstartable_schedule(handler.schedule, mesh.get_group("pp"))
-        pp_rank, pp_size = mesh.get_local_rank("pp"), layout.pp_size
-        num_stages = pp_size * handler.stages_per_rank
-        names = stage_blocks(model, num_stages, handler.split_points)
-        mine = stages_of_rank(pp_rank, pp_size, handler.stages_per_rank, handler.schedule)
-        keep = {name for stage in mine for name in names[stage]}
-        blocks = dict(_named_blocks(model))
         originals = dict(model.named_parameters())
-        kept_ids = {id(p) for name in keep for p in blocks[name].parameters()}
-        for param in originals.values():
-            if id(param) not in kept_ids:  # another stage's: freed here, dropped from the optimizer
-                self._dropped.add(id(param))
-                param.data = torch.empty(0, dtype=param.dtype, device=param.device)
-        view = prune(model, keep)
-        view.to(self.state.device)
-        chunks = [prune(model, set(names[stage])) for stage in mine]
-        if layout.tp_enabled:
-            from ..distributed.tp_plan import apply_tensor_parallel
-
-            apply_tensor_parallel(view, layout.submesh("tp"), getattr(layout.tp_handler, "tp_plan", None))
-        own = [blocks[name] for name in sorted(keep, key=list(blocks).index)]
-        if self.plugin.activation_checkpointing:
-            from torch.distributed._composable import checkpoint
-
-            for block in own:
-                if any(True for _ in block.parameters()):
-                    checkpoint(block)  # in place: names stay the same
-        dp_mesh = fsdp_mesh(layout)
-        if dp_mesh is not None:
-            kwargs = dict(mesh=dp_mesh, reshard_after_forward=self.plugin.reshard_after_forward,
-                          mp_policy=self.plugin.mixed_precision_policy or MixedPrecisionPolicy())
-            for block in own:
-                if any(True for _ in block.parameters()):
-                    fully_shard(block, **kwargs)
-            for chunk in chunks:
-                fully_shard(chunk, **kwargs)  # the stage is the root its schedule drives
-        for chunk in chunks:
+        stages = parallelize(model, self.plan, device=self.state.device)
+        self._dropped |= stages.dropped  # the user's optimizer still holds them: dropped there (prepare_together)
+        for chunk in stages.chunks:
             self.precision.wrap_forward(chunk)
-        current = dict(view.named_parameters())
+        current = dict(stages.view.named_parameters())
         for name, old in originals.items():
             if name in current and current[name] is not old:
-                self._replacement[old] = current[name]
+                self.sharded.replacement[old] = current[name]
                 old.data = torch.empty(0, dtype=old.dtype, device=old.device)
-        microbatches = handler.microbatches or num_stages
+        microbatches = handler.microbatches or stages.num_stages
         wrapped = PipelinedModel(
-            view, chunks, mine, num_stages, mesh.get_group("pp"), pp_rank, pp_size, handler.schedule, microbatches,
-            handler.loss_fn, self.state.device, lambda: GradientState().num_steps)
-        self._roots.append(wrapped)
+            stages.view, stages.chunks, stages.mine, stages.num_stages, mesh.get_group("pp"), mesh.get_local_rank("pp"),
+            layout.pp_size, handler.schedule, microbatches, handler.loss_fn, self.state.device,
+            lambda: GradientState().num_steps)
+        self.sharded.roots.append(wrapped)
         return wrapped
+
+    def owner_of(self, optimizer):
+        return self.sharded.owner_of(optimizer)
 
     def _keep_own_parameters(self, optimizer) -> None:
         """Point the user's optimizer at this process's (split, sharded) parameters and drop the other stages'."""
@@ -119,7 +101,7 @@ class PipelineBackend(LayoutBackend):
             if any(p in optimizer.state and optimizer.state[p] for p in params):
                 raise ConfigError(f"{type(optimizer).__name__} already has state (it stepped before prepare); with "
                                   "pipeline parallelism create or reset the optimizer before calling prepare()")
-            group["params"] = [self._replacement.get(p, p) for p in params if id(p) not in self._dropped]
+            group["params"] = [self.sharded.replacement.get(p, p) for p in params if id(p) not in self._dropped]
 
     # -- the training step ----------------------------------------------------------------------------------
     def backward(self, loss, accumulation_steps=1, scaler=None, **kwargs):
@@ -137,7 +119,7 @@ class PipelineBackend(LayoutBackend):
 
     def check_save_kwargs(self, save_model_func_kwargs):
         # no_sync changes nothing here, so a window's partial sum is in `.grad`, which save_state keeps.
-        Backend.check_save_kwargs(self, save_model_func_kwargs)
+        super().check_save_kwargs(save_model_func_kwargs)
 
     def clip_grad_norm_(self, parameters, max_norm, norm_type=2.0):
         """Clip by the norm over every stage's gradients (each process's pieces, combined over the mesh)."""
@@ -221,12 +203,6 @@ class PipelineBackend(LayoutBackend):
                                       "run loads sharded DCP checkpoints: save with SHARDED_STATE_DICT)")
             fsdp_checkpoint.load_optimizer_flat_or_not(self.owner_of(optimizer), _plain(optimizer), path,
                                                       one_stage=True)
-
-
-def _named_blocks(model):
-    from ..distributed.pipeline import pipeline_blocks
-
-    return pipeline_blocks(model)
 
 
 def _flat():

@@ -1,13 +1,14 @@
 """Tensor (and context) parallelism on the layout's mesh, composed with FSDP2 over its data dimensions.
 
-Order, as torch's composable APIs want it: split each planned layer over the `tp` dimension
-(`hasten.distributed.tp_plan.apply_tensor_parallel`: parameters become DTensors), then, when the layout has
-data-parallel dimensions, `fully_shard` over them (the FSDP backend's own code, on `parallelism_config.fsdp_mesh`):
-`dp_shard` gives FSDP×TP, `dp_replicate` gives replicas of the TP model (HSDP with one shard), both give HSDP×TP.
+The model is laid out by `hasten.parallelize.parallelize(model, plan)`: the planned layers split over the `tp`
+dimension (parameters become DTensors), then, when the layout has data-parallel dimensions, FSDP2 over them
+(`parallelism_config.fsdp_mesh`: `dp_shard` gives FSDP×TP, `dp_replicate` gives replicas of the TP model, HSDP with one
+shard; both give HSDP×TP), else activation checkpointing in place.
 
-Everything after preparing is the FSDP backend's: the user's optimizer is re-pointed at the new parameters,
-checkpoints go through torch.distributed.checkpoint (the same `pytorch_model_fsdp_<i>/` folders, so a TP checkpoint
-loads under FSDP or in one process, resharded), and `save_model` gathers whole weights.
+What the backend keeps about the result is the sharded models' helper (`backends/sharded.py`), which the FSDP backend
+holds too: the user's optimizer is re-pointed at the new parameters, checkpoints go through
+torch.distributed.checkpoint (the same `pytorch_model_fsdp_<i>/` folders, so a TP checkpoint loads under FSDP or in
+one process, resharded), and `save_model` gathers whole weights.
 """
 
 from __future__ import annotations
@@ -15,29 +16,28 @@ from __future__ import annotations
 import torch
 
 from ..core.errors import ConfigError
-from .fsdp.backend import FSDPBackend, plain_named_parameters
+from ..optimizer import inner_optimizer
+from ..parallelize import parallelize
+from ..parallelize.fsdp import plain_named_parameters
+from .base import Backend, refuse_load_kwargs
+from .sharded import ShardedModels
 
 
-class LayoutBackend(FSDPBackend):
-    """FSDP2 over the data dimensions of the run's `ParallelismConfig` layout: the base of the backends that split
-    a model along the layout's other dimensions (tensor parallel here, pipeline stages in `pipeline.py`)."""
-
-    supports_clip_grad_value = False
+class TensorParallelBackend(Backend):
+    name = "tensor_parallel"
     accelerate_fsdp2_step = False  # the layout shards in its own order (split first, then fully_shard)
+    clip_value_foreach = False  # torch's foreach clamp refuses split (DTensor) and whole gradients together
 
     def __init__(self, state, plan, precision=None, ddp_kwargs=None):
         super().__init__(state, plan, precision=precision, ddp_kwargs=ddp_kwargs)
         self.layout = plan.parallelism_config
-
-
-class TensorParallelBackend(LayoutBackend):
-    name = "tensor_parallel"
+        self.version = self.plugin.fsdp_version  # FSDP2 (the plan refuses a layout with FSDP1)
+        self.sharded = ShardedModels(self.plugin, state.device)  # prepared models, replaced parameters, checkpoints
+        self._fsdp2_steps = (None, None)
 
     @property
     def regional_compilation_in_place(self) -> bool:
         return self._device_mesh() is not None  # FSDP2 over the data dimensions, as Accelerate
-
-    clip_value_foreach = False  # torch's foreach clamp refuses split (DTensor) and whole gradients together
 
     @property
     def supports_clip_grad_value(self) -> bool:
@@ -51,36 +51,62 @@ class TensorParallelBackend(LayoutBackend):
 
         return fsdp_mesh(self.layout)
 
-    def _shard(self, model: torch.nn.Module) -> torch.nn.Module:
-        from ..distributed.tp_plan import apply_tensor_parallel, model_has_dtensor
+    # -- preparing ------------------------------------------------------------------------------------------
+    def prepare_together(self, models, optimizers, **_):
+        """Lay out every model of this `prepare` call, then point the optimizers at the new parameters."""
+        prepared = self.sharded.prepared
+        for model in models:
+            if model not in prepared and not getattr(model, "_is_accelerate_prepared", False):
+                prepared[model] = self._shard(model)
+        for optimizer in optimizers:
+            self.sharded.repoint(inner_optimizer(optimizer))
 
+    def prepare_model(self, model, device_placement, evaluation_mode):
+        prepared = self.sharded.prepared
+        if model not in prepared:
+            prepared[model] = self._shard(model)
+        return prepared[model]
+
+    def prepare_fsdp2_model(self, model, wrap_policy=None, upcast=None):
+        """`prepare_model` for Accelerate's `fsdp2_prepare_model` (see the FSDP backend's): its wrap policy and upcast
+        reach the FSDP2 step over the data dimensions."""
+        self._fsdp2_steps = (wrap_policy, upcast)
+        try:
+            return self.prepare_model(model, device_placement=True, evaluation_mode=False)
+        finally:
+            self._fsdp2_steps = (None, None)
+
+    def _shard(self, model: torch.nn.Module) -> torch.nn.Module:
         originals = plain_named_parameters(model)  # by state-dict name: activation checkpointing may wrap blocks
         model.to(self.state.device)
         if any(p.is_meta for p in originals.values()):
             raise ConfigError("prepare() got a model with parameters on the meta device; tensor parallelism needs its "
                               "weights: load them first")
-        if self.layout.tp_enabled and not model_has_dtensor(model):  # a model split already (transformers) stays
-            handler = self.layout.tp_handler
-            apply_tensor_parallel(model, self.layout.submesh("tp"), getattr(handler, "tp_plan", None))
-        if self._device_mesh() is not None:
-            super()._shard(model)  # FSDP2 over the data dimensions (and its activation checkpointing); appends to _roots
-        else:
-            if self.plugin.activation_checkpointing:
-                from .fsdp.backend import _apply_activation_checkpointing
+        mesh = self._device_mesh()
 
-                if self.plugin.activation_checkpointing_offload:
-                    raise ConfigError("fsdp activation_checkpointing_offload is built for FSDP2 sharding, and this "
-                                      "layout shards no data dimension; set it to false")
+        def shard(module):
+            self.sharded.shard_fsdp2(module, mesh, self.precision.mode, self._fsdp2_steps)
 
-                _apply_activation_checkpointing(model, self.plugin.wrap_predicate(model), composable=True)
-            self._roots.append(model)
+        parallelize(model, self.plan, device=self.state.device, shard=shard)
+        if mesh is None:
+            self.sharded.roots.append(model)
         current = plain_named_parameters(model)
         for name, old in originals.items():
             new = current.get(name)
             if new is not None and new is not old:
-                self._replacement[old] = new
+                self.sharded.replacement[old] = new
                 old.data = torch.empty(0, dtype=old.dtype, device=old.device)  # the user's optimizer still holds it
         return model
+
+    def owner_of(self, optimizer):
+        return self.sharded.owner_of(optimizer)
+
+    # -- the training step ----------------------------------------------------------------------------------
+    def no_sync(self, model):
+        return self.sharded.gradient_sync(model, enabled=False)
+
+    def trigger_sync_in_backward(self, model):
+        return self.sharded.gradient_sync(model, enabled=True)
 
     def clip_grad_norm_(self, parameters, max_norm, norm_type=2.0):
         """Clip by the norm over every rank's pieces; DTensor gradients on different meshes (split layers, FSDP's
@@ -88,3 +114,26 @@ class TensorParallelBackend(LayoutBackend):
         from ..distributed.grad_norm import clip_grad_norm_sharded_
 
         return clip_grad_norm_sharded_(parameters, float(max_norm), float(norm_type))
+
+    # -- checkpoints (backends/sharded.py) ------------------------------------------------------------------
+    def full_state_dict(self, model, unwrap=True):
+        return self.sharded.full_state_dict(model, unwrap)
+
+    def check_save_kwargs(self, save_model_func_kwargs: dict) -> None:
+        super().check_save_kwargs(save_model_func_kwargs)
+        self.sharded.refuse_mid_window()
+
+    def save_model_and_optimizer(self, folder, models, optimizers, *, writer=True, rank=0, safe_serialization=True,
+                                 before_write=None, **save_model_func_kwargs) -> list:
+        return self.sharded.save(folder, models, optimizers, before_write)
+
+    def stage_model_and_optimizer(self, folder, models, optimizers, *, writer=True, rank=0, safe_serialization=True,
+                                  before_write=None, stage=None, dcp_group=None, **save_model_func_kwargs) -> list:
+        return self.sharded.stage(folder, models, optimizers, rank=rank, before_write=before_write, stage=stage,
+                                  dcp_group=dcp_group)
+
+    def load_model_and_optimizer(self, folder, models, optimizers, *, map_location="cpu", load_kwargs=None,
+                                 strict=True, **load_model_func_kwargs) -> None:
+        refuse_load_kwargs(self, load_model_func_kwargs, accepted=())
+        self.sharded.load(folder, models, optimizers, map_location=map_location, load_kwargs=load_kwargs,
+                          strict=strict)

@@ -3,7 +3,7 @@
 Built on torch.distributed.tensor.experimental.context_parallel (ring attention inside SDPA). CUDA only: on CPU
 processes torch 2.13 has no sharding rule for the CPU attention kernel, so a layout with cp_size > 1 is refused
 before it starts (`parallelism_config.CP_ON_CPU`). The model is sharded by FSDP2 over the flattened
-("dp_shard", "cp") view (`backends/tensor_parallel.py`); the ranks of one cp group read the same batch.
+("dp_shard", "cp") view (`parallelize/fsdp.py`, a step of `parallelize`); the ranks of one cp group read the same batch.
 """
 
 from __future__ import annotations

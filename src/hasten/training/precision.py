@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -61,6 +61,17 @@ class PrecisionPolicy:
             scaler_kwargs=scaler_handler.to_kwargs() if scaler_handler is not None else {},
             fp8=fp8,
         )
+
+    @classmethod
+    def from_plan(cls, plan, device: torch.device):
+        """The policy of a run plan's precision (`RunPlan.precision`: what it trains in, fp8's engine), without the
+        script's kwargs handlers: for a backend built without the Accelerator's policy."""
+        return cls.from_setting(plan.precision.trains_in, device, fp8_engine=plan.precision.fp8_engine)
+
+    def applied_by_engine(self):
+        """This policy for a backend whose engine casts the model and scales losses itself (DeepSpeed's config):
+        no autocast and no loss scaler here; the fp8 recipe (layers converted at `prepare`) stays the run's."""
+        return replace(self, mode="no", autocast_kwargs={}, scaler_kwargs={})
 
     @property
     def autocast_dtype(self):

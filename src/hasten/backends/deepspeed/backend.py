@@ -29,7 +29,6 @@ from ...core.errors import CheckpointError, ConfigError, NotBuiltError
 from ...distributed.bootstrap import collective_timeout
 from ...optimizer import inner_optimizer
 from ...state import GradientState
-from ...training.precision import PrecisionPolicy
 from ..base import Backend
 from .wrappers import DeepSpeedEngineWrapper, DeepSpeedOptimizerWrapper, DeepSpeedSchedulerWrapper
 
@@ -79,8 +78,9 @@ class DeepSpeedBackend(Backend):
     def __init__(self, state, plan, precision=None, ddp_kwargs=None):
         super().__init__(state, plan, precision=precision, ddp_kwargs=ddp_kwargs)
         # The engine casts the model and scales fp16 losses itself (the config's fp16/bf16 sections, which the
-        # plugins got from the mixed_precision setting): hasten's autocast and loss scaler stay off.
-        self.precision = PrecisionPolicy(device_type=state.device.type)
+        # plugins got from the mixed_precision setting): hasten's autocast and loss scaler stay off; the rest of the
+        # run plan's precision (its fp8 recipe and engine) stays.
+        self.precision = self.precision.applied_by_engine()
         self._wrappers: list = []  # one DeepSpeedEngineWrapper per engine, in prepare order
         self._engine_of = WeakIdKeyDictionary()  # the user's model -> its engine
         self._pending = None  # what the current prepare() call built: consumed by prepare_model & co.

@@ -15,7 +15,7 @@ import torch
 
 from ...core.errors import NotSupportedYetError
 from . import checkpoint
-from .sharding import state_name
+from ...parallelize.fsdp import state_name
 
 _HINT = "adapter_only=True needs peft: pip install peft"
 

@@ -17,7 +17,9 @@ from ...core.errors import ConfigError
 from ...optimizer import inner_optimizer
 from ..base import Backend
 from ..unwrap import is_compiled as is_compiled_module
-from . import adapter, checkpoint, sharding
+from ...parallelize import checkpointing
+from ...parallelize import fsdp as sharding
+from . import adapter, checkpoint
 from .checkpoint import merge_fsdp_weights  # noqa: F401 - published here too
 
 # This module is Accelerate's `utils.fsdp_utils` (hasten.utils.fsdp_utils is this module object): the FSDP2 path
@@ -231,8 +233,8 @@ def fsdp2_apply_ac(accelerator, model: torch.nn.Module) -> torch.nn.Module:
     Accelerate applies it: each block goes inside torch's `CheckpointWrapper`, so parameter names gain
     `_checkpoint_wrapped_module.` (state_dict keys do not). Call it before sharding; returns `model`."""
     plugin = _fsdp2_backend(accelerator, "fsdp2_apply_ac").plugin
-    return sharding.checkpoint_wrap_blocks(model, plugin.wrap_predicate(model),
-                                           offload=plugin.activation_checkpointing_offload)
+    return checkpointing.checkpoint_wrap_blocks(model, plugin.wrap_predicate(model),
+                                                offload=plugin.activation_checkpointing_offload)
 
 
 def ensure_weights_retied(param_init_fn, model: torch.nn.Module, device: torch.device):

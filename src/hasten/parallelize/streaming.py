@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ...distributed import control
+from ..distributed import control
 
 
 def transport_device(device: torch.device) -> torch.device:
