@@ -65,6 +65,14 @@ class Storage:
         """`length` bytes of `name` from `offset` (to the end when None)."""
         raise NotImplementedError
 
+    def upload(self, local_path: str, name: str) -> int:
+        """Copy the local file `local_path` to the object `name`, streamed; its size (a remote save's staged files)."""
+        raise NotImplementedError
+
+    def download(self, name: str, local_path: str) -> None:
+        """Copy the object `name` to the local file `local_path`, streamed (a remote load)."""
+        raise NotImplementedError
+
     def size(self, name: str) -> int:
         raise NotImplementedError
 
