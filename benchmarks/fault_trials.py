@@ -14,9 +14,9 @@ launcher alone: no worker may be left 5 s later), `disk-full` (a tmpfs too small
 only: the error, leftovers, the previous checkpoint), `bit-flip` (one byte of the committed weights flipped: does
 load_state notice?), `frozen` (SIGSTOP rank 1 while training, collective timeout 10 s: time until the run ends, and
 what it says), `world` (saved by 2 processes, loaded by 1), `kill-job-zero2` / `kill-job-zero3` (DeepSpeed ZeRO-2 or
-ZeRO-3 on the CPU, `--use_deepspeed --deepspeed_config_file` with stage N for both launchers: SIGKILL the whole job, launcher and
+ZeRO-3 on the CPU, `--use_deepspeed --deepspeed_config_file` for both launchers: SIGKILL the whole job, launcher and
 workers at once, in the middle of a save, as a node loses power; the next start must load). The DeepSpeed faults
-need `deepspeed` in the environment tested.
+need `deepspeed` in the environment tested (and, for Accelerate, `transformers`).
 """
 
 from __future__ import annotations
