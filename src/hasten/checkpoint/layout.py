@@ -440,7 +440,7 @@ def _resolve_input(contents: CheckpointContents, input_dir) -> str:
 
 def _fetch(contents: CheckpointContents, url: str) -> str:
     """A committed checkpoint in object storage, downloaded to a local folder with a complete marker."""
-    return remote.fetch(url, contents.state.is_local_main_process, contents.state.wait_for_everyone)
+    return remote.fetch(url, contents.state.is_local_main_process)
 
 
 def _load_gradients(contents: CheckpointContents, folder: str) -> None:

@@ -75,6 +75,22 @@ def _key(url: str) -> str:
     return hashlib.sha1(url.encode()).hexdigest()[:16]
 
 
+def _writable(root: str):
+    """The storage at `root`, shown writable once per root and process (a probe object written and removed): a
+    missing bucket, missing credentials or no permission are one line before anything is written."""
+    storage = _storage(root)
+    if root not in _checked:
+        storage.check_writable()
+        _checked.add(root)
+    return storage
+
+
+def _in_parallel(action, items: list) -> list:
+    """`action(item)` for every item, at most `workers()` at a time (each is one request stream); the results."""
+    with ThreadPoolExecutor(max_workers=max(1, min(workers(), len(items) or 1))) as pool:
+        return list(pool.map(action, items))
+
+
 def _storage(parent: str):
     storage = storage_for(parent)
     storage.take_over = parent in _continued
@@ -115,10 +131,7 @@ def _begin(target: RemoteTarget, share, rank: int) -> str:
     outcome = None
     if rank == 0:
         try:
-            storage = _storage(target.parent)
-            if target.parent not in _checked:
-                storage.check_writable()
-                _checked.add(target.parent)
+            storage = _writable(target.parent)
             if target.automatic and storage.is_committed(target.name):
                 raise ConfigError(f"checkpoint {target.url} already exists; set accelerator.project_configuration."
                                   "iteration past it, or call load_state() first (hasten then continues the numbering)")
@@ -144,10 +157,9 @@ def check_project_store(project, rank: int) -> None:
         return
     root = folders.checkpoints_root(project) if project.automatic_checkpoint_naming else str(project.project_dir)
     outcome = None
-    if rank == 0 and root not in _checked:
+    if rank == 0:
         try:
-            _storage(root).check_writable()
-            _checked.add(root)
+            _writable(root)
         except (CheckpointError, ConfigError) as error:
             outcome = (type(error).__name__, str(error))
         except Exception as error:  # noqa: BLE001 - said on every rank below
@@ -172,8 +184,7 @@ def _upload(storage, temp: str, names: list, staging: str) -> dict:
     def one(name):
         return name, storage.upload(os.path.join(temp, name), f"{staging}/{name}" if staging else name)
 
-    with ThreadPoolExecutor(max_workers=max(1, min(workers(), len(names) or 1))) as pool:
-        return dict(pool.map(one, names))
+    return dict(_in_parallel(one, names))
 
 
 def publish(target: RemoteTarget, temp: str, reports: list, gather, *, rank: int, writer: bool, local_main: bool,
@@ -254,9 +265,9 @@ def objects_in(url: str) -> list:
     return sorted(manifest.get("files", {}))
 
 
-def fetch(url: str, local_main: bool, barrier) -> str:
+def fetch(url: str, local_main: bool) -> str:
     """Download the committed checkpoint at `url` into a local folder (each machine's first process downloads;
-    `barrier` makes the others wait) and return that folder, which holds a complete marker."""
+    the others wait in the gather of the outcome) and return that folder, which holds a complete marker."""
     parent, name = _split(url)
     storage = _storage(parent)
     local = os.path.join(staging_root(), "loaded", _key(url), name)
@@ -267,7 +278,6 @@ def fetch(url: str, local_main: bool, barrier) -> str:
         except Exception as error:  # noqa: BLE001 - said on every rank below
             problem = f"{type(error).__name__}: {error}"
     failures = [f"rank {r}: {m}" for r, m in enumerate(control.all_gather_objects(problem)) if m]
-    barrier()
     if failures:
         raise CheckpointError(f"load_state({url}) could not download the checkpoint: {'; '.join(failures)}")
     _continued.add(parent)
@@ -321,8 +331,7 @@ def _download(storage, name: str, local: str, url: str) -> None:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         storage.download(storage.resolve(name, file, manifest), path)
 
-    with ThreadPoolExecutor(max_workers=max(1, min(workers(), len(names) or 1))) as pool:
-        list(pool.map(one, names))
+    _in_parallel(one, names)
     folders.commit(temp, local, files, manifest.get("iteration"), manifest.get("num_processes", 1), rank=0,
                    checksums={n: c for n, c in (manifest.get("checksums") or {}).items() if n in files},
                    extra={"streamed": streamed})
@@ -348,10 +357,7 @@ def save_directory(url: str, write) -> None:
     """`save_model` to a URL: `write(local_dir)` writes the files locally, then they are
     uploaded in parallel, the index last, and shards a previous save left that the new index does not name are
     removed. Runs on the writing process only."""
-    storage = _storage(url)
-    if url not in _checked:
-        storage.check_writable()
-        _checked.add(url)
+    storage = _writable(url)
     local = os.path.join(staging_root(), "models", _key(url) + "-" + uuid.uuid4().hex[:8])
     try:
         write(local)
