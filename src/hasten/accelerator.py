@@ -14,7 +14,6 @@ import torch
 
 from .backends import create_backend
 from .plan import make_run_plan
-from .backends.unwrap import is_compiled
 from .big_model.bnb_params import quantized_model_placement
 from .config import accelerator_args
 from .config.handlers import (
@@ -29,7 +28,7 @@ from .config.handlers import (
 from .config.resolve import runtime_value
 from .config.settings import refuse_unbuilt_environment
 from .core.availability import is_bitsandbytes_multi_backend_available, is_xpu_available
-from .core.enums import DistributedType, DynamoBackend
+from .core.enums import DistributedType
 from .core.errors import ConfigError, NotSupportedYetError
 from .distributed import operations
 from .parallelism_config import mesh_rank
@@ -37,7 +36,6 @@ from .checkpoint import auto_resume
 from .resilience import preemption
 from .state import AcceleratorState, GradientState, detected_cluster, holds_deepspeed_plugins
 from .training.accumulation import AccumulationStep
-from .training.compilation import compile_model
 from .training.lomo import is_lomo_optimizer, lomo_backward
 from .training.precision import PrecisionPolicy
 from .logging import get_logger
@@ -346,9 +344,7 @@ class Accelerator:
         self.precision.wrap_forward(model)
         model = self._backend.prepare_model(model, device_placement=device_placement, evaluation_mode=evaluation_mode)
         model = self.precision.wrap_prepared(model)
-        plugin = self.state.dynamo_plugin
-        if plugin is not None and plugin.backend != DynamoBackend.NO and not is_compiled(model):
-            model = compile_model(model, plugin, regions_in_place=self._backend.regional_compilation_in_place)
+        model = self._backend.compile_model(model)  # torch.compile, last, as the plan's dynamo plugin says
         model._is_accelerate_prepared = True
         self._models.append(model)
         self._resume_when_ready()

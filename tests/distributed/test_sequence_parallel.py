@@ -143,7 +143,7 @@ def test_deepspeed_ulysses_is_handed_the_handlers_fields(monkeypatch):
     config = ParallelismConfig(sp_backend="deepspeed", sp_size=2, sp_handler=handler)
     model = torch.nn.Linear(2, 2)
     model.config = SimpleNamespace()  # transformers' models carry one; registration asks for it
-    assert ulysses.register(SimpleNamespace(parallelism_config=config), model, micro_batch_size=3) == "mpu"
+    assert ulysses.register(config, model, micro_batch_size=3) == "mpu"
     handed = {key: seen[key] for key in ("sequence_parallel_size", "seq_length", "seq_length_is_variable",
                                          "core_attn_implementation", "micro_batch_size")}
     assert handed == {"sequence_parallel_size": 2, "seq_length": 64, "seq_length_is_variable": False,

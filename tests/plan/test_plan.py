@@ -192,6 +192,27 @@ def test_a_second_accelerator_keeps_the_run_the_first_one_decided():
     assert second.run_plan.backend == "single"
 
 
+def test_a_second_accelerator_lays_out_and_compiles_as_the_first_one_did():
+    """Accelerate's state keeps the first Accelerator's ParallelismConfig and dynamo plugin, and a second
+    Accelerator reads its layout from there: its plan (what its backend is built from) must carry the same ones, or
+    its backend would lay the model out for a layout the state does not have."""
+    from types import SimpleNamespace
+
+    from hasten.config.handlers import TorchDynamoPlugin
+
+    layout, dynamo, fsdp = ParallelismConfig(dp_shard_size=2), TorchDynamoPlugin(backend="inductor"), _fsdp(fsdp_version=2)
+    first = SimpleNamespace(parallelism_config=layout, dynamo_plugin=dynamo, fsdp_plugin=fsdp, deepspeed_plugins=None,
+                            deepspeed_plugin=None, distributed_type=DistributedType.FSDP, _mixed_precision="no",
+                            mixed_precision="no")
+    cluster = lambda _fsdp_plugin=None: Cluster(2, "cpu", DistributedType.MULTI_CPU, first)  # noqa: E731
+    plan = make_run_plan(cluster=cluster, dynamo_backend="no")
+    assert plan.settled and plan.parallelism_config is layout and plan.dynamo_plugin is dynamo
+    assert plan.backend == "fsdp" and plan.fsdp_plugin is fsdp and plan.mesh == (("dp_shard", 2),)
+    # a layout given to the second one does not replace the state's (Accelerate ignores it too)
+    plan = make_run_plan(cluster=cluster, parallelism_config=ParallelismConfig(dp_replicate_size=2))
+    assert plan.parallelism_config is layout and plan.backend == "fsdp"
+
+
 def test_a_hand_built_accelerator_state_keeps_accelerates_constructor():
     from hasten.state import AcceleratorState, PartialState
 

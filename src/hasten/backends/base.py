@@ -107,21 +107,24 @@ class Backend:
 
     def layout_model(self, model: torch.nn.Module) -> None:
         """The layout's steps on a model as the script built it, before precision and wrapping: hasten's Ulysses
-        sequence parallelism (`sp_backend="hasten"`) routes its attention over the whole sequence."""
-        config = self.state.parallelism_config
-        if config is not None and config.native_sp_enabled:
-            from ..distributed.sequence_parallel import prepare_model
+        sequence parallelism (`parallelize/sequence.py`) routes its attention over the whole sequence."""
+        from ..parallelize.sequence import apply_sp
 
-            prepare_model(model)
+        apply_sp(model, self.plan.parallelism_config)
 
     def layout_loader(self, loader) -> None:
         """The layout's steps on a prepared loader, in place: under hasten's sequence parallelism each sp rank
         keeps its slice of the sequence."""
-        config = self.state.parallelism_config
-        if config is not None and config.native_sp_enabled:
-            from ..data.sequence_shard import shard_loader
+        from ..parallelize.sequence import shard_loader
 
-            shard_loader(loader, self.state)
+        shard_loader(loader, self.plan.parallelism_config, self.state.device_mesh)
+
+    def compile_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The last layout step, on what `prepare_model` returned: torch.compile as the plan's dynamo plugin says
+        (`parallelize/compile.py`); `model` itself when it says nothing."""
+        from ..parallelize.compile import apply_compile
+
+        return apply_compile(model, self.plan.dynamo_plugin, self.regional_compilation_in_place)
 
     def layout_optimizer(self, optimizer) -> None:
         """The layout's steps on a prepared optimizer: a Megatron-LM plugin's `gradient_clipping` clips the

@@ -85,13 +85,11 @@ class SequenceShardCollate:
         return shard_sequence_batch(self.collate(samples), self.rank, self.size, self.pad_token_id)
 
 
-def shard_loader(loader, state, pad_token_id: int = 0):
-    """Make a prepared loader yield this rank's sequence slices (hasten's sp on), in place; returns it."""
-    config = getattr(state, "parallelism_config", None)
-    if config is None or not config.native_sp_enabled or isinstance(loader.collate_fn, SequenceShardCollate):
-        return loader
-    rank = state.device_mesh.get_local_rank("sp")
-    loader.collate_fn = SequenceShardCollate(loader.collate_fn, rank, config.sp_size, pad_token_id)
+def shard_loader(loader, config, rank: int, pad_token_id: int = 0):
+    """Make a prepared loader yield slice `rank` of `config.sp_size` of each sequence (hasten's sp), in place;
+    returns it. A loader sharded already is left as it is."""
+    if not isinstance(loader.collate_fn, SequenceShardCollate):
+        loader.collate_fn = SequenceShardCollate(loader.collate_fn, rank, config.sp_size, pad_token_id)
     return loader
 
 

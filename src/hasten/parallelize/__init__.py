@@ -1,19 +1,22 @@
-"""Laying a model out over the run's mesh: `parallelize(model, plan)` applies ordered, independent steps, one module
-each, chosen from the run plan's layout (`plan.parallelism_config`) and FSDP settings (`plan.sharding_plugin`), as
-torchtitan's `parallelize_*` functions do. In order:
+"""Laying a model out over the run's mesh: ordered, independent steps, one module each, chosen from the run plan's
+layout (`plan.parallelism_config`), FSDP settings (`plan.sharding_plugin`) and dynamo plugin, as torchtitan's
+`parallelize_*` functions do. In the order a model meets them in `Accelerator.prepare_model`:
 
-1. `pipeline.split_stages`: cut the model into stages over `pp`, keep this process's (pp_size > 1);
-2. `tensor.apply_tp`: split the planned layers over `tp` (tp_size > 1);
-3. `checkpointing`: activation checkpointing (the plugin's `activation_checkpointing`);
-4. `fsdp`: FSDP2 over the data-parallel dimensions (`parallelism_config.fsdp_mesh`: dp_shard, dp_replicate, and cp,
-   which shards parameters like dp_shard and splits attention at run time in `maybe_context_parallel`).
+1. `sequence.apply_sp`: hasten's Ulysses sequence parallelism (sp_size > 1, `sp_backend="hasten"`) on the model as
+   the script built it (`Backend.layout_model`); its loaders are sharded by `sequence.shard_loader`;
+2. `parallelize(model, plan)` below, inside the backend's `prepare_model`:
+   a. `pipeline.split_stages`: cut the model into stages over `pp`, keep this process's (pp_size > 1);
+   b. `tensor.apply_tp`: split the planned layers over `tp` (tp_size > 1);
+   c. `checkpointing`: activation checkpointing (the plugin's `activation_checkpointing`);
+   d. `fsdp`: FSDP2 over the data-parallel dimensions (`parallelism_config.fsdp_mesh`: dp_shard, dp_replicate, and
+      cp, which shards parameters like dp_shard and splits attention at run time in `maybe_context_parallel`);
+3. `compile.apply_compile`: torch.compile, last, around what the backend returned (`Backend.compile_model`;
+   Accelerate's order).
 
-Replicas without a layout are `replicate.apply_ddp` (the ddp backend); a plain FSDP run is step 4 alone
-(`fsdp.apply_fsdp`, the fsdp backend). Two steps wrap what the backend returns, so `Accelerator.prepare_model` applies
-them around it: hasten's Ulysses sequence parallelism (`distributed/sequence_parallel.prepare_model`, before) and
-torch.compile (`training/compilation.compile_model`, after). The steps are functions of the model and the plan's
-settings; what a backend keeps about the result (the parameters an optimizer must be re-pointed at, the roots its
-checkpoints read) stays in the backend.
+Replicas without a layout are `replicate.apply_ddp` (the ddp backend); a plain FSDP run is step 2d alone
+(`fsdp.apply_fsdp`, the fsdp backend). Each step is a function of the model and the plan's settings; the backends
+call them, and the facade calls only the backend. What a backend keeps about the result (the parameters an optimizer
+must be re-pointed at, the roots its checkpoints read) stays in the backend.
 """
 
 from __future__ import annotations

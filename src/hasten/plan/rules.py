@@ -169,7 +169,15 @@ def make_run_plan(*, cluster: Callable[[Any], Cluster], mixed_precision=None, gr
         layout, fsdp_plugin = _layout(parallelism_config, cluster(fsdp_plugin), fsdp_plugin, deepspeed_plugins)
     processes = cluster(fsdp_plugin)
     settled = processes.settled
+    if settled is not None and settled.parallelism_config is not parallelism_config:
+        # The earlier Accelerator's layout and compile settings stay the run's (Accelerate's state keeps them, and a
+        # second Accelerator reads its layout from there): the backend is built for that layout.
+        parallelism_config = settled.parallelism_config
+        layout = None if parallelism_config is None else _layout(
+            parallelism_config, processes, fsdp_plugin if fsdp_plugin is not None else settled.fsdp_plugin,
+            deepspeed_plugins)[0]
     if settled is not None:
+        dynamo_plugin = settled.dynamo_plugin
         distributed_type = settled.distributed_type
         precision = Precision(settled._mixed_precision, "the Accelerator made earlier in this process",
                               settled.mixed_precision, _engine(settled._mixed_precision, fp8_handler))

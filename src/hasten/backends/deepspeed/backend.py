@@ -204,7 +204,8 @@ class DeepSpeedBackend(Backend):
         plugin.fill_auto(given, sources)
         plugin.fill_auto(values, sources, must_match=False)
         micro = plugin.get_value("train_micro_batch_size_per_gpu")
-        num_processes = ulysses.data_parallel_processes(self.state)  # sp ranks share their batches (Accelerate)
+        # sp ranks share their batches (Accelerate)
+        num_processes = ulysses.data_parallel_processes(self.state.num_processes, self.plan.parallelism_config)
         total = micro * plugin.get_value("gradient_accumulation_steps") * num_processes
         plugin.fill_auto({"train_batch_size": total}, "micro-batch x accumulation steps x processes")
         if plugin.get_value("train_batch_size", total) != total:
@@ -319,8 +320,8 @@ class DeepSpeedBackend(Backend):
         if isinstance(scheduler, DummyScheduler):
             ds_scheduler = scheduler
         self.ulysses_mpu = None
-        if ulysses.layout(self.state) is not None:  # Accelerate's sp_size: DeepSpeed's groups, handed to the engine
-            kwargs["mpu"] = self.ulysses_mpu = ulysses.register(self.state, model,
+        if ulysses.layout(self.plan.parallelism_config) is not None:  # Accelerate's sp_size: DeepSpeed's groups
+            kwargs["mpu"] = self.ulysses_mpu = ulysses.register(self.plan.parallelism_config, model,
                                                                 plugin.get_value("train_micro_batch_size_per_gpu"))
         engine, ds_optimizer, _, lr_scheduler = deepspeed.initialize(**kwargs)
         wrapper = DeepSpeedEngineWrapper(engine)

@@ -14,21 +14,21 @@ from ...core.errors import ConfigError
 MIN_VERSION = "0.18.2"
 
 
-def layout(state):
-    """The run's ParallelismConfig when it asks for DeepSpeed's Ulysses (sp_size > 1), else None."""
-    config = getattr(state, "parallelism_config", None)
+def layout(config):
+    """The run's layout (the plan's ParallelismConfig, or None) when it asks for DeepSpeed's Ulysses (sp_size > 1),
+    else None."""
     return config if config is not None and config.sp_enabled else None
 
 
-def data_parallel_processes(state) -> int:
-    """The processes that read different batches: all of them, over sp_size under Ulysses."""
-    config = layout(state)
-    return state.num_processes // config.sp_size if config is not None else state.num_processes
+def data_parallel_processes(num_processes: int, config) -> int:
+    """The processes that read different batches: all of them, over sp_size under Ulysses (`config`: the layout)."""
+    config = layout(config)
+    return num_processes // config.sp_size if config is not None else num_processes
 
 
-def register(state, model, micro_batch_size):
-    """Accelerate's checks (its words), then DeepSpeed's registration; returns the `mpu` for deepspeed.initialize."""
-    config = layout(state)
+def register(config, model, micro_batch_size):
+    """Accelerate's checks (its words), then DeepSpeed's registration; returns the `mpu` for deepspeed.initialize.
+    `config`: the run's layout, with sp_size > 1."""
     if config.sp_backend != "deepspeed":
         raise ConfigError(f"In order to use the configured sp_size={config.sp_size} with DeepSpeed, you need to "
                           f"configure sp_backend='deepspeed', yet you configured it to be "
