@@ -76,6 +76,21 @@ def _redacted(url: str) -> str:
     return f"{scheme}{sep}{rest}"
 
 
+def _one_retry_layer(protocol: str, storage_options: dict) -> dict:
+    """The options an s3:// filesystem is made with: botocore's own retries off (`total_max_attempts` 1), unless the user
+    set them (`AWS_MAX_ATTEMPTS`, or `config_kwargs={"retries": ...}`). botocore retries each request up to 5 times,
+    s3fs retries each of its calls 5 times, and hasten retries each object: stacked, a store that stops answering
+    held a save for about 5 x 5 x 15 s (s3fs's read timeout) before the one-line error. With two layers a silent
+    store ends a save in about 75 s: s3fs's tries of one attempt, after which hasten, past its 60 s, starts no other."""
+    if protocol not in ("s3", "s3a") or "AWS_MAX_ATTEMPTS" in os.environ:
+        return storage_options
+    config = dict(storage_options.get("config_kwargs") or {})
+    if "retries" in config:
+        return storage_options
+    config["retries"] = {"total_max_attempts": 1}  # one try: botocore counts retries in max_attempts
+    return {**storage_options, "config_kwargs": config}
+
+
 class RemoteStorage(Storage):
     def __init__(self, url: str, run_id: str | None = None, claim_ttl: float = 600.0, attempts: int = 5,
                  seconds: float = 60.0, **storage_options):
@@ -85,7 +100,7 @@ class RemoteStorage(Storage):
         except ImportError:
             raise ImportError(f"{protocol}:// checkpoints need fsspec: pip install \"hasten[{_extra(protocol)}]\"") from None
         try:
-            self.fs, path = fsspec.core.url_to_fs(url, **storage_options)
+            self.fs, path = fsspec.core.url_to_fs(url, **_one_retry_layer(protocol, storage_options))
         except ImportError:
             library, extra = _LIBRARIES.get(protocol, (f"fsspec's {protocol} implementation", protocol))
             raise ImportError(f"{protocol}:// checkpoints need {library}: pip install \"hasten[{extra}]\"") from None
