@@ -29,9 +29,10 @@ from ..optimizer import inner_optimizer as _plain
 from ..parallelize import parallelize
 from .base import Backend, refuse_load_kwargs
 from .fsdp import checkpoint as fsdp_checkpoint
-from .sharded import ShardedModels
+from .sharded import ShardedModels, delegate_to_sharded
 
 
+@delegate_to_sharded  # owner_of; its own sync and checkpoint methods are kept
 class PipelineBackend(Backend):
     name = "pipeline"
     supports_clip_grad_value = False
@@ -54,18 +55,12 @@ class PipelineBackend(Backend):
 
     # -- preparing ------------------------------------------------------------------------------------------
     def prepare_together(self, models, optimizers, **_):
-        prepared = self.sharded.prepared
-        for model in models:
-            if model not in prepared and not getattr(model, "_is_accelerate_prepared", False):
-                prepared[model] = self._pipeline(model)
+        self.sharded.lay_out_all(models, self._pipeline)
         for optimizer in optimizers:
             self._keep_own_parameters(_plain(optimizer))
 
     def prepare_model(self, model, device_placement, evaluation_mode):
-        prepared = self.sharded.prepared
-        if model not in prepared:
-            prepared[model] = self._pipeline(model)
-        return prepared[model]
+        return self.sharded.lay_out(model, self._pipeline)
 
     def _pipeline(self, model):
         from ..distributed.pipeline import PipelinedModel
@@ -90,9 +85,6 @@ class PipelineBackend(Backend):
             lambda: GradientState().num_steps)
         self.sharded.roots.append(wrapped)
         return wrapped
-
-    def owner_of(self, optimizer):
-        return self.sharded.owner_of(optimizer)
 
     def _keep_own_parameters(self, optimizer) -> None:
         """Point the user's optimizer at this process's (split, sharded) parameters and drop the other stages'."""

@@ -31,6 +31,19 @@ class ShardedModels:
         self.offload_dropped = False  # cpu_offload on a CPU run: left out, with a warning (check_offload)
 
     # -- CPU offload ----------------------------------------------------------------------------------------------
+    def lay_out_all(self, models, lay_out) -> None:
+        """`lay_out(model)` for every model of one prepare() call not laid out yet (nor prepared by an earlier
+        Accelerator), kept as its prepared form."""
+        for model in models:
+            if model not in self.prepared and not getattr(model, "_is_accelerate_prepared", False):
+                self.prepared[model] = lay_out(model)
+
+    def lay_out(self, model, lay_out):
+        """The prepared form of `model`: `lay_out(model)` the first time, the same object after."""
+        if model not in self.prepared:
+            self.prepared[model] = lay_out(model)
+        return self.prepared[model]
+
     def check_offload(self) -> None:
         if self.plugin.offloads_params and self.device.type == "cpu" and not self.offload_dropped:
             # torch's FSDP offload needs an accelerator ("Cannot access accelerator device when none is available",
@@ -220,6 +233,53 @@ class ShardedModels:
         for index, optimizer in enumerate(optimizers):
             fsdp_checkpoint.load_optimizer(self.owner_of(optimizer), inner_optimizer(optimizer), folder, index,
                                            map_location=map_location, load_kwargs=load_kwargs)
+
+
+def delegate_to_sharded(cls):
+    """Class decorator: the backend methods that a backend holding `self.sharded` (a ShardedModels) answers by
+    delegation alone: which prepared optimizer owns a parameter, gradient sync for accumulation, and checkpoints
+    (full state dict, the mid-window refusal, DCP save/stage/load). A method the class defines itself is kept.
+    Composition, not inheritance: the class's MRO stays (cls, Backend, object)."""
+    from .base import Backend, refuse_load_kwargs
+
+    def owner_of(self, optimizer):
+        return self.sharded.owner_of(optimizer)
+
+    def no_sync(self, model):
+        """Backward keeps whole (unsharded) gradients locally; the next synced backward reduces their sum."""
+        return self.sharded.gradient_sync(model, enabled=False)
+
+    def trigger_sync_in_backward(self, model):
+        return self.sharded.gradient_sync(model, enabled=True)
+
+    def full_state_dict(self, model, unwrap=True):
+        return self.sharded.full_state_dict(model, unwrap)
+
+    def check_save_kwargs(self, save_model_func_kwargs: dict) -> None:
+        Backend.check_save_kwargs(self, save_model_func_kwargs)
+        self.sharded.refuse_mid_window()
+
+    def save_model_and_optimizer(self, folder, models, optimizers, *, writer=True, rank=0, safe_serialization=True,
+                                 before_write=None, **save_model_func_kwargs) -> list:
+        return self.sharded.save(folder, models, optimizers, before_write)
+
+    def stage_model_and_optimizer(self, folder, models, optimizers, *, writer=True, rank=0, safe_serialization=True,
+                                  before_write=None, stage=None, dcp_group=None, **save_model_func_kwargs) -> list:
+        return self.sharded.stage(folder, models, optimizers, rank=rank, before_write=before_write, stage=stage,
+                                  dcp_group=dcp_group)
+
+    def load_model_and_optimizer(self, folder, models, optimizers, *, map_location="cpu", load_kwargs=None,
+                                 strict=True, **load_model_func_kwargs) -> None:
+        refuse_load_kwargs(self, load_model_func_kwargs, accepted=())
+        self.sharded.load(folder, models, optimizers, map_location=map_location, load_kwargs=load_kwargs,
+                          strict=strict)
+
+    for method in (owner_of, no_sync, trigger_sync_in_backward, full_state_dict, check_save_kwargs,
+                   save_model_and_optimizer, stage_model_and_optimizer, load_model_and_optimizer):
+        if method.__name__ not in vars(cls):
+            method.__qualname__ = f"{cls.__name__}.{method.__name__}"
+            setattr(cls, method.__name__, method)
+    return cls
 
 
 def _wrapper_prefix(model) -> str:

@@ -19,10 +19,11 @@ from ..core.errors import ConfigError
 from ..optimizer import inner_optimizer
 from ..parallelize import parallelize
 from ..parallelize.fsdp import plain_named_parameters
-from .base import Backend, refuse_load_kwargs
-from .sharded import ShardedModels
+from .base import Backend
+from .sharded import ShardedModels, delegate_to_sharded
 
 
+@delegate_to_sharded
 class TensorParallelBackend(Backend):
     name = "tensor_parallel"
     accelerate_fsdp2_step = False  # the layout shards in its own order (split first, then fully_shard)
@@ -54,18 +55,12 @@ class TensorParallelBackend(Backend):
     # -- preparing ------------------------------------------------------------------------------------------
     def prepare_together(self, models, optimizers, **_):
         """Lay out every model of this `prepare` call, then point the optimizers at the new parameters."""
-        prepared = self.sharded.prepared
-        for model in models:
-            if model not in prepared and not getattr(model, "_is_accelerate_prepared", False):
-                prepared[model] = self._shard(model)
+        self.sharded.lay_out_all(models, self._shard)
         for optimizer in optimizers:
             self.sharded.repoint(inner_optimizer(optimizer))
 
     def prepare_model(self, model, device_placement, evaluation_mode):
-        prepared = self.sharded.prepared
-        if model not in prepared:
-            prepared[model] = self._shard(model)
-        return prepared[model]
+        return self.sharded.lay_out(model, self._shard)
 
     def prepare_fsdp2_model(self, model, wrap_policy=None, upcast=None):
         """`prepare_model` for Accelerate's `fsdp2_prepare_model` (see the FSDP backend's): its wrap policy and upcast
@@ -98,42 +93,10 @@ class TensorParallelBackend(Backend):
                 old.data = torch.empty(0, dtype=old.dtype, device=old.device)  # the user's optimizer still holds it
         return model
 
-    def owner_of(self, optimizer):
-        return self.sharded.owner_of(optimizer)
-
-    # -- the training step ----------------------------------------------------------------------------------
-    def no_sync(self, model):
-        return self.sharded.gradient_sync(model, enabled=False)
-
-    def trigger_sync_in_backward(self, model):
-        return self.sharded.gradient_sync(model, enabled=True)
-
+    # -- the training step (owner_of, no_sync and the checkpoints: sharded.delegate_to_sharded) ------------
     def clip_grad_norm_(self, parameters, max_norm, norm_type=2.0):
         """Clip by the norm over every rank's pieces; DTensor gradients on different meshes (split layers, FSDP's
         shards, whole layers) are normed per mesh, then combined."""
         from ..distributed.grad_norm import clip_grad_norm_sharded_
 
         return clip_grad_norm_sharded_(parameters, float(max_norm), float(norm_type))
-
-    # -- checkpoints (backends/sharded.py) ------------------------------------------------------------------
-    def full_state_dict(self, model, unwrap=True):
-        return self.sharded.full_state_dict(model, unwrap)
-
-    def check_save_kwargs(self, save_model_func_kwargs: dict) -> None:
-        super().check_save_kwargs(save_model_func_kwargs)
-        self.sharded.refuse_mid_window()
-
-    def save_model_and_optimizer(self, folder, models, optimizers, *, writer=True, rank=0, safe_serialization=True,
-                                 before_write=None, **save_model_func_kwargs) -> list:
-        return self.sharded.save(folder, models, optimizers, before_write)
-
-    def stage_model_and_optimizer(self, folder, models, optimizers, *, writer=True, rank=0, safe_serialization=True,
-                                  before_write=None, stage=None, dcp_group=None, **save_model_func_kwargs) -> list:
-        return self.sharded.stage(folder, models, optimizers, rank=rank, before_write=before_write, stage=stage,
-                                  dcp_group=dcp_group)
-
-    def load_model_and_optimizer(self, folder, models, optimizers, *, map_location="cpu", load_kwargs=None,
-                                 strict=True, **load_model_func_kwargs) -> None:
-        refuse_load_kwargs(self, load_model_func_kwargs, accepted=())
-        self.sharded.load(folder, models, optimizers, map_location=map_location, load_kwargs=load_kwargs,
-                          strict=strict)

@@ -25,12 +25,13 @@ from ...parallelize import fsdp as sharding
 from ...parallelize.fsdp import can_be_unit, ignored_modules
 from ...parallelize.fsdp import ignored_modules as _ignored_modules  # noqa: F401 - published here too
 from ...parallelize.fsdp import named_tensors as _named_tensors
-from ..base import Backend, refuse_load_kwargs
-from ..sharded import ShardedModels
+from ..base import Backend
+from ..sharded import ShardedModels, delegate_to_sharded
 from ..sharded import _requires_gradient_sync  # noqa: F401 - published here too
 from ..unwrap import is_fsdp1
 
 
+@delegate_to_sharded
 class FSDPBackend(Backend):
     name = "fsdp"
     supports_clip_grad_value = False  # a value clip on shards is fine, but Accelerate refuses it: keep one rule
@@ -65,18 +66,12 @@ class FSDPBackend(Backend):
     # -- preparing ------------------------------------------------------------------------------------------
     def prepare_together(self, models, optimizers, **_):
         """Shard every model of this `prepare` call, then point the optimizers at the sharded parameters."""
-        prepared = self.sharded.prepared
-        for model in models:
-            if model not in prepared and not getattr(model, "_is_accelerate_prepared", False):
-                prepared[model] = self._shard(model)
+        self.sharded.lay_out_all(models, self._shard)
         for optimizer in optimizers:
             self.sharded.repoint(inner_optimizer(optimizer))
 
     def prepare_model(self, model, device_placement, evaluation_mode):
-        prepared = self.sharded.prepared
-        if model not in prepared:
-            prepared[model] = self._shard(model)
-        return prepared[model]
+        return self.sharded.lay_out(model, self._shard)
 
     def _check_device(self):
         device = self.state.device
@@ -192,18 +187,7 @@ class FSDPBackend(Backend):
                 self.sharded.replacement[old] = flat
         return wrapped
 
-    def owner_of(self, optimizer):
-        """The sharded model whose parameters `optimizer` updates."""
-        return self.sharded.owner_of(optimizer)
-
-    # -- the training step ----------------------------------------------------------------------------------
-    def no_sync(self, model):
-        """Backward keeps whole (unsharded) gradients locally; the next synced backward reduces their sum."""
-        return self.sharded.gradient_sync(model, enabled=False)
-
-    def trigger_sync_in_backward(self, model):
-        return self.sharded.gradient_sync(model, enabled=True)
-
+    # -- the training step (owner_of, no_sync and the checkpoints: sharded.delegate_to_sharded) ------------
     def clip_grad_norm_(self, parameters, max_norm, norm_type=2.0):
         """Clip by the norm over all shards on all processes; returns that global norm (the same on every rank)."""
         params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
@@ -213,30 +197,6 @@ class FSDPBackend(Backend):
                 if is_fsdp1(root) and ids == {id(p) for p in root.parameters()}:
                     return root.clip_grad_norm_(max_norm, norm_type)
         return clip_grad_norm_sharded_(params, float(max_norm), float(norm_type), local_shards=self.version == 1)
-
-    # -- checkpoints (backends/sharded.py) ------------------------------------------------------------------
-    def full_state_dict(self, model, unwrap=True):
-        return self.sharded.full_state_dict(model, unwrap)
-
-    def check_save_kwargs(self, save_model_func_kwargs: dict) -> None:
-        super().check_save_kwargs(save_model_func_kwargs)
-        self.sharded.refuse_mid_window()
-
-    def save_model_and_optimizer(self, folder, models, optimizers, *, writer=True, rank=0, safe_serialization=True,
-                                 before_write=None, **save_model_func_kwargs) -> list:
-        return self.sharded.save(folder, models, optimizers, before_write)
-
-    def stage_model_and_optimizer(self, folder, models, optimizers, *, writer=True, rank=0, safe_serialization=True,
-                                  before_write=None, stage=None, dcp_group=None, **save_model_func_kwargs) -> list:
-        return self.sharded.stage(folder, models, optimizers, rank=rank, before_write=before_write, stage=stage,
-                                  dcp_group=dcp_group)
-
-    def load_model_and_optimizer(self, folder, models, optimizers, *, map_location="cpu", load_kwargs=None,
-                                 strict=True, **load_model_func_kwargs) -> None:
-        refuse_load_kwargs(self, load_model_func_kwargs, accepted=())
-        self.sharded.load(folder, models, optimizers, map_location=map_location, load_kwargs=load_kwargs,
-                          strict=strict)
-
 
 def _on_any_rank(flag: bool) -> bool:
     """Whether `flag` holds on some process: decisions that raise must be taken by all processes together.
