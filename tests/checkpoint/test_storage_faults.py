@@ -144,8 +144,7 @@ def test_a_store_that_never_recovers_fails_in_one_line_and_commits_nothing(store
     assert storage_for(f"{root}/checkpoints").committed() == ["checkpoint_0", "checkpoint_1"]
 
 
-@pytest.mark.parametrize("botocore_retries", ["off by the user", "left at botocore's default"])
-def test_a_stall_longer_than_the_timeout_ends_in_one_line(store, monkeypatch, botocore_retries):
+def test_a_stall_longer_than_the_timeout_ends_in_one_line(store, monkeypatch):
     """A request the store never answers is abandoned after the client's read timeout (s3fs's, lowered here so the
     test is short) and retried a bounded number of times; then the save fails in one line. Without AWS_MAX_ATTEMPTS
     (most users), hasten turns botocore's own retries off for the filesystems it makes, so the tries do not stack a
@@ -153,8 +152,7 @@ def test_a_stall_longer_than_the_timeout_ends_in_one_line(store, monkeypatch, bo
     import s3fs
 
     fs, proxy, root = store
-    if botocore_retries != "off by the user":
-        monkeypatch.delenv("AWS_MAX_ATTEMPTS")
+    monkeypatch.delenv("AWS_MAX_ATTEMPTS")  # botocore's default, as most users have it
     monkeypatch.setattr(s3fs.S3FileSystem, "read_timeout", 0.5)
     s3fs.S3FileSystem.clear_instance_cache()
     accelerator, model, optimizer = _trained(root)
