@@ -368,3 +368,31 @@ def test_the_exceptions_are_still_needed():
     ]
     assert PLAN_ONLY_CALLS <= set(plan_calls)
     assert plan_calls.count("make_run_plan") == 0  # one maker; its callers are the Accelerator and config explain
+
+
+# What the plan decides, which a backend or a layout step must read from the plan it was built with, never from the
+# shared state (a second Accelerator's state and plan agree only because the plan copies the state's, `settled`).
+PLAN_SETTINGS = {"parallelism_config", "dynamo_plugin", "fsdp_plugin", "deepspeed_plugin", "deepspeed_plugins",
+                 "megatron_lm_plugin", "mixed_precision", "_mixed_precision", "distributed_type"}
+
+
+def _is_state(node) -> bool:
+    """`state` or `self.state` (or `self._state`)."""
+    return (isinstance(node, ast.Name) and node.id == "state") or (
+        isinstance(node, ast.Attribute) and node.attr in ("state", "_state"))
+
+
+def test_backends_and_layout_steps_read_the_plan_not_the_state():
+    found = []
+    for module, tree in _sources():
+        # fsdp/functions.py is Accelerate's `fsdp_utils`: public functions given an accelerator, which read its state
+        if not module.startswith(("backends/", "parallelize/")) or module == "backends/fsdp/functions.py":
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr in PLAN_SETTINGS and _is_state(node.value):
+                found.append(f"{module}:{node.lineno}: reads state.{node.attr}")
+            if (isinstance(node, ast.Call) and _called_name(node) == "getattr" and len(node.args) >= 2
+                    and _is_state(node.args[0]) and isinstance(node.args[1], ast.Constant)
+                    and node.args[1].value in PLAN_SETTINGS):
+                found.append(f"{module}:{node.lineno}: reads getattr(state, {node.args[1].value!r})")
+    assert not found, "a backend reads a planned setting from the state, not its plan:\n" + "\n".join(found)

@@ -88,7 +88,7 @@ class XLABackend(Backend):
         from ...core.availability import is_torch_xla_available
         from ...core.env import env_flag
 
-        if getattr(self.state, "mixed_precision", None) != "bf16" or not is_torch_xla_available(check_is_tpu=True):
+        if self.plan.precision.setting != "bf16" or not is_torch_xla_available(check_is_tpu=True):
             return
         downcast = env_flag("DOWNCAST_BF16")
         os.environ["XLA_USE_BF16"], os.environ["XLA_DOWNCAST_BF16"] = ("0", "1") if downcast else ("1", "0")
