@@ -23,7 +23,7 @@ from ..core.errors import CheckpointError, ConfigError, DiskFullError
 from ..distributed import control
 from ..distributed.rng import capture_rng_states, restore_rng_states
 from . import async_save as background
-from . import checksum, durable, fast_io, files, state_dicts
+from . import checksum, durable, engine_checksums, fast_io, files, state_dicts
 from . import folder as folders
 from . import marker as markers
 from . import remote_checkpoints as remote
@@ -232,13 +232,16 @@ class _Commit:
     total_limit: object  # None, or how many automatically named checkpoints to keep
     local_main: bool = True
     remote: object = None  # a remote_checkpoints.RemoteTarget when the checkpoint goes to object storage
+    # every machine writes its own copy with save_on_each_node: library-written files then keep the size check only
+    digest_engine_files: bool = True
 
 
 def _commit_for(contents: CheckpointContents, temp: str, target: str, place=None) -> _Commit:
     project = contents.project
     limit = project.total_limit if project.automatic_checkpoint_naming else None
     return _Commit(temp, target, contents.writer, contents.rank, project.iteration, contents.state.num_processes, limit,
-                   contents.state.is_local_main_process, place)
+                   contents.state.is_local_main_process, place,
+                   digest_engine_files=not (project.save_on_each_node and contents.state.use_distributed))
 
 
 def _hooks_runner(contents: CheckpointContents, temp: str):
@@ -305,6 +308,8 @@ def _finish(commit: _Commit, problem, written: dict, gather) -> None:
         if problem is not None:
             raise CheckpointError(f"save_state({target}) failed on rank {commit.rank}: {_describe(problem)}") from problem
         _raise_failures([error for error, _, _ in reports], f"save_state({target})")
+    if commit.digest_engine_files:  # 3c. what torch's DCP or DeepSpeed wrote gets checksums too
+        reports = engine_checksums.digest_after_write(temp, reports, gather, commit.rank)
     if commit.remote is not None:  # object storage: upload, then rank 0 writes the manifest
         remote.publish(commit.remote, temp, reports, gather, rank=commit.rank, writer=commit.writer,
                        local_main=commit.local_main, iteration=commit.iteration, num_processes=commit.num_processes,
@@ -576,6 +581,8 @@ def load_state(contents: CheckpointContents, input_dir=None, load_kwargs=None, *
         marker = markers.read_marker(folder)
         if marker is not None:
             markers.verify_files(folder, marker)
+            if not folder.startswith(remote.staging_root()):  # a download was verified as it came in
+                engine_checksums.verify_before_read(folder, marker, _all_gather, contents.rank)
         # Every file read below is checked against the checksums written with it, as its bytes come in.
         with fast_io.expect_checksums(folder, (marker or {}).get("checksums")):
             return _load_from(contents, folder, marker, load_kwargs, load_model_func_kwargs)
