@@ -35,5 +35,8 @@ def run(args, replicas: int = 1, timeout: float = CASE_TIMEOUT, cwd=None, **extr
         out = (expired.stdout or b"").decode() if isinstance(expired.stdout, bytes) else (expired.stdout or "")
         raise AssertionError(f"{command} did not finish in {timeout:.0f} s:\n{out[-3000:]}") from None
     output = done.stdout + done.stderr
-    assert done.returncode == 0, f"{command} exited {done.returncode}:\n{output[-5000:]}"
+    # a replica that dies of a signal says which one first (faulthandler's "Fatal Python error" line), and that
+    # line is far above the tail once every thread's stack follows it: keep it in the message
+    fatal = "\n".join(line for line in output.splitlines() if "Fatal Python error" in line or "Current thread" in line)
+    assert done.returncode == 0, f"{command} exited {done.returncode}:\n{fatal}\n...\n{output[-5000:]}"
     return output
