@@ -14,11 +14,11 @@ checkpoint before it as for any other damaged file.
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
 
 from ..core.errors import ChecksumError
 from . import checksum
 from . import folder as folders
+from .threads import in_threads
 
 PASS_KEY = "pass"  # in a checksum spec: verified in a pass of its own, not by hasten's readers as they read
 _THREADS = 4  # file reads and xxhash/zlib release the GIL
@@ -46,13 +46,6 @@ def _shared_out(names_seen: list, rank: int) -> list:
     return [name for index, name in enumerate(sorted(seers)) if seers[name][index % len(seers[name])] == rank]
 
 
-def _in_threads(action, names: list) -> list:
-    if len(names) <= 1:
-        return [action(name) for name in names]
-    with ThreadPoolExecutor(max_workers=min(_THREADS, len(names))) as pool:
-        return list(pool.map(action, names))
-
-
 def digest_after_write(temp: str, reports: list, gather, rank: int) -> list:
     """Step 3c of a save, on every process, after each one reported its files (`reports[rank]` is (error, names,
     {name: spec})): the files in `temp` that no hasten writer digested get their checksums now. Returns `reports`
@@ -62,7 +55,7 @@ def digest_after_write(temp: str, reports: list, gather, rank: int) -> list:
         return reports  # hasten wrote every file (the same answer on every process: `reports` is gathered)
     seen = sorted(set(folders.sizes_under(temp, "")) - summed) if os.path.isdir(temp) else []
     mine = _shared_out(gather(seen), rank)
-    specs = dict(zip(mine, _in_threads(lambda name: _digest_file(os.path.join(temp, *name.split("/"))), mine)))
+    specs = dict(zip(mine, in_threads(lambda name: _digest_file(os.path.join(temp, *name.split("/"))), mine, _THREADS)))
     extra = {name: spec for part in gather(specs) for name, spec in part.items()}
     if not extra:
         return reports
@@ -88,7 +81,7 @@ def verify_before_read(folder: str, marker: dict | None, gather, rank: int) -> N
             return str(error)
         return None
 
-    found = [message for part in gather([m for m in _in_threads(check, mine) if m]) for message in part]
+    found = [message for part in gather([m for m in in_threads(check, mine, _THREADS) if m]) for message in part]
     if found:
         raise ChecksumError(found[0] if len(found) == 1 else f"{found[0]} (and {len(found) - 1} more damaged file(s))")
 

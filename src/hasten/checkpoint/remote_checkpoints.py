@@ -22,7 +22,6 @@ import os
 import re
 import tempfile
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from ..core.errors import CheckpointError, ConfigError
@@ -32,6 +31,7 @@ from . import folder as folders
 from . import marker as markers
 from .storage import is_remote, storage_for
 from .storage.remote import _redacted
+from .threads import in_threads
 
 logger = logging.getLogger(__name__)
 
@@ -87,8 +87,7 @@ def _writable(root: str):
 
 def _in_parallel(action, items: list) -> list:
     """`action(item)` for every item, at most `workers()` at a time (each is one request stream); the results."""
-    with ThreadPoolExecutor(max_workers=max(1, min(workers(), len(items) or 1))) as pool:
-        return list(pool.map(action, items))
+    return in_threads(action, items, workers())
 
 
 def _storage(parent: str):
