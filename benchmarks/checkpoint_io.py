@@ -57,7 +57,7 @@ def library(accelerator, folder):
 
 def without_checksums(accelerator, folder):
     """hasten's save with its writers' digests switched off, then its load of a marker that has none."""
-    from hasten.checkpoint import checksum
+    from hasten.checkpoint.storage import checksum
 
     def save():
         update, record = checksum.Summer.update, checksum.Summer.record

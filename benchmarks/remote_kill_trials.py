@@ -97,7 +97,7 @@ def worker(root: str) -> None:
 def _committed(root: str) -> list:
     from hasten.checkpoint.storage import storage_for
 
-    from hasten.checkpoint import folder as folders
+    from hasten.checkpoint.storage import folder as folders
 
     storage = storage_for(f"{root}/checkpoints")
     return sorted(folders.number_in(n) for n in storage.committed())

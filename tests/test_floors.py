@@ -39,7 +39,7 @@ MOST_UPWARD = 2  # issue 39: at most two named upward imports between packages
 
 
 def package_of(module: str) -> str:
-    """`hasten.checkpoint.folder` -> `checkpoint`; `hasten.state` -> `state`; `hasten` -> `hasten`."""
+    """`hasten.checkpoint.storage.folder` -> `checkpoint`; `hasten.state` -> `state`; `hasten` -> `hasten`."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else parts[0]
 

@@ -15,7 +15,8 @@ import os
 import torch
 
 from .checkpoint import async_save as background
-from .checkpoint import durable, files, state_dicts
+from .checkpoint import files, state_dicts
+from .checkpoint.storage import durable, paths
 from .core.constants import DL_STATE_NAME, SAMPLER_NAME, SCALER_NAME
 from .distributed.rng import capture_rng_states, restore_rng_states
 
@@ -58,7 +59,7 @@ def save_accelerator_state(output_dir: str, model_states: list, optimizers: list
     process writes its own `random_states_<process_index>.pkl`.
     """
     output_dir = os.fspath(output_dir)
-    os.makedirs(output_dir, exist_ok=True)
+    paths.make_folder(output_dir)
     plan = []
     if _is_writer(save_on_each_node):
         plan += files.model_files(model_states, safe_serialization, for_safetensors=clean_state_dict_for_safetensors)

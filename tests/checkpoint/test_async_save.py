@@ -16,8 +16,8 @@ from launching import REPO, launch
 from hasten import Accelerator, ProjectConfiguration
 from hasten.checkpoint import async_save as background
 from hasten.backends.base import Backend
-from hasten.checkpoint.marker import MARKER_NAME
-from hasten.checkpoint.folder import newest_checkpoint
+from hasten.checkpoint.storage.marker import MARKER_NAME
+from hasten.checkpoint.storage.folder import newest_checkpoint
 from hasten.core.errors import CheckpointError, ConfigError
 from hasten.state import AcceleratorState, GradientState
 

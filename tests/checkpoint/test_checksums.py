@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from hasten import Accelerator, ProjectConfiguration
-from hasten.checkpoint import checksum, fast_io
+from hasten.checkpoint.storage import checksum, fast_io
 from hasten.core.errors import ChecksumError
 from hasten.state import AcceleratorState, GradientState
 

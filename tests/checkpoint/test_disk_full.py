@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from hasten import Accelerator, ProjectConfiguration
-from hasten.checkpoint import async_save, checksum
-from hasten.checkpoint.marker import read_marker
+from hasten.checkpoint import async_save
+from hasten.checkpoint.storage import checksum
+from hasten.checkpoint.storage.marker import read_marker
 from hasten.core.errors import DiskFullError
 from hasten.state import AcceleratorState, GradientState
 from launching import launch

@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from hasten import Accelerator
-from hasten.checkpoint import fast_io
+from hasten.checkpoint.storage import fast_io
 from hasten.core.errors import CheckpointError, UnsafeCheckpointError
 from hasten.state import AcceleratorState, GradientState
 

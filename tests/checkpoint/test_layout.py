@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from hasten import Accelerator, ProjectConfiguration
-from hasten.checkpoint import fast_io, marker as markers
+from hasten.checkpoint.storage import fast_io, marker as markers
 from hasten.core.errors import CheckpointError, ConfigError, UnsafeCheckpointError
 from hasten.state import AcceleratorState, GradientState
 from launching import SCRIPTS, launch

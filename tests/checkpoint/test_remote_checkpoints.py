@@ -199,6 +199,14 @@ def test_a_run_saved_to_a_bucket_resumes_from_it_bit_identical(layout, s3_env, t
     stored = {p.split(manifest["objects_under"] + "/", 1)[1] for p in fs.find(f"{root}/checkpoint_2")
               if manifest["objects_under"] + "/" in p}
     assert stored == set(manifest["files"]) and manifest["num_processes"] == 2
+    if layout in ("fsdp2", "tp"):
+        # a synchronous save wrote its DCP shards straight into the bucket, digested on the way out; fsdp2's last,
+        # asynchronous, save (its version prefix opened in the background) staged them, and the commit digested them
+        first = json.loads(fs.cat_file(f"{root}/checkpoint_1/{MANIFEST_NAME}"))
+        direct = [spec for name, spec in first["checksums"].items() if name.endswith(".distcp")]
+        last = [spec for name, spec in manifest["checksums"].items() if name.endswith(".distcp")]
+        assert direct and last and not any(s.get("pass") for s in direct), first["checksums"]
+        assert all(bool(s.get("pass")) == (layout == "fsdp2") for s in last), manifest["checksums"]
     resumed = launch("remote_resume.py", url, tmp_path, layout, "resume", **args)
     assert "START rank=0 step=3 iteration=3" in resumed.stdout, resumed.stdout
     if layout in ("fsdp2", "tp"):  # sharded (DCP): every rank read its shards from the bucket, none was downloaded

@@ -160,7 +160,7 @@ def test_bad_urls_and_missing_libraries_are_one_line():
 
 def test_the_local_commit_is_the_checkpoint_folders_own(tmp_path):
     """A local checkpoint made through the layer is a save_state folder: the same marker, read by the same code."""
-    from hasten.checkpoint import marker
+    from hasten.checkpoint.storage import marker
 
     storage = storage_for(str(tmp_path))
     _save(storage, "checkpoint_0", {"model.bin": b"w"}, iteration=0, num_processes=2)

@@ -2,7 +2,7 @@
 
 import torch
 
-from hasten.checkpoint import fast_io
+from hasten.checkpoint.storage import fast_io
 from hasten.core.dtypes import PRECISION_DTYPES, SAFETENSORS_DTYPES, SAFETENSORS_NAMES
 from hasten.core.enums import PRECISION_CHOICES
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from source_rules import dotted
+
 SRC = Path(__file__).resolve().parents[2] / "src" / "hasten"
 
 COLLECTIVES = {
@@ -31,18 +33,9 @@ DIST_NAMES = {"dist", "c10d", "distributed", "distributed_c10d"}
 WAIVER = "# collective-ok:"
 
 
-def _dotted(node) -> str:
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if isinstance(node, ast.Name):
-        parts.append(node.id)
-    return ".".join(reversed(parts))
-
 
 def _collective_name(call: ast.Call) -> str | None:
-    name = _dotted(call.func)
+    name = dotted(call.func)
     head, _, last = name.rpartition(".")
     if last in COLLECTIVES and head and head.split(".")[-1] in DIST_NAMES:
         return last
@@ -51,7 +44,7 @@ def _collective_name(call: ast.Call) -> str | None:
 
 def _factory(node) -> str | None:
     if isinstance(node, ast.Call):
-        name = _dotted(node.func)
+        name = dotted(node.func)
         if name.startswith("torch.") and name.split(".")[-1] in FACTORIES and name.count(".") == 1:
             return name
     return None
@@ -60,7 +53,7 @@ def _factory(node) -> str | None:
 def _is_cpu(node) -> bool:
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return node.value.split(":")[0] == "cpu"
-    if isinstance(node, ast.Call) and _dotted(node.func) == "torch.device" and node.args:
+    if isinstance(node, ast.Call) and dotted(node.func) == "torch.device" and node.args:
         return _is_cpu(node.args[0])
     return False
 
@@ -71,9 +64,9 @@ def _assignments(scope) -> dict:
     for node in ast.walk(scope):
         if isinstance(node, ast.Assign):
             for target in node.targets:
-                found.setdefault(_dotted(target), []).append(node.value)
+                found.setdefault(dotted(target), []).append(node.value)
         elif isinstance(node, (ast.AnnAssign, ast.AugAssign)) and node.value is not None:
-            found.setdefault(_dotted(node.target), []).append(node.value)
+            found.setdefault(dotted(node.target), []).append(node.value)
     return found
 
 
@@ -82,7 +75,7 @@ def _is_control_group(node, module_assignments: dict) -> bool:
     if node is None:
         return False
     if isinstance(node, ast.Call):
-        name = _dotted(node.func)
+        name = dotted(node.func)
         if name.split(".")[-1] == "control_group":
             return True
         if name.split(".")[-1] == "new_group":
@@ -91,7 +84,7 @@ def _is_control_group(node, module_assignments: dict) -> bool:
         if name.split(".")[-1] == "background_group":  # checkpoint/async_save's gloo groups
             return True
         return False
-    name = _dotted(node)
+    name = dotted(node)
     return bool(name) and any(_is_control_group(v, {}) for v in module_assignments.get(name, []))
 
 
@@ -115,7 +108,7 @@ def _origins(node, local: dict, depth: int = 0, module: dict | None = None) -> l
     if isinstance(node, ast.ListComp):
         return _origins(node.elt, local, depth + 1, module)
     if isinstance(node, (ast.Name, ast.Attribute)):
-        name = _dotted(node)
+        name = dotted(node)
         values = local.get(name) or (module.get(name, []) if isinstance(node, ast.Attribute) else [])
         return [o for value in values for o in _origins(value, local, depth + 1, module)]
     return []
@@ -150,7 +143,7 @@ def violations_in(source: str, filename: str = "<source>") -> list[str]:
             for arg in _tensor_args(call):
                 for origin in _origins(arg, local, 0, module_assignments):
                     device = next((k.value for k in origin.keywords if k.arg == "device"), None)
-                    factory = _dotted(origin.func)
+                    factory = dotted(origin.func)
                     if device is None:
                         problems.append(f"{where}: {factory}(...) without device= handed to dist.{operation}; make "
                                         f"it on the CPU and use group=control_group() (a flag, count or decision), "

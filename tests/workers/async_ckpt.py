@@ -22,9 +22,9 @@ import torch
 
 from hasten import Accelerator, ProjectConfiguration
 from hasten.checkpoint import async_save as background
-from hasten.checkpoint import durable
-from hasten.checkpoint.marker import MARKER_NAME
-from hasten.checkpoint.folder import list_checkpoints, newest_checkpoint
+from hasten.checkpoint.storage import durable
+from hasten.checkpoint.storage.marker import MARKER_NAME
+from hasten.checkpoint.storage.folder import list_checkpoints, newest_checkpoint
 from hasten.core.errors import CheckpointError
 
 mode, root, phase = sys.argv[1], sys.argv[2], sys.argv[3]

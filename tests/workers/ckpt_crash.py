@@ -69,7 +69,8 @@ def all_points(workdir):
     import torch._dynamo  # noqa: F401 - imported once here, not in every child (optimizers import it lazily)
     import safetensors.torch  # noqa: F401
 
-    from hasten.checkpoint import durable, fast_io, layout, marker as markers, safe_load, state_dicts  # noqa: F401
+    from hasten.checkpoint import layout, state_dicts  # noqa: F401
+    from hasten.checkpoint.storage import durable, fast_io, marker as markers, safe_load  # noqa: F401
 
     for mode in ("automatic", "fixed"):
         folder = os.path.join(workdir, mode)

@@ -14,7 +14,8 @@ import sys
 import torch
 
 from hasten import Accelerator, ProjectConfiguration
-from hasten.checkpoint import async_save, checksum
+from hasten.checkpoint import async_save
+from hasten.checkpoint.storage import checksum
 from hasten.core.errors import DiskFullError
 
 root = sys.argv[1]

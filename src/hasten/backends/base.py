@@ -29,7 +29,8 @@ import os
 
 import torch
 
-from ..checkpoint import durable, fast_io, files
+from ..checkpoint import files
+from ..checkpoint.storage import durable, fast_io
 from ..config.resolve import strict
 from ..core.errors import CheckpointError, ConfigError
 from ..optimizer import AcceleratedOptimizer

@@ -160,20 +160,21 @@ class PipelineBackend(Backend):
 
     def save_model_and_optimizer(self, folder, models, optimizers, *, writer=True, rank=0, safe_serialization=True,
                                  before_write=None, **save_model_func_kwargs) -> list:
-        import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+        from ..checkpoint.storage import dcp as layer_dcp
 
         if before_write is not None:
             before_write([])
         written = []
         for index, model in enumerate(models):
             name = fsdp_checkpoint.sharded_name(fsdp_checkpoint.MODEL_NAME, index)
-            dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=os.path.join(folder, name))
+            layer_dcp.save({"model": get_model_state_dict(model)}, os.path.join(folder, name))
             written.append(name)
         for index, optimizer in enumerate(optimizers):
             name = fsdp_checkpoint.sharded_name(fsdp_checkpoint.OPTIMIZER_NAME, index)
             state = get_optimizer_state_dict(self.owner_of(optimizer), _plain(optimizer), options=_flat())
-            dcp.save({"optimizer": state}, checkpoint_id=os.path.join(folder, name))
+            layer_dcp.save({"optimizer": state}, os.path.join(folder, name))
             written.append(name)
         return written
 
@@ -190,7 +191,7 @@ class PipelineBackend(Backend):
             fsdp_checkpoint.load_model(model, folder, index, strict=strict)
         for index, optimizer in enumerate(optimizers):
             path = os.path.join(folder, fsdp_checkpoint.sharded_name(fsdp_checkpoint.OPTIMIZER_NAME, index))
-            if not os.path.isfile(os.path.join(path, fsdp_checkpoint.DCP_METADATA)):
+            if not fsdp_checkpoint._is_dcp_dir(path):
                 raise CheckpointError(f"{folder} has no sharded optimizer state {os.path.basename(path)}/ (a pipelined "
                                       "run loads sharded DCP checkpoints: save with SHARDED_STATE_DICT)")
             fsdp_checkpoint.load_optimizer_flat_or_not(self.owner_of(optimizer), _plain(optimizer), path,

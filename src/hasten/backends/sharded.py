@@ -12,6 +12,7 @@ import warnings
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
+from ..checkpoint.storage import durable
 from ..core.errors import CheckpointError, ConfigError
 from ..optimizer import inner_optimizer
 from ..state import GradientState
@@ -220,7 +221,7 @@ class ShardedModels:
                      else fsdp_checkpoint.full_optimizer_state_dict(model, optimizer, self.plugin.optim_state_dict_config))
             if rank == 0:
                 name = fsdp_checkpoint.full_name(stem, index)
-                files.append((name, lambda p, s=stage(state, name): torch.save(s, p)))
+                files.append((name, lambda p, s=stage(state, name): durable.save_object(s, p)))
         return files
 
     def load(self, folder, models, optimizers, *, map_location="cpu", load_kwargs=None, strict=True) -> None:

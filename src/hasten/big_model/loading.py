@@ -14,7 +14,8 @@ import sys
 
 import torch
 
-from ..checkpoint import fast_io, state_dicts
+from ..checkpoint import state_dicts
+from ..checkpoint.storage import fast_io
 from ..core.errors import CheckpointError, NotSupportedYetError, OffloadError
 from .bnb_params import is_int8_parameter, is_quantized_parameter, place_quantized_parameter, quantize_int8
 from .device_map import _device_of

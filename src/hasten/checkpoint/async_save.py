@@ -46,8 +46,9 @@ import time
 import torch
 
 from ..core.errors import CheckpointError, ConfigError
-from . import durable
-from . import folder as folders
+from .storage import durable
+from .storage import folder as folders
+from .storage import paths
 
 GATE_ENV = "HASTEN_TEST_ASYNC_WRITE_GATE"  # test-only, see the module docstring
 STAGE_GATE_ENV = "HASTEN_TEST_ASYNC_STAGE_GATE"  # test-only, see the module docstring
@@ -219,7 +220,7 @@ def _agreement_gather(group):
 # -- one save in flight -----------------------------------------------------------------------------------------
 def _test_gate(variable: str = GATE_ENV) -> None:
     gate = os.environ.get(variable)
-    while gate and not os.path.exists(gate):
+    while gate and not paths.exists(gate):
         time.sleep(0.01)
 
 

@@ -17,8 +17,9 @@ import os
 import re
 
 from . import files
-from . import folder as folders
-from . import marker as markers
+from .storage import folder as folders
+from .storage import marker as markers
+from .storage import paths
 from . import remote_checkpoints as remote
 from ..core.errors import CheckpointError, ConfigError
 from ..distributed import control
@@ -40,7 +41,7 @@ _KINDS = {
 def objects_in(folder: str) -> dict:
     """{kind: how many objects of that kind `folder` holds}, read from the file names."""
     counts = dict.fromkeys(_KINDS, 0)
-    names = {n.split("/", 1)[0] for n in remote.objects_in(folder)} if remote.is_remote(folder) else os.listdir(folder)
+    names = {n.split("/", 1)[0] for n in remote.objects_in(folder)} if remote.is_remote(folder) else paths.names_in(folder)
     for name in names:
         for kind, pattern in _KINDS.items():
             match = pattern.match(name)
@@ -52,9 +53,9 @@ def objects_in(folder: str) -> dict:
 
 def _whole(path: str) -> bool:
     """A complete hasten checkpoint, or one Accelerate wrote (no marker)."""
-    if os.path.isfile(os.path.join(path, markers.MARKER_NAME)):
+    if paths.is_file(os.path.join(path, markers.MARKER_NAME)):
         return markers.is_complete(path)
-    return os.path.isfile(os.path.join(path, folders.ACCELERATE_SIGNATURE))
+    return paths.is_file(os.path.join(path, folders.ACCELERATE_SIGNATURE))
 
 
 class PendingResume:

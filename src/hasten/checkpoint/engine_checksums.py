@@ -16,25 +16,17 @@ from __future__ import annotations
 import os
 
 from ..core.errors import ChecksumError
-from . import checksum
-from . import folder as folders
-from .threads import in_threads
+from .storage import checksum
+from .storage import folder as folders
+from .storage import paths
+from .storage.threads import in_threads
 
 PASS_KEY = "pass"  # in a checksum spec: verified in a pass of its own, not by hasten's readers as they read
 _THREADS = 4  # file reads and xxhash/zlib release the GIL
 
 
 def _digest_file(path: str) -> dict:
-    buffer = bytearray(checksum.CHUNK_BYTES)
-    view = memoryview(buffer)
-    digests = []
-    with open(path, "rb", buffering=0) as handle:
-        while True:
-            count = handle.readinto(buffer)
-            if not count:
-                break
-            digests.append(checksum.digest([view[:count]], checksum.ALGORITHM))
-    return {"algorithm": checksum.ALGORITHM, "chunk": checksum.CHUNK_BYTES, "digests": digests, PASS_KEY: True}
+    return {**checksum.digest_file(path), PASS_KEY: True}
 
 
 def _shared_out(names_seen: list, rank: int) -> list:
@@ -53,7 +45,7 @@ def digest_after_write(temp: str, reports: list, gather, rank: int) -> list:
     summed = {name for _, _, specs in reports for name in specs}
     if not {name for _, names, _ in reports for name in names} - summed:
         return reports  # hasten wrote every file (the same answer on every process: `reports` is gathered)
-    seen = sorted(set(folders.sizes_under(temp, "")) - summed) if os.path.isdir(temp) else []
+    seen = sorted(set(folders.sizes_under(temp, "")) - summed) if paths.is_dir(temp) else []
     mine = _shared_out(gather(seen), rank)
     specs = dict(zip(mine, in_threads(lambda name: _digest_file(os.path.join(temp, *name.split("/"))), mine, _THREADS)))
     extra = {name: spec for part in gather(specs) for name, spec in part.items()}
@@ -71,7 +63,7 @@ def verify_before_read(folder: str, marker: dict | None, gather, rank: int) -> N
              if isinstance(spec, dict) and spec.get(PASS_KEY) and checksum.available(spec.get("algorithm", ""))}
     if not specs:
         return
-    seen = sorted(name for name in specs if os.path.isfile(os.path.join(folder, *name.split("/"))))
+    seen = sorted(name for name in specs if paths.is_file(os.path.join(folder, *name.split("/"))))
     mine = _shared_out(gather(seen), rank)
 
     def check(name: str):

@@ -31,7 +31,8 @@ from ..core.constants import (
     SCHEDULER_NAME,
 )
 from ..core.errors import CheckpointError
-from . import durable, fast_io, state_dicts
+from . import state_dicts
+from .storage import durable, fast_io, paths
 
 CUSTOM_PATTERN = re.compile(r"^custom_checkpoint_(\d+)\.pkl$")
 RNG_PATTERN = re.compile(rf"^{re.escape(RNG_STATE_NAME)}_(\d+)\.pkl$")
@@ -73,12 +74,12 @@ def custom_name(index: int) -> str:
 
 def ranks_with_rng(folder: str) -> list:
     """The ranks that left a `random_states_<rank>.pkl` in `folder`, lowest first."""
-    return sorted(int(m.group(1)) for name in os.listdir(folder) if (m := RNG_PATTERN.match(name)))
+    return sorted(int(m.group(1)) for name in paths.names_in(folder) if (m := RNG_PATTERN.match(name)))
 
 
 def custom_files(folder: str) -> list:
     """[(index, name)] of the `custom_checkpoint_<index>.pkl` files in `folder`, by index."""
-    return sorted((int(m.group(1)), name) for name in os.listdir(folder) if (m := CUSTOM_PATTERN.match(name)))
+    return sorted((int(m.group(1)), name) for name in paths.names_in(folder) if (m := CUSTOM_PATTERN.match(name)))
 
 
 # -- writers: (name, write(path)) -------------------------------------------------------------------------------
@@ -149,7 +150,7 @@ def read(folder: str, name: str, load_kwargs: dict | None = None, map_location="
 def read_if_present(folder: str, name: str, load_kwargs: dict | None = None):
     """As `read`, but None when the file is not there (a kind the checkpoint may lack)."""
     path = os.path.join(folder, name)
-    return fast_io.load_object(path, load_kwargs) if os.path.isfile(path) else None
+    return fast_io.load_object(path, load_kwargs) if paths.is_file(path) else None
 
 
 def read_model(folder: str, index: int, model, map_location="cpu", load_kwargs: dict | None = None,
@@ -157,19 +158,19 @@ def read_model(folder: str, index: int, model, map_location="cpu", load_kwargs: 
     """The state dict saved for the index-th model: its safetensors file (tied weights filled in again; `into`,
     e.g. the model's own state dict, receives the bytes in place) or else its `.bin` file."""
     safe_path = os.path.join(folder, model_name(index, True))
-    if os.path.isfile(safe_path):
+    if paths.is_file(safe_path):
         return state_dicts.fill_aliases(model, fast_io.load_tensors(safe_path, map_location, into=into))
     bin_path = os.path.join(folder, model_name(index, False))
-    if not os.path.isfile(bin_path):
+    if not paths.is_file(bin_path):
         raise CheckpointError(f"checkpoint file {safe_path} is missing (nor is there {os.path.basename(bin_path)})")
     return fast_io.load_object(bin_path, load_kwargs, map_location=map_location)
 
 
 def model_and_optimizer_paths(folder: str, num_models: int, num_optimizers: int) -> list:
     """The files a load reads into new memory, for prefetching (safetensors weights go into the model itself)."""
-    paths = [os.path.join(folder, model_name(i, False)) for i in range(num_models)
-             if not os.path.isfile(os.path.join(folder, model_name(i, True)))]
-    return paths + [os.path.join(folder, optimizer_name(i)) for i in range(num_optimizers)]
+    found = [os.path.join(folder, model_name(i, False)) for i in range(num_models)
+             if not paths.is_file(os.path.join(folder, model_name(i, True)))]
+    return found + [os.path.join(folder, optimizer_name(i)) for i in range(num_optimizers)]
 
 
 def _bare_name(key: str) -> str:

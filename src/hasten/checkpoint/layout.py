@@ -4,7 +4,7 @@ The facade hands over a `CheckpointContents`: every object to save or restore, b
 The backend writes and reads the model and optimizer files (`Backend.save_model_and_optimizer` /
 `load_model_and_optimizer`); this module writes the rest (schedulers, scaler, loader positions, registered
 objects, gradients of an unfinished accumulation window, RNG states) and leaves the folder's atomic commit,
-recovery and rotation to `checkpoint/folder.py`, and the files' bytes to `durable.py`, `fast_io.py` and `marker.py`. Collectives are
+recovery and rotation to `checkpoint/storage/folder.py`, and the files' bytes to `durable.py`, `fast_io.py` and `marker.py`. Collectives are
 `distributed/operations.py`'s and RNG capture is `distributed/rng.py`'s. Loading runs no pickled code unless asked to.
 """
 
@@ -23,9 +23,11 @@ from ..core.errors import CheckpointError, ConfigError, DiskFullError
 from ..distributed import control
 from ..distributed.rng import capture_rng_states, restore_rng_states
 from . import async_save as background
-from . import checksum, durable, engine_checksums, fast_io, files, state_dicts
-from . import folder as folders
-from . import marker as markers
+from . import engine_checksums, files, state_dicts
+from .storage import checksum, durable, fast_io, paths
+from .storage import dcp as layer_dcp
+from .storage import folder as folders
+from .storage import marker as markers
 from . import remote_checkpoints as remote
 
 logger = logging.getLogger(__name__)
@@ -202,7 +204,7 @@ def _write_files(contents: CheckpointContents, temp: str, loader_plan: list, saf
     """Step 3: the backend writes model and optimizer state (collectively where sharded), then every process
     writes its other files; {name: size} of what this process wrote. Raises what went wrong here."""
     models, run_hooks = _hooks_runner(contents, temp)
-    os.makedirs(temp, exist_ok=True)
+    paths.make_folder(temp)
     names = contents.backend.save_model_and_optimizer(
         temp, models, list(contents.optimizers), writer=contents.writer, rank=contents.rank,
         safe_serialization=safe_serialization, before_write=run_hooks, **save_model_func_kwargs,
@@ -273,6 +275,8 @@ def save_state(contents: CheckpointContents, output_dir=None, safe_serialization
              if remote.is_remote(target) else None)
     # a checkpoint for object storage is written as a local one first, under the staging root, then uploaded
     temp = _make_temp(contents, place.local_target if place else target, automatic and place is None)
+    if place is not None:  # DCP folders go straight into the store when its version prefix is open already
+        remote.write_dcp_into_store(place, temp)
     if async_save:
         _save_in_background(contents, _commit_for(contents, temp, target, place), safe_serialization,
                             save_model_func_kwargs)
@@ -297,11 +301,16 @@ def _finish(commit: _Commit, problem, written: dict, gather) -> None:
     writer commits and rotates, and nobody returns before the checkpoint exists. Raises what failed anywhere."""
     target, temp = commit.target, commit.temp
     sums = checksum.take(temp)  # the checksums of the files this process wrote, for the marker
+    stored = layer_dcp.stop_writing_into(temp)  # DCP files this process wrote straight into the store
+    written = {**written, **{name: size for name, (size, _) in stored.items()}}
+    sums.update({name: {**spec, layer_dcp.STORED: size} for name, (size, spec) in stored.items()})
     reports = gather((None if problem is None else _describe(problem), sorted(written), sums))
     if any(error for error, _, _ in reports):
         needed = folders.bytes_needed(temp, target) if _disk_full(problem, reports) else None
         if commit.writer:
             durable.remove_tree(temp)
+        if commit.remote is not None:
+            remote.abandon(commit.remote, commit.rank)
         gather(None)  # nobody returns before the half-written folder is gone
         if needed is not None:  # say what the whole save needs, and that nothing was lost
             _raise_disk_full(target, temp, problem, reports, needed)
@@ -384,7 +393,7 @@ def _save_in_background(contents: CheckpointContents, commit: _Commit, safe_seri
     models, run_hooks = _hooks_runner(contents, commit.temp)
     jobs, problem = [], None
     try:
-        os.makedirs(commit.temp, exist_ok=True)
+        paths.make_folder(commit.temp)
         jobs = contents.backend.stage_model_and_optimizer(
             commit.temp, models, list(contents.optimizers), writer=contents.writer, rank=contents.rank,
             safe_serialization=safe_serialization, before_write=run_hooks, stage=stager,
@@ -426,7 +435,7 @@ def _resolve_input(contents: CheckpointContents, input_dir) -> str:
             if not getattr(project, "automatic_resume", False):  # Accelerate's errors, in its cases
                 fix = ("; set ProjectConfiguration(automatic_resume=True) to start from the beginning when there is "
                        "no checkpoint yet")
-                if not os.path.isdir(root):
+                if not paths.is_dir(root):
                     raise FileNotFoundError(f"load_state(): {root} does not exist: no checkpoint was saved yet{fix}")
                 raise IndexError(f"load_state(): no checkpoint in {root} yet{fix}")
             # automatic_resume (a hasten setting): a fresh project has nothing to resume; see docs/fault_tolerance.md
@@ -438,7 +447,7 @@ def _resolve_input(contents: CheckpointContents, input_dir) -> str:
     if contents.writer:
         folders.recover(path)
     contents.state.wait_for_everyone()
-    if not os.path.isdir(path):
+    if not paths.is_dir(path):
         raise ConfigError(f"load_state({input_dir!r}): {path} is not a directory")
     return path
 
@@ -450,7 +459,7 @@ def _fetch(contents: CheckpointContents, url: str) -> str:
 
 def _load_gradients(contents: CheckpointContents, folder: str) -> None:
     path = os.path.join(folder, f"{GRADIENTS_NAME}_{contents.rank}.safetensors")
-    if not os.path.isfile(path):
+    if not paths.is_file(path):
         return
     saved = fast_io.load_tensors(path)
     for i, model in enumerate(contents.models):
@@ -526,7 +535,7 @@ def _load_loaders(contents: CheckpointContents, folder: str, load_kwargs, world_
 def _load_rng(contents: CheckpointContents, folder: str, load_kwargs, world_changed: bool = False):
     """Restore this process's random states; returns the saved step counter (None when there is none)."""
     path = os.path.join(folder, files.rng_name(contents.rank))
-    if not os.path.isfile(path):
+    if not paths.is_file(path):
         if not world_changed:  # else `_world_changed` said it already, in its one line
             logger.warning("no %s: random states were not restored", path)
         return _step_of_another_rank(folder, load_kwargs)
@@ -608,7 +617,7 @@ def _load_from(contents: CheckpointContents, folder: str, marker, load_kwargs, l
     for i, scheduler in enumerate(contents.schedulers):
         scheduler.load_state_dict(files.read(folder, files.scheduler_name(i), load_kwargs))
     _load_loaders(contents, folder, load_kwargs, world_changed)
-    if contents.scaler is not None and os.path.isfile(os.path.join(folder, SCALER_NAME)):
+    if contents.scaler is not None and paths.is_file(os.path.join(folder, SCALER_NAME)):
         contents.scaler.load_state_dict(files.read(folder, SCALER_NAME, load_kwargs))
     _load_gradients(contents, folder)
     step = _load_rng(contents, folder, load_kwargs, world_changed)
@@ -641,7 +650,7 @@ def save_model(contents: CheckpointContents, model, save_directory, max_shard_si
     """Write the unwrapped model's weights as (sharded) safetensors plus an index, the layout HF tools read."""
     to_store = remote.is_remote(save_directory)
     save_directory = str(save_directory).rstrip("/") if to_store else os.path.expanduser(str(save_directory))
-    if not to_store and os.path.isfile(save_directory):
+    if not to_store and paths.is_file(save_directory):
         logger.error("save_model: %s should be a directory, not a file", save_directory)
         return
     max_bytes = state_dicts.parse_size(max_shard_size)
@@ -708,7 +717,7 @@ def write_weights(state_dict: dict, save_directory: str, max_bytes: int, safe_se
     """Shard `state_dict` into `save_directory` (each file written atomically, the index last); return file names."""
     import json
 
-    os.makedirs(save_directory, exist_ok=True)
+    paths.make_folder(save_directory)
     if safe_serialization:
         state_dict = state_dicts.drop_aliases(state_dict)
         prefix, ext, index_name = SAFE_MODEL_NAME, ".safetensors", "model.safetensors.index.json"
@@ -721,9 +730,9 @@ def write_weights(state_dict: dict, save_directory: str, max_bytes: int, safe_se
     count = len(shards)
     names = [f"{prefix}{ext}"] if count == 1 else [f"{prefix}-{i + 1:05d}-of-{count:05d}{ext}" for i in range(count)]
     stale = re.compile(rf"^{re.escape(prefix)}-\d{{5}}-of-\d{{5}}{re.escape(ext)}$")
-    for existing in os.listdir(save_directory):
+    for existing in paths.names_in(save_directory):
         if (stale.match(existing) and existing not in names) or (count == 1 and existing == index_name):
-            os.remove(os.path.join(save_directory, existing))
+            paths.remove_file(os.path.join(save_directory, existing))
     for name, keys in zip(names, shards):
         durable.atomic_write(os.path.join(save_directory, name), lambda p, k=keys: write({key: state_dict[key] for key in k}, p))
     if count > 1:
@@ -732,11 +741,5 @@ def write_weights(state_dict: dict, save_directory: str, max_bytes: int, safe_se
             "weight_map": {key: name for name, keys in zip(names, shards) for key in keys},
         }
         durable.atomic_write(os.path.join(save_directory, index_name),
-                        lambda p: _write_text(p, json.dumps(index, indent=2, sort_keys=True) + "\n"))
+                        lambda p: paths.write_text(p, json.dumps(index, indent=2, sort_keys=True) + "\n"))
     return names
-
-
-def _write_text(path: str, text: str) -> None:
-    with open(path, "w") as handle:
-        handle.write(text)
-

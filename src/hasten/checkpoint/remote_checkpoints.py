@@ -26,12 +26,14 @@ from dataclasses import dataclass
 
 from ..core.errors import CheckpointError, ConfigError
 from ..distributed import control
-from . import durable
-from . import folder as folders
-from . import marker as markers
+from .storage import dcp as layer_dcp
+from .storage import durable
+from .storage import folder as folders
+from .storage import marker as markers
+from .storage import paths
 from .storage import is_remote, storage_for
 from .storage.remote import _redacted
-from .threads import in_threads
+from .storage.threads import in_threads
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +43,6 @@ _STALE = re.compile(r"^(?:model|pytorch_model)(?:-\d{5}-of-\d{5})?(?:\.safetenso
 _checked: set = set()  # roots this process has shown to be writable
 _continued: set = set()  # roots this process resumed from: its saves there take the root's claim over
 _started: set = set()  # roots this process has saved to
-_streamed: dict = {}  # local sharded folder of a fetched checkpoint -> the URL its shards are read from
 DCP_METADATA = ".metadata"
 
 
@@ -169,13 +170,40 @@ def check_project_store(project, rank: int) -> None:
         raise (ConfigError if outcome[0] == "ConfigError" else CheckpointError)(outcome[1])
 
 
+def write_dcp_into_store(target: RemoteTarget, temp: str) -> None:
+    """DCP folders saved into `temp` go straight into the save's version prefix, when it is open already (else they
+    are staged in `temp` and uploaded with the rest)."""
+    if target.staging is not None:
+        layer_dcp.write_into(temp, _storage(target.parent), target.staging, workers())
+
+
+def abandon(target: RemoteTarget, rank: int) -> None:
+    """After a save failed before its uploads: rank 0 removes what went into its version prefix already (DCP folders
+    written straight into the store). A failure to remove is a warning: the next save there removes it."""
+    if rank != 0 or target.staging is None:
+        return
+    try:
+        _storage(target.parent).abort(target.staging, target.name)
+    except Exception as error:  # noqa: BLE001 - the save's own error is what the caller raises
+        logger.warning(f"could not remove {_redacted(target.url)}'s unfinished version ({type(error).__name__}: "
+                       f"{error}); the next save into it removes it")
+
+
+def _in_store(reports: list) -> dict:
+    """{file: size} of the files a process wrote straight into the store (DCP folders)."""
+    return {name: spec[layer_dcp.STORED] for _, _, specs in reports for name, spec in specs.items()
+            if isinstance(spec, dict) and layer_dcp.STORED in spec}
+
+
 def _assignment(reports: list) -> dict:
     """{file: the rank that uploads it}: each file by one of the ranks that wrote it (round robin, so that the
-    files of a sharded checkpoint go up from every rank at once)."""
+    files of a sharded checkpoint go up from every rank at once); files already in the store are not uploaded."""
+    stored = _in_store(reports)
     writers: dict = {}
     for rank, (_, names, _) in enumerate(reports):
         for name in names:
-            writers.setdefault(name, []).append(rank)
+            if name not in stored:
+                writers.setdefault(name, []).append(rank)
     return {name: ranks[i % len(ranks)] for i, (name, ranks) in enumerate(sorted(writers.items()))}
 
 
@@ -214,8 +242,9 @@ def publish(target: RemoteTarget, temp: str, reports: list, gather, *, rank: int
     problem = None
     if not failed and rank == 0:
         try:
-            files = {name: size for _, part in uploads for name, size in part.items()}
-            checksums = {name: spec for _, _, specs in reports for name, spec in specs.items() if name in files}
+            files = {**_in_store(reports), **{name: size for _, part in uploads for name, size in part.items()}}
+            checksums = {name: {k: v for k, v in spec.items() if k != layer_dcp.STORED}
+                         for _, _, specs in reports for name, spec in specs.items() if name in files}
             storage.commit(target.staging, target.name, {
                 "format": "hasten-checkpoint", "complete": True, "files": files, "crc32": {}, "checksums": checksums,
                 "iteration": iteration, "num_processes": num_processes})
@@ -280,33 +309,13 @@ def fetch(url: str, local_main: bool) -> str:
     if failures:
         raise CheckpointError(f"load_state({url}) could not download the checkpoint: {'; '.join(failures)}")
     _continued.add(parent)
-    _register_streamed(local)
+    _register_streamed(local, storage)
     return local
 
 
 def _sharded_folders(names) -> set:
     """The DCP folders among a checkpoint's objects (a folder holding `.metadata`)."""
     return {n.rsplit("/", 1)[0] for n in names if n.endswith("/" + DCP_METADATA)}
-
-
-def _can_stream() -> bool:
-    try:
-        from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader  # noqa: F401
-    except ImportError:  # a torch without it: the shards are downloaded like every other file
-        return False
-    return True
-
-
-def dcp_reader(path: str):
-    """The DCP `StorageReader` for the folder `path`: for a sharded folder left in the store when its checkpoint was
-    fetched, torch's fsspec reader on it (each process reads the byte ranges of its own shards, no local copy);
-    None otherwise (DCP reads the local folder)."""
-    url = _streamed.get(os.path.abspath(path))
-    if url is None:
-        return None
-    from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
-
-    return FsspecReader(url)
 
 
 def _download(storage, name: str, local: str, url: str) -> None:
@@ -317,9 +326,14 @@ def _download(storage, name: str, local: str, url: str) -> None:
     durable.remove_tree(local)
     temp = folders.prepare_target(local, automatic=False, token=uuid.uuid4().hex[:12])
     files = dict(manifest.get("files", {}))
-    # Sharded (DCP) folders stay in the store but for their metadata: every process reads its own shards there.
-    sharded = _sharded_folders(files) if _can_stream() else set()
-    streamed = {folder: storage.url_of(storage.resolve(name, folder, manifest)) for folder in sorted(sharded)}
+    # Sharded (DCP) folders stay in the store: every process reads its own shards there, each chunk checked against
+    # the manifest's digest (`storage/dcp.py`); the local copy keeps their metadata and says where they are.
+    sharded = _sharded_folders(files)
+    checksums = manifest.get("checksums") or {}
+    streamed = {folder: {"name": storage.resolve(name, folder, manifest),
+                         "files": {file.split("/", 1)[1]: [size, checksums.get(file)] for file, size in files.items()
+                                   if file.split("/", 1)[0] == folder}}
+                for folder in sorted(sharded)}
     for file in list(files):
         if file.split("/", 1)[0] in sharded and not file.endswith("/" + DCP_METADATA):
             del files[file]
@@ -327,7 +341,7 @@ def _download(storage, name: str, local: str, url: str) -> None:
 
     def one(file):
         path = os.path.join(temp, *file.split("/"))
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+        paths.make_folder(os.path.dirname(path))
         storage.download(storage.resolve(name, file, manifest), path)
 
     _in_parallel(one, names)
@@ -336,17 +350,17 @@ def _download(storage, name: str, local: str, url: str) -> None:
                    extra={"streamed": streamed})
 
 
-def _register_streamed(local: str) -> None:
+def _register_streamed(local: str, storage) -> None:
     """Every process learns which sharded folders of the fetched copy at `local` are read from the store."""
     marker = markers.read_marker(local) or {}
-    for folder, url in (marker.get("streamed") or {}).items():
-        _streamed[os.path.abspath(os.path.join(local, folder))] = url
+    for folder, where in (marker.get("streamed") or {}).items():
+        files = {file: (size, spec) for file, (size, spec) in where["files"].items()}
+        layer_dcp.stream_from(os.path.join(local, folder), storage, where["name"], files)
 
 
 def release(local: str, local_main: bool) -> None:
     """Remove a downloaded copy once loaded (on each machine's first process)."""
-    for folder in [f for f in _streamed if f.startswith(os.path.join(local, ""))]:
-        del _streamed[folder]
+    layer_dcp.stop_streaming_under(local)
     if local_main and local.startswith(os.path.join(staging_root(), "loaded")):
         durable.remove_tree(os.path.dirname(local))
 
@@ -360,7 +374,7 @@ def save_directory(url: str, write) -> None:
     local = os.path.join(staging_root(), "models", _key(url) + "-" + uuid.uuid4().hex[:8])
     try:
         write(local)
-        names = sorted(os.listdir(local))
+        names = paths.names_in(local)
         index = [n for n in names if n.endswith(".index.json")]
         shards = [n for n in names if n not in index]
         _upload(storage, local, shards, "")

@@ -94,7 +94,7 @@ def save(obj, f, save_on_each_node: bool = False, safe_serialization: bool = Fal
     else:
         write = lambda path: torch.save(obj, path)  # noqa: E731
     if isinstance(f, (str, os.PathLike)):
-        from ..checkpoint.durable import atomic_write
+        from ..checkpoint.storage.durable import atomic_write
 
         atomic_write(os.fspath(f), write)  # readers see the old file or the new one, never half of one
     else:
@@ -134,7 +134,7 @@ def __getattr__(name):
         return getattr(np, "_core", None) or np.core
     if name == "TORCH_SAFE_GLOBALS":
         # what `torch.load(weights_only=True)` may rebuild in a checkpoint: plain NumPy arrays (RNG states)
-        from ..checkpoint.safe_load import numpy_safe_globals
+        from ..checkpoint.storage.safe_load import numpy_safe_globals
 
         return numpy_safe_globals()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -24,6 +24,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from . import ulysses
 from .dummies import DummyOptim, DummyScheduler
+from ...checkpoint.storage import paths
 from ...config.deepspeed import AUTO, _walk, get_active_deepspeed_plugin
 from ...core.errors import CheckpointError, ConfigError, NotBuiltError
 from ...distributed.bootstrap import collective_timeout
@@ -432,7 +433,7 @@ class DeepSpeedBackend(Backend):
             engine.save_checkpoint(folder, tag=tag, **save_model_func_kwargs)
             names.append(tag)
         if dist.get_rank() == 0:  # DeepSpeed's `latest` file and zero_to_fp32.py
-            names += [n for n in os.listdir(folder) if n not in names and os.path.isfile(os.path.join(folder, n))]
+            names += [n for n in paths.files_in(folder) if n not in names]
         return names
 
     def load_model_and_optimizer(self, folder, models, optimizers, *, map_location="cpu", load_kwargs=None,
@@ -440,7 +441,7 @@ class DeepSpeedBackend(Backend):
         load_model_func_kwargs.setdefault("load_module_strict", strict)
         for i, engine in enumerate(self._engines(models)):
             tag = MODEL_TAG if i == 0 else f"{MODEL_TAG}_{i}"
-            if not os.path.isdir(os.path.join(folder, tag)):
+            if not paths.is_dir(os.path.join(folder, tag)):
                 raise CheckpointError(f"{folder} holds no DeepSpeed checkpoint {tag!r} for model {i}")
             path, _ = engine.load_checkpoint(folder, tag=tag, **load_model_func_kwargs)
             if path is None:

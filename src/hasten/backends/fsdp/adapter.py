@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 import sys
 
-import torch
-
+from ...checkpoint.storage import dcp as layer_dcp
+from ...checkpoint.storage import durable, fast_io
 from ...core.errors import NotSupportedYetError
 from . import checkpoint
 from ...parallelize.fsdp import state_name
@@ -54,13 +54,11 @@ def check_supported(fsdp_plugin, use_dcp: bool) -> None:
 def save_adapter(fsdp_plugin, model, output_dir: str, index: int):
     """Write the adapter's weights where `save_fsdp_model` writes the model's; returns the name written (or None)."""
     if checkpoint.is_sharded(fsdp_plugin):
-        import torch.distributed.checkpoint as dcp
-
         get_state, _ = _peft_functions()
         peft_model = _peft_model(model)
         name = checkpoint.sharded_name(checkpoint.MODEL_NAME, index)
         state = get_state(peft_model, adapter_name=peft_model.active_adapter)
-        dcp.save({"model": state}, checkpoint_id=os.path.join(output_dir, name))
+        layer_dcp.save({"model": state}, os.path.join(output_dir, name))
         return name
     from dataclasses import replace
 
@@ -78,7 +76,7 @@ def save_adapter(fsdp_plugin, model, output_dir: str, index: int):
     state = checkpoint._gather(trainable, fsdp_plugin.state_dict_config)
     if checkpoint._rank() != 0:
         return None
-    torch.save(state, os.path.join(output_dir, name))
+    durable.save_object(state, os.path.join(output_dir, name))
     return name
 
 
@@ -86,17 +84,15 @@ def load_adapter(model, input_dir: str, index: int) -> None:
     """Read what `save_adapter` wrote (sharded or whole, whichever is there) into the prepared PEFT model."""
     path, sharded = checkpoint._find(input_dir, checkpoint.MODEL_NAME, index)
     if sharded:
-        import torch.distributed.checkpoint as dcp
-
         get_state, set_state = _peft_functions()
         peft_model = _peft_model(model)
         # DCP reads into the tensors it is given: this process's shards of the adapter's parameters.
         state = {"model": get_state(peft_model, adapter_name=peft_model.active_adapter)}
-        dcp.load(state, **checkpoint.dcp_source(path))
+        layer_dcp.load(state, path)
         set_state(peft_model, state["model"], adapter_name=peft_model.active_adapter)
         return
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     # The adapter is small: every process reads the file, and the base model's weights stay as they are.
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    state = fast_io.load_object(path, {"weights_only": True})
     set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, strict=False))

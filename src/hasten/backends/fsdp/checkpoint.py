@@ -14,11 +14,12 @@ Layout inside a `save_state` folder (i = index of the model/optimizer in prepare
 from __future__ import annotations
 
 import os
-import shutil
 
 import torch
 import torch.distributed as dist
 
+from ...checkpoint.storage import checksum, durable, fast_io, paths
+from ...checkpoint.storage import dcp as layer_dcp
 from ...core.constants import FSDP_MODEL_NAME as MODEL_NAME
 from ...core.constants import OPTIMIZER_NAME
 from ...core.errors import CheckpointError
@@ -47,7 +48,7 @@ def full_name(stem: str, index: int) -> str:
 
 
 def _is_dcp_dir(path: str) -> bool:
-    return os.path.isfile(os.path.join(path, DCP_METADATA))
+    return paths.is_file(os.path.join(path, DCP_METADATA))
 
 
 # -- whole state dicts, gathered tensor by tensor ---------------------------------------------------------------
@@ -150,18 +151,17 @@ def save_model(model, output_dir: str, index: int, sharded: bool, config=None):
     """Write one model's state; returns the file/folder name this process wrote (None if it wrote nothing).
     `config`: the plugin's `state_dict_config` (its offload_to_cpu, and rank0_only for whole state dicts)."""
     if sharded:
-        import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
         name = sharded_name(MODEL_NAME, index)
         state = get_model_state_dict(model, options=_sharded_options(config))
-        dcp.save({"model": state}, checkpoint_id=os.path.join(output_dir, name))
+        layer_dcp.save({"model": state}, os.path.join(output_dir, name))
         return name
     name = full_name(MODEL_NAME, index)
     state = full_model_state_dict(model, config)
     if _rank() != 0:
         return None
-    torch.save(state, os.path.join(output_dir, name))
+    durable.save_object(state, os.path.join(output_dir, name))
     return name
 
 
@@ -187,7 +187,7 @@ def save_model_per_rank(model, output_dir: str, index: int, config=None) -> str:
 
     state = get_model_state_dict(model, options=_sharded_options(config))
     name = per_rank_name(index)
-    torch.save({key: _local(value) for key, value in state.items()}, os.path.join(output_dir, name))
+    durable.save_object({key: _local(value) for key, value in state.items()}, os.path.join(output_dir, name))
     return name
 
 
@@ -196,10 +196,10 @@ def load_model_per_rank(model, input_dir: str, index: int) -> None:
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
     path = os.path.join(input_dir, per_rank_name(index))
-    if not os.path.isfile(path):
+    if not paths.is_file(path):
         raise CheckpointError(f"{path} is missing: use_dcp=False checkpoints hold one file per process and load on "
                               "the same number of processes (or save with use_dcp=True to reshard)")
-    saved = torch.load(path, map_location="cpu", weights_only=True)
+    saved = fast_io.load_object(path, {"weights_only": True})
     state = get_model_state_dict(model)  # views of the parameters' own shards
     with torch.no_grad():
         for key, value in state.items():
@@ -213,25 +213,23 @@ def load_model_per_rank(model, input_dir: str, index: int) -> None:
 def save_optimizer(model, optimizer, output_dir: str, index: int, sharded: bool, config=None):
     """As save_model; `config` is the plugin's `optim_state_dict_config`."""
     if sharded:
-        import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
         name = sharded_name(OPTIMIZER_NAME, index)
         state = get_optimizer_state_dict(model, optimizer, options=_sharded_options(config))
-        dcp.save({"optimizer": state}, checkpoint_id=os.path.join(output_dir, name))
+        layer_dcp.save({"optimizer": state}, os.path.join(output_dir, name))
         return name
     name = full_name(OPTIMIZER_NAME, index)
     state = full_optimizer_state_dict(model, optimizer, config)
     if _rank() != 0:
         return None
-    torch.save(state, os.path.join(output_dir, name))
+    durable.save_object(state, os.path.join(output_dir, name))
     return name
 
 
 def async_save_sharded(model, optimizer, output_dir: str, index: int, process_group):
     """Start DCP's asynchronous save of one model's (optimizer is None) or one optimizer's shards: staged to
     CPU memory before this returns, uploaded in DCP's own thread on `process_group`; returns its future."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (
         get_model_state_dict,
         get_optimizer_state_dict,
@@ -241,7 +239,7 @@ def async_save_sharded(model, optimizer, output_dir: str, index: int, process_gr
         name, state = sharded_name(MODEL_NAME, index), {"model": get_model_state_dict(model)}
     else:
         name, state = sharded_name(OPTIMIZER_NAME, index), {"optimizer": get_optimizer_state_dict(model, optimizer)}
-    return dcp.async_save(state, checkpoint_id=os.path.join(output_dir, name), process_group=process_group)
+    return layer_dcp.async_save(state, os.path.join(output_dir, name), process_group=process_group)
 
 
 def _find(input_dir: str, stem: str, index: int) -> tuple[str, bool]:
@@ -250,21 +248,12 @@ def _find(input_dir: str, stem: str, index: int) -> tuple[str, bool]:
     if _is_dcp_dir(directory):
         return directory, True
     file = os.path.join(input_dir, full_name(stem, index))
-    if os.path.isfile(file):
+    if paths.is_file(file):
         return file, False
     raise CheckpointError(
         f"{input_dir} has no FSDP state for {stem} {index}: expected the folder {sharded_name(stem, index)}/ "
         f"(sharded) or the file {full_name(stem, index)} (full); was it saved with the same models and optimizers?"
     )
-
-
-def dcp_source(path: str) -> dict:
-    """`dcp.load`'s arguments for the DCP folder `path`: a folder that a checkpoint fetched from object storage left
-    in the store is read there, each process its own shards' byte ranges (`checkpoint/remote_checkpoints.py`)."""
-    from ...checkpoint.remote_checkpoints import dcp_reader
-
-    reader = dcp_reader(path)
-    return {"checkpoint_id": path} if reader is None else {"storage_reader": reader}
 
 
 def _load_planner(state: dict):
@@ -308,7 +297,7 @@ def load_model(model, input_dir: str, index: int, *, strict: bool = True, map_lo
         if not strict:
             planner = dcp.DefaultLoadPlanner(flatten_sharded_tensors=planner.flatten_sharded_tensors,
                                              allow_partial_load=True)
-        dcp.load(state, planner=planner, **dcp_source(path))
+        layer_dcp.load(state, path, planner=planner)
         set_model_state_dict(model, state["model"], options=StateDictOptions(strict=strict))
         return
     load_full_model_from_rank0(model, path, strict=strict, map_location=map_location, load_kwargs=load_kwargs)
@@ -317,9 +306,7 @@ def load_model(model, input_dir: str, index: int, *, strict: bool = True, map_lo
 def _read_whole(path: str, load_kwargs, map_location):
     """A whole-state file, memory-mapped (`mmap`: the pages are read as the broadcast needs them, and processes of
     a machine that read it share them), through hasten's safe loader (`load_kwargs` as `load_state` was given)."""
-    from ...checkpoint.fast_io import load_object
-
-    return load_object(path, {"mmap": True, **(load_kwargs or {})}, map_location)
+    return fast_io.load_object(path, {"mmap": True, **(load_kwargs or {})}, map_location)
 
 
 def load_full_model_from_rank0(model, path: str, *, strict: bool = True, map_location="cpu",
@@ -354,10 +341,7 @@ def load_optimizer(model, optimizer, input_dir: str, index: int, *, map_location
 def _saved_flat(path: str, model) -> bool:
     """Whether a DCP optimizer folder holds flattened state (`param_groups.<parameter name>.lr`, as pipelined runs
     write it: each stage has the param groups of its own parameters only) rather than a `param_groups` list."""
-    from torch.distributed.checkpoint import FileSystemReader
-
-    reader = dcp_source(path).get("storage_reader") or FileSystemReader(path)
-    keys = reader.read_metadata().state_dict_metadata
+    keys = layer_dcp.reader(path).read_metadata().state_dict_metadata
     prefixes = tuple(f"optimizer.param_groups.{name.replace('_checkpoint_wrapped_module.', '')}."
                      for name, _ in model.named_parameters())
     return any(key.startswith(prefixes) for key in keys)
@@ -366,7 +350,6 @@ def _saved_flat(path: str, model) -> bool:
 def load_optimizer_flat_or_not(model, optimizer, path: str, one_stage: bool = False) -> None:
     """Load a DCP optimizer folder, flattened or not, into `optimizer`. `one_stage`: `model` holds some of the
     whole model's parameters (a pipeline stage), under the whole model's names."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         get_optimizer_state_dict,
@@ -376,7 +359,7 @@ def load_optimizer_flat_or_not(model, optimizer, path: str, one_stage: bool = Fa
     options = StateDictOptions(flatten_optimizer_state_dict=_saved_flat(path, model))
     # get_optimizer_state_dict creates the (zero) state tensors of a fresh optimizer for DCP to fill.
     state = {"optimizer": get_optimizer_state_dict(model, optimizer, options=options)}
-    dcp.load(state, planner=_load_planner(state), **dcp_source(path))
+    layer_dcp.load(state, path, planner=_load_planner(state))
     loaded = state["optimizer"]
     if one_stage and not options.flatten_optimizer_state_dict:
         # A whole model's param groups read into one stage: keep the names this process holds.
@@ -390,9 +373,9 @@ def load_optimizer_flat_or_not(model, optimizer, path: str, one_stage: bool = Fa
 def _check_dcp_dir(checkpoint_dir: str) -> None:
     if _is_dcp_dir(checkpoint_dir):
         return
-    if not os.path.isdir(checkpoint_dir):
+    if not paths.is_dir(checkpoint_dir):
         raise CheckpointError(f"{checkpoint_dir} does not exist or is not a folder")
-    inside = sorted(name for name in os.listdir(checkpoint_dir) if _is_dcp_dir(os.path.join(checkpoint_dir, name)))
+    inside = [name for name in paths.names_in(checkpoint_dir) if _is_dcp_dir(os.path.join(checkpoint_dir, name))]
     models = [name for name in inside if name.startswith(MODEL_NAME)]
     inside = models or inside
     if inside:
@@ -409,13 +392,12 @@ def _check_dcp_dir(checkpoint_dir: str) -> None:
 
 def load_sharded_state_dict(checkpoint_dir: str) -> dict:
     """Every tensor of a DCP model checkpoint, whole, in one process (no process group needed)."""
-    from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.format_utils import _EmptyStateDictLoadPlanner
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
     _check_dcp_dir(checkpoint_dir)
     state: dict = {}
-    _load_state_dict(state, storage_reader=FileSystemReader(checkpoint_dir), planner=_EmptyStateDictLoadPlanner(),
+    _load_state_dict(state, storage_reader=layer_dcp.reader(checkpoint_dir), planner=_EmptyStateDictLoadPlanner(),
                      no_dist=True)
     if set(state) == {"optimizer"}:
         raise CheckpointError(
@@ -440,15 +422,14 @@ def merge_fsdp_weights(checkpoint_dir: str, output_path: str, safe_serialization
     if _rank() == 0:
         state = load_sharded_state_dict(checkpoint_dir)
         tensors = {key: value.contiguous() for key, value in state.items() if isinstance(value, torch.Tensor)}
-        os.makedirs(output_path, exist_ok=True)
+        paths.make_folder(output_path)
         if safe_serialization:
-            from safetensors.torch import save_file
-
-            save_file(tensors, target, metadata={"format": "pt"})
+            fast_io.save_tensors(tensors, target)
         else:
-            torch.save(tensors, target)
+            durable.save_object(tensors, target)
+        checksum.forget(target)  # a model file, not part of a checkpoint's commit
         if remove_checkpoint_dir:
-            shutil.rmtree(checkpoint_dir)
+            durable.remove_tree(checkpoint_dir)
     if dist.is_available() and dist.is_initialized():
         from ...distributed.control import barrier
 

@@ -12,6 +12,7 @@ import os
 
 import torch
 
+from ...checkpoint.storage import paths
 from ...config.fsdp import get_module_class_from_name  # noqa: F401 - published here too
 from ...core.errors import ConfigError
 from ...optimizer import inner_optimizer
@@ -46,7 +47,7 @@ def save_fsdp_model(fsdp_plugin, accelerator, model, output_dir, model_index: in
     `pytorch_model_fsdp_<i>_rank<r>.bin`, no collective; load those with `load_fsdp_model(use_dcp=False)` on
     the same number of processes."""
     _check_accelerator(accelerator, "save_fsdp_model")
-    os.makedirs(output_dir, exist_ok=True)
+    paths.make_folder(output_dir)
     if adapter_only and adapter.is_peft_model(model):  # Accelerate saves a model that is not PEFT whole
         adapter.check_supported(fsdp_plugin, use_dcp)
         return adapter.save_adapter(fsdp_plugin, model, os.fspath(output_dir), model_index)
@@ -71,7 +72,7 @@ def load_fsdp_model(fsdp_plugin, accelerator, model, input_dir, model_index: int
 
 
 def save_fsdp_optimizer(fsdp_plugin, accelerator, optimizer, model, output_dir, optimizer_index: int = 0):
-    os.makedirs(output_dir, exist_ok=True)
+    paths.make_folder(output_dir)
     return checkpoint.save_optimizer(model, inner_optimizer(optimizer), os.fspath(output_dir), optimizer_index,
                                      checkpoint.is_sharded(fsdp_plugin))
 

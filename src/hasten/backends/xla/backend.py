@@ -13,7 +13,7 @@ import os
 
 import torch
 
-from ...checkpoint import fast_io
+from ...checkpoint.storage import fast_io, paths
 from ...core.constants import MODEL_NAME, OPTIMIZER_NAME, SAFE_MODEL_NAME
 from ...core.errors import CheckpointError
 from ...distributed import xla
@@ -124,7 +124,7 @@ class XLABackend(Backend):
     # -- checkpoints: through CPU copies (safetensors neither writes nor reads XLA tensors) -------------------------
     def save_model_and_optimizer(self, folder, models, optimizers, *, writer=True, rank=0, safe_serialization=True,
                                  before_write=None, **save_model_func_kwargs):
-        from ...checkpoint import durable
+        from ...checkpoint.storage import durable
 
         files = self._model_and_optimizer_files([_OnHost(model) for model in models], optimizers, writer,
                                                 safe_serialization, before_write, stage=lambda obj, key="": xla.to_cpu(obj))
@@ -138,10 +138,10 @@ class XLABackend(Backend):
         for i, model in enumerate(models):
             safe_path = os.path.join(folder, numbered(SAFE_MODEL_NAME, i, ".safetensors"))
             bin_path = os.path.join(folder, numbered(MODEL_NAME, i, ".bin"))
-            if os.path.isfile(safe_path):
+            if paths.is_file(safe_path):
                 # Read into host memory, then copy into the model's XLA tensors.
                 state_dict = _fill_tied(model, fast_io.load_tensors(safe_path, "cpu"))
-            elif os.path.isfile(bin_path):
+            elif paths.is_file(bin_path):
                 state_dict = fast_io.load_object(bin_path, load_kwargs, "cpu")
             else:
                 raise CheckpointError(f"checkpoint file {safe_path} is missing (nor is there {os.path.basename(bin_path)})")

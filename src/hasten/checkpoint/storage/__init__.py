@@ -7,7 +7,10 @@ trusts a checkpoint only when its manifest is there and checks each object again
 
 `save_state`/`load_state`/`save_model`/`automatic_resume` reach object stores through it (`checkpoint/
 remote_checkpoints.py`: staged locally, uploaded by every rank, committed by the manifest); local checkpoints keep
-`checkpoint/folder.py`'s path, which `LocalStorage` shares.
+`folder.py`'s path, which `LocalStorage` shares. This package is the only one whose code touches a filesystem or a
+store for a checkpoint: `folder` (temporary folder, commit, recovery, rotation), `durable` (fsync, atomic files),
+`marker`, `checksum`, `fast_io` (parallel tensor files), `safe_load`, `dcp`/`dcp_store` (the reader and writer every
+torch.distributed.checkpoint call gets), `threads`, and `paths` (what the rest may ask of a local folder).
 """
 
 from __future__ import annotations

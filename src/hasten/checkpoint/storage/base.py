@@ -69,6 +69,10 @@ class Storage:
         """Copy the local file `local_path` to the object `name`, streamed; its size (a remote save's staged files)."""
         raise NotImplementedError
 
+    def open_writer(self, name: str):
+        """A binary file object whose bytes become the object `name` when it is closed (written front to back)."""
+        raise NotImplementedError
+
     def download(self, name: str, local_path: str) -> None:
         """Copy the object `name` to the local file `local_path`, streamed (a remote load)."""
         raise NotImplementedError

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import os
 
-from .. import durable
-from .. import folder as folders
+from . import durable
+from . import folder as folders
 from .base import Storage, Written, crc32_of
 
 

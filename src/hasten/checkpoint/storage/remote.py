@@ -31,6 +31,7 @@ from .base import MANIFEST_NAME, Storage, Written, crc32_of, with_retries
 logger = logging.getLogger(__name__)
 
 CLAIM_NAME = ".hasten_writer.json"
+UPLOAD_PART_BYTES = 16 * 2**20  # a streamed upload's buffer (one multipart part): memory per open upload stream
 VERSION_TAG = ".v-"
 # the library each protocol needs, and the extra that installs it
 _LIBRARIES = {"s3": ("s3fs", "s3"), "s3a": ("s3fs", "s3"), "gs": ("gcsfs", "gcs"), "gcs": ("gcsfs", "gcs"),
@@ -146,6 +147,16 @@ class RemoteStorage(Storage):
         large files, no whole copy in memory); its size."""
         self._retry(lambda: self.fs.put_file(local_path, self._full(name)), f"upload of {self.url_of(name)}")
         return os.path.getsize(local_path)
+
+    def open_writer(self, name: str):
+        """A binary file object that streams what is written into the object `name` (the library's multipart upload:
+        a part goes up whenever its buffer fills, so memory stays bounded; the object appears at `close`). The
+        library retries each part; a failure ends the write, and the save that wrote it is not committed."""
+        try:
+            return self.fs.open(self._full(name), "wb", block_size=UPLOAD_PART_BYTES)
+        except Exception as error:  # noqa: BLE001 - one line naming the object, without secrets
+            raise CheckpointError(f"upload of {self.url_of(name)} could not start: {type(error).__name__}: "
+                                  f"{self._scrub(error)}") from None
 
     def download(self, name: str, local_path: str) -> None:
         """Copy the object `name` to the local file `local_path` (streamed)."""

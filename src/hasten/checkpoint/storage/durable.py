@@ -96,7 +96,7 @@ def write_file(path: str, writer, rank: int = 0, sync: bool = True) -> int:
 
 def disk_full(error: OSError):
     """The one-line error of a write that found the disk full (the caller adds what the whole save needs)."""
-    from ..core.errors import DiskFullError
+    from ...core.errors import DiskFullError
 
     path = error.filename
     free = _free_bytes(os.path.dirname(path) if path else ".")

@@ -156,18 +156,39 @@ def chunk_count(size: int) -> int:
     return -(-size // CHUNK_BYTES)
 
 
+def file_chunks(path: str, chunk: int):
+    """The bytes of the file `path` in pieces of `chunk` bytes (the last one shorter), read into one buffer that
+    each piece reuses: a piece is valid until the next one is asked for."""
+    buffer = bytearray(chunk)
+    view = memoryview(buffer)
+    with open(path, "rb", buffering=0) as handle:
+        while True:
+            filled = 0
+            while filled < chunk:  # a short read must not move the chunk borders
+                count = handle.readinto(view[filled:])
+                if not count:
+                    break
+                filled += count
+            if filled:
+                yield view[:filled]
+            if filled < chunk:
+                return
+
+
+def digest_file(path: str, algorithm: str = ALGORITHM) -> dict:
+    """The checksum spec of a file written by someone else (a library's own writer), read front to back."""
+    digests = [digest([piece], algorithm) for piece in file_chunks(path, CHUNK_BYTES)]
+    return {"algorithm": algorithm, "chunk": CHUNK_BYTES, "digests": digests}
+
+
 def verify_file(path: str, spec: dict) -> None:
     """Read `path` whole and compare every chunk (for files the fast readers do not read); raises ChecksumError."""
-    with open(path, "rb", buffering=0) as handle:
-        index = 0
-        while True:
-            data = handle.read(spec["chunk"])
-            if not data:
-                break
-            check_chunk(path, spec, index, [data])
-            index += 1
-        if index != len(spec["digests"]):
-            raise mismatch(path, index * spec["chunk"], os.path.getsize(path))
+    count, size = 0, 0
+    for index, piece in enumerate(file_chunks(path, spec["chunk"])):
+        check_chunk(path, spec, index, [piece])
+        count, size = index + 1, size + len(piece)
+    if count != len(spec["digests"]):
+        raise mismatch(path, size, size)
 
 
 def check_chunk(path: str, spec: dict, index: int, views) -> None:
@@ -178,7 +199,7 @@ def check_chunk(path: str, spec: dict, index: int, views) -> None:
 
 
 def mismatch(path: str, start: int, end: int):
-    from ..core.errors import ChecksumError
+    from ...core.errors import ChecksumError
 
     return ChecksumError(
         f"checkpoint file {path} is corrupt: bytes {start}-{end} differ from what was written (checksum mismatch: "

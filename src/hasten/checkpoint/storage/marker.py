@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 
-from ..core.errors import CheckpointError
+from ...core.errors import CheckpointError
 
 MARKER_NAME = "hasten_checkpoint.json"
 MARKER_FORMAT = "hasten-checkpoint"

@@ -10,7 +10,7 @@ import re
 
 import torch
 
-from ..core.errors import CheckpointError, UnsafeCheckpointError
+from ...core.errors import CheckpointError, UnsafeCheckpointError
 
 
 # -- safe loading -----------------------------------------------------------------------------------------------

@@ -14,8 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from ..core.dtypes import SAFETENSORS_DTYPES, SAFETENSORS_NAMES
-from ..core.errors import CheckpointError
+from ...core.dtypes import SAFETENSORS_DTYPES, SAFETENSORS_NAMES
+from ...core.errors import CheckpointError
 from . import checksum
 from .safe_load import safetensors_load, torch_load_safely
 

@@ -16,10 +16,10 @@ import os
 import re
 import time
 
-from ..core.errors import CheckpointError, ConfigError
+from ...core.errors import CheckpointError, ConfigError
 from . import durable
 from . import marker as markers
-from .files import rng_name
+from ..files import rng_name
 
 logger = logging.getLogger(__name__)
 

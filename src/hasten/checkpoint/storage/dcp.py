@@ -1,0 +1,119 @@
+"""torch.distributed.checkpoint's folders (FSDP, tensor and pipeline parallelism) through the storage layer.
+
+DCP writes and reads its own files, through a `StorageWriter`/`StorageReader`; the backends get theirs here and
+call `save`/`async_save`/`load` below instead of handing DCP a path. A folder on a local disk gets torch's own
+`FileSystemWriter`/`FileSystemReader`, exactly what DCP picks for a path, at its speed (the commit digests what
+they wrote, `engine_checksums.py`).
+
+A save to object storage whose version prefix is open when DCP runs (`write_into`: every synchronous save, and the
+first asynchronous one to a root) writes its DCP folders straight into the store (`StoreWriter`): every process
+streams its own shard files up (the store library's multipart uploads, `storage_workers` files at once), digesting
+the bytes as they go out, and nothing of the sharded state is staged on the local disk; the files are reported to
+the commit with their sizes and checksums (`stop_writing_into`). An asynchronous save whose prefix is opened in the
+background stages its DCP folders like its other files.
+
+A sharded folder of a checkpoint fetched from object storage stays in the
+store (`remote_checkpoints.fetch` registers it with `stream_from`): `StoreReader` reads there, each process the
+byte ranges of its own shards, through the checkpoint's `Storage` (its retries and one-line errors), in whole
+checksum chunks, each compared with the digest the manifest holds before DCP sees a byte of it. A byte changed in
+the store is a `ChecksumError` naming the object, on every process (DCP gathers a reader's failure to all ranks),
+not a silently wrong weight.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ...core.errors import ChecksumError
+
+_streamed: dict = {}  # absolute local folder -> (storage, name of the folder in it, {file: (size, spec or None)})
+
+
+def stream_from(local_folder: str, storage, name: str, files: dict) -> None:
+    """Read the DCP folder `local_folder` from `name` in `storage` instead; `files`: {file in the folder: (size,
+    checksum spec or None)}, from the checkpoint's manifest."""
+    _streamed[os.path.abspath(local_folder)] = (storage, name, dict(files))
+
+
+def stop_streaming_under(local: str) -> None:
+    prefix = os.path.join(os.path.abspath(local), "")
+    for folder in [f for f in _streamed if f.startswith(prefix)]:
+        del _streamed[folder]
+
+
+STORED = "stored"  # in a checksum spec reported to the commit: the file is in the store already (its size)
+_into_store: dict = {}  # absolute local folder of a save -> (storage, prefix there, threads, {file: (size, spec)})
+
+
+def write_into(local_folder: str, storage, prefix: str, threads: int = 1) -> None:
+    """DCP folders saved under `local_folder` go to `prefix` in `storage` instead (a remote save's version prefix),
+    each process writing `threads` files at once."""
+    _into_store[os.path.abspath(local_folder)] = (storage, prefix, threads, {})
+
+
+def stop_writing_into(local_folder: str) -> dict:
+    """{file relative to the save's folder: (size, checksum spec)} this process wrote into the store for it."""
+    entry = _into_store.pop(os.path.abspath(local_folder), None)
+    return {} if entry is None else dict(entry[3])
+
+
+def writer(path: str):
+    path = os.path.abspath(path)
+    for folder, (storage, prefix, threads, written) in _into_store.items():
+        if path.startswith(os.path.join(folder, "")):
+            from .dcp_store import StoreWriter
+
+            relative = os.path.relpath(path, folder).replace(os.sep, "/")
+            os.makedirs(path, exist_ok=True)  # empty: the local bookkeeping of the save sees the folder
+            return StoreWriter(storage, f"{prefix}/{relative}", relative, written, threads)
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    return FileSystemWriter(path)
+
+
+def reader(path: str):
+    entry = _streamed.get(os.path.abspath(path))
+    if entry is None:
+        from torch.distributed.checkpoint import FileSystemReader
+
+        return FileSystemReader(path)
+    from .dcp_store import StoreReader
+
+    return StoreReader(*entry)
+
+
+def save(state: dict, path: str, **options) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save(state, storage_writer=writer(path), checkpoint_id=path, **options)
+
+
+def async_save(state: dict, path: str, **options):
+    import torch.distributed.checkpoint as dcp
+
+    return dcp.async_save(state, storage_writer=writer(path), checkpoint_id=path, **options)
+
+
+def load(state: dict, path: str, **options) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    streamed = os.path.abspath(path) in _streamed
+    try:
+        dcp.load(state, storage_reader=reader(path), **options)
+    except CheckpointException as error:  # a reader's failure on any rank, gathered to all: a damaged object is said
+        found = _checksum_failure(error) if streamed else None
+        if found is None:
+            raise
+        raise ChecksumError(found) from None
+
+
+def _checksum_failure(error: BaseException):
+    """The message of the ChecksumError inside DCP's CheckpointException (the failures of every rank), if any."""
+    failures = getattr(error, "failures", None) or {}
+    for failure in failures.values():
+        inner = failure[0] if isinstance(failure, tuple) else failure
+        if isinstance(inner, ChecksumError):
+            return str(inner)
+    return None
