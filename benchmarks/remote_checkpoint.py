@@ -9,6 +9,9 @@ AdamW state (the moments exist: one step was taken), `--size-mb` in all (default
     manifest) against s3fs's own `put(folder, recursive=True)` of the same files already on disk (a folder
     hasten's local `save_state` wrote). Ratio = s3fs put time / hasten time (1.0: hasten is as fast as the upload
     alone; the target is >= 0.9, which leaves hasten ~10% for writing the staged files and the commit).
+(c) *Sharded*: a DCP folder (what FSDP/TP/PP save) written straight into the bucket by the storage layer (every
+    file a multipart upload stream, `storage_workers` at once, nothing on the local disk), against s3fs's put of
+    the same folder already on disk, and against staging it first (`dcp.save` to disk, then the put).
 (b) *Blocked*: the time the training loop waits for `save_state(async_save=True)`: the call plus what the next
     optimizer step waits for the staging copy (hasten's counter), to s3:// against to a local folder. The
     background upload then finishes before the next round (`wait_for_checkpoint`). Ratio = s3:// / local
@@ -144,8 +147,49 @@ def run(size_mb: int, repeats: int) -> list:
             shutil.rmtree(folder)
             return seconds
 
+        # (c) sharded state: a DCP folder written straight into the bucket by the layer, against s3fs's put of the
+        # same folder already on disk, and against staging it first (dcp.save to disk, then the put)
+        import torch.distributed.checkpoint as dcp
+
+        from hasten.checkpoint import remote_checkpoints
+        from hasten.checkpoint.storage import dcp as layer_dcp
+        from hasten.checkpoint.storage import storage_for
+
+        sharded = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+        dcp_folder = os.path.join(work, "dcp")
+        dcp.save(sharded, checkpoint_id=dcp_folder)
+        dcp_bytes = folder_bytes(dcp_folder)
+        store = storage_for(f"s3://{BUCKET}/direct")
+
+        def dcp_direct() -> float:
+            prefix, local = f"v{next(counter)}", os.path.join(work, "direct-bookkeeping")
+            layer_dcp.write_into(local, store, prefix, remote_checkpoints.workers())
+            try:
+                seconds = timed(lambda: layer_dcp.save(sharded, os.path.join(local, "state")))
+            finally:
+                layer_dcp.stop_writing_into(local)
+            shutil.rmtree(local, ignore_errors=True)
+            fs.rm(f"{BUCKET}/direct/{prefix}", recursive=True)
+            return seconds
+
+        def dcp_put() -> float:
+            key = f"{BUCKET}/dcp-put/ckpt_{next(counter)}"
+            seconds = timed(lambda: fs.put(dcp_folder + "/", key, recursive=True))
+            fs.rm(key, recursive=True)
+            return seconds
+
+        def dcp_staged() -> float:
+            folder, key = os.path.join(work, "dcp-staged"), f"{BUCKET}/dcp-staged/ckpt_{next(counter)}"
+            seconds = timed(lambda: (dcp.save(sharded, checkpoint_id=folder), fs.put(folder + "/", key, recursive=True)))
+            shutil.rmtree(folder, ignore_errors=True)
+            fs.rm(key, recursive=True)
+            return seconds
+
         save = interleave({"hasten save_state to s3://": hasten_save, "s3fs put of the staged folder": s3fs_put},
                           repeats)
+        direct = interleave({"DCP straight into s3:// (hasten's layer)": dcp_direct,
+                             "s3fs put of the same DCP folder on disk": dcp_put,
+                             "dcp.save to disk, then s3fs put": dcp_staged}, repeats)
         block = interleave({"async to s3://": async_remote, "async to a local folder": async_local}, repeats)
     finally:
         os.killpg(server.pid, signal.SIGKILL)
@@ -161,13 +205,21 @@ def run(size_mb: int, repeats: int) -> list:
     first.notes += [f"state: {state_bytes / 2**20:.0f} MB in {state_files} files, one process; moto S3 server on localhost in its own process; {repeats} repeats, medians",
                     f"target: put / hasten >= 0.9; load average (1/5/15 min) at the end: {load}, "
                     f"{os.cpu_count()} CPUs"]
+    third = Table("Sharded (DCP) state to s3://", ["side", "median", "GB/s", "ratio (put / side)"])
+    put = median(direct["s3fs put of the same DCP folder on disk"])
+    for name, samples in direct.items():
+        third.rows.append([name, fmt_time(median(samples)), f"{dcp_bytes / 2**30 / median(samples):.3f}",
+                           ratio(put, median(samples))])
+    third.notes += [f"state: {dcp_bytes / 2**20:.0f} MB of DCP files, one process (DCP without a process group); "
+                    f"the layer writes {remote_checkpoints.workers()} files at once, each a multipart upload",
+                    f"target: put / hasten >= 0.9; load average (1/5/15 min): {load}"]
     second = Table("Training loop blocked by save_state(async_save=True)", ["side", "median blocked", "ratio (/ local)"])
     local = median(block["async to a local folder"])
     for name, samples in block.items():
         second.rows.append([name, fmt_time(median(samples)), ratio(median(samples), local)])
     second.notes += ["blocked = the call + what the next optimizer step waited for the staging copy; target: s3:// / "
                      "local <= 1.1", f"load average (1/5/15 min): {load}"]
-    return [first, second]
+    return [first, third, second]
 
 
 def main(argv=None) -> int:

@@ -166,7 +166,8 @@ def test_a_stall_longer_than_the_timeout_ends_in_one_line(store, monkeypatch):
     assert storage_for(f"{root}/checkpoints").committed() == ["checkpoint_0"]
 
 
-def test_two_processes_commit_through_faults_and_fail_alike_when_the_store_is_gone(servers, tmp_path):
+@pytest.mark.parametrize("layout", ["ddp", "fsdp2"])  # fsdp2: the DCP shards are streamed straight into the store
+def test_two_processes_commit_through_faults_and_fail_alike_when_the_store_is_gone(layout, servers, tmp_path):
     server, proxy = servers
     import s3fs
 
@@ -176,7 +177,8 @@ def test_two_processes_commit_through_faults_and_fail_alike_when_the_store_is_go
     proxy.set(fault=None)
     proxy.reset_counts()
     env = {**aws_env(proxy.url), "HASTEN_STAGING_DIR": str(tmp_path / "staging"), "FAULT_PROXY": proxy.url}
-    result = launch("remote_faults.py", f"s3://{BUCKET}/two-{tmp_path.name}", env=env, timeout=400)
+    flags = ["--use_fsdp", "--fsdp_version", "2", "--fsdp_state_dict_type", "SHARDED_STATE_DICT"] if layout == "fsdp2" else []
+    result = launch("remote_faults.py", f"s3://{BUCKET}/two-{tmp_path.name}", flags=flags, env=env, timeout=400)
     reports = [json.loads(line.split(" ", 1)[1]) for line in result.stdout.splitlines()
                if line.startswith("REMOTE_FAULTS ")]
     assert sorted(r["rank"] for r in reports) == [0, 1], result.stdout + result.stderr

@@ -219,3 +219,37 @@ def test_a_dcp_folder_is_written_straight_into_the_store_and_read_back_from_it(t
         fs = fsspec.filesystem("memory")
         if fs.exists(root):
             fs.rm(root, recursive=True)
+
+
+def test_a_failed_upload_stream_is_abandoned_and_nothing_is_reported_written(tmp_path, monkeypatch):
+    from hasten.checkpoint.storage import storage_for
+    from hasten.checkpoint.storage import dcp as layer_dcp
+    from hasten.core.errors import CheckpointError
+
+    storage = storage_for(f"memory://hasten-layer-{tmp_path.name}")
+    abandoned = []
+
+    class Failing:
+        def __init__(self, name):
+            self.name, self.count = name, 0
+
+        def write(self, data):
+            self.count += len(data)
+            if self.count > 1000:
+                raise ConnectionResetError("the store dropped the connection")
+
+        def discard(self):
+            abandoned.append(self.name)
+
+        def close(self):
+            raise AssertionError("a failed upload must not be completed")
+
+    monkeypatch.setattr(storage, "open_writer", lambda name: Failing(name))
+    layer_dcp.write_into(str(tmp_path / "save"), storage, "ckpt/.v-1")
+    try:
+        with pytest.raises(CheckpointError, match=r"upload of memory://.*/ckpt/\.v-1/pytorch_model_fsdp_0/__0_0\.distcp "
+                                                  r"failed: ConnectionResetError: the store dropped the connection"):
+            layer_dcp.save({"w": torch.randn(64, 64)}, str(tmp_path / "save" / "pytorch_model_fsdp_0"))
+    finally:
+        written = layer_dcp.stop_writing_into(str(tmp_path / "save"))
+    assert written == {} and len(abandoned) == 1 and abandoned[0].endswith(".distcp")

@@ -74,9 +74,10 @@ def main(root: str) -> None:
     accelerator.load_state()
     now = snapshot(model, optimizer)
     same = saved.keys() == now.keys() and all(torch.equal(saved[k], now[k]) for k in saved)
-    print("REMOTE_FAULTS " + json.dumps({"rank": accelerator.process_index, "committed_through_faults": committed,
-                                         "loaded_bit_identical": same, "error": error,
-                                         "refused": refused}), flush=True)
+    report = json.dumps({"rank": accelerator.process_index, "committed_through_faults": committed,
+                         "loaded_bit_identical": same, "error": error, "refused": refused})
+    sys.stdout.write(f"REMOTE_FAULTS {report}\n")  # one write: the two ranks' lines do not interleave
+    sys.stdout.flush()
     accelerator.end_training()
 
 

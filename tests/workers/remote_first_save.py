@@ -22,7 +22,8 @@ def main(root: str) -> None:
         accelerator.backward(model(torch.randn(2, 4)).sum())
         accelerator.save_state()
     except Exception as error:  # noqa: BLE001 - said, then the run ends as a failed one
-        print(f"FIRST_SAVE {stage} {type(error).__name__}: {error}", flush=True)
+        sys.stdout.write(f"FIRST_SAVE {stage} {type(error).__name__}: {error}\n")  # one write: no interleaving
+        sys.stdout.flush()
         accelerator.end_training()
         sys.exit(1)
     raise AssertionError(f"the first save to {root} worked; it should not have")

@@ -314,6 +314,12 @@ def _finish(commit: _Commit, problem, written: dict, gather) -> None:
         gather(None)  # nobody returns before the half-written folder is gone
         if needed is not None:  # say what the whole save needs, and that nothing was lost
             _raise_disk_full(target, temp, problem, reports, needed)
+        uploads = [f"rank {r}: {error.split(': ', 1)[1]}" for r, (error, _, _) in enumerate(reports)
+                   if error and error.startswith("CheckpointError: upload of ")]
+        if commit.remote is not None and uploads:  # a DCP folder streamed into the store: the same line everywhere
+            more = f" (and {len(uploads) - 1} more process(es))" if len(uploads) > 1 else ""
+            raise CheckpointError(f"save_state({target}) failed while writing into the store: {uploads[0]}{more}; "
+                                  "nothing was committed and the previous checkpoint is intact")
         if problem is not None:
             raise CheckpointError(f"save_state({target}) failed on rank {commit.rank}: {_describe(problem)}") from problem
         _raise_failures([error for error, _, _ in reports], f"save_state({target})")

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 
-from ...core.errors import ChecksumError
+from ...core.errors import CheckpointError, ChecksumError
 
 _streamed: dict = {}  # absolute local folder -> (storage, name of the folder in it, {file: (size, spec or None)})
 
@@ -84,8 +84,18 @@ def reader(path: str):
 
 def save(state: dict, path: str, **options) -> None:
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException: DCP's gathered failures
 
-    dcp.save(state, storage_writer=writer(path), checkpoint_id=path, **options)
+    target = writer(path)
+    try:
+        dcp.save(state, storage_writer=target, checkpoint_id=path, **options)
+    except (CheckpointException, Exception) as error:  # an upload that failed is said by name; the rest as it was
+        said = getattr(target.fs, "failure_message", lambda: None)()
+        if said is None and isinstance(target.fs, _store_files()):
+            said = _inner_failure(error, CheckpointError)  # another rank's, or the store's own one line
+        if said is None:
+            raise
+        raise CheckpointError(said) from error
 
 
 def async_save(state: dict, path: str, **options):
@@ -103,17 +113,23 @@ def load(state: dict, path: str, **options) -> None:
     try:
         dcp.load(state, storage_reader=reader(path), **options)
     except CheckpointException as error:  # a reader's failure on any rank, gathered to all: a damaged object is said
-        found = _checksum_failure(error) if streamed else None
+        found = _inner_failure(error, ChecksumError) if streamed else None
         if found is None:
             raise
         raise ChecksumError(found) from None
 
 
-def _checksum_failure(error: BaseException):
-    """The message of the ChecksumError inside DCP's CheckpointException (the failures of every rank), if any."""
+def _inner_failure(error: BaseException, kind):
+    """The message of the first `kind` error inside DCP's CheckpointException (the failures of every rank), if any."""
     failures = getattr(error, "failures", None) or {}
-    for failure in failures.values():
+    for _, failure in sorted(failures.items()):
         inner = failure[0] if isinstance(failure, tuple) else failure
-        if isinstance(inner, ChecksumError):
+        if isinstance(inner, kind):
             return str(inner)
     return None
+
+
+def _store_files():
+    from .dcp_store import StoreWriteFiles
+
+    return StoreWriteFiles

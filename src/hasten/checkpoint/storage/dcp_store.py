@@ -5,6 +5,7 @@ each file up, digested as it goes). See `dcp.py`."""
 from __future__ import annotations
 
 import io
+import logging
 import threading
 from contextlib import contextmanager
 
@@ -13,6 +14,7 @@ from torch.distributed.checkpoint.filesystem import FileSystemBase, FileSystemRe
 from ...core.errors import CheckpointError, ChecksumError
 from . import checksum
 
+logger = logging.getLogger(__name__)
 _KEEP_CHUNKS = 3  # verified chunks a stream keeps: the one being read, and the (up to two) where its item ends
 
 
@@ -131,7 +133,7 @@ class _Summing(io.RawIOBase):
 
     def __init__(self, raw, name: str):
         super().__init__()
-        self.raw, self.summer, self.position = raw, checksum.Summer(name), 0
+        self.raw, self.summer, self.position, self.failure = raw, checksum.Summer(name), 0, None
 
     def writable(self) -> bool:
         return True
@@ -139,7 +141,11 @@ class _Summing(io.RawIOBase):
     def write(self, data) -> int:
         view = memoryview(data).cast("B")
         self.summer.update(view)
-        self.raw.write(view)
+        try:
+            self.raw.write(view)
+        except Exception as error:  # torch.save's zip writer hides it behind "unexpected pos": kept for the message
+            self.failure = self.failure or error
+            raise
         self.position += len(view)
         return len(view)
 
@@ -150,6 +156,19 @@ class _Summing(io.RawIOBase):
         pass
 
 
+def _abandon(raw, where: str) -> None:
+    """An upload stream whose writer failed: the unfinished multipart upload is aborted, not completed (the save is
+    not committed either way; this only spares the store the parts)."""
+    try:
+        discard = getattr(raw, "discard", None)
+        if discard is not None:
+            discard()
+        else:
+            raw.close()
+    except Exception as error:  # noqa: BLE001 - the writer's own error is the one raised
+        logger.warning(f"could not abandon the upload of {where} after a failed save ({type(error).__name__}: {error})")
+
+
 class StoreWriteFiles(FileSystemBase):
     """DCP's view of a save's folder in a `Storage`: each data file streamed up as it is written; the metadata,
     which DCP writes under a temporary name and renames, kept in memory and written once under its own name.
@@ -158,6 +177,7 @@ class StoreWriteFiles(FileSystemBase):
     def __init__(self, storage, folder: str, relative: str, written: dict):
         self.storage, self.folder, self.relative, self.written = storage, folder, relative, written
         self.pending: dict = {}
+        self.failure = None  # (object URL, the store library's error) of the first upload that failed
         self.lock = threading.Lock()
 
     def _record(self, name: str, size: int, spec: dict) -> None:
@@ -174,16 +194,30 @@ class StoreWriteFiles(FileSystemBase):
             yield buffer
             self.pending[path] = buffer.getvalue()
             return
-        with self.storage.open_writer(path) as raw:
-            stream = _Summing(raw, self.storage.url_of(path))
-            try:
-                yield stream
-            except BaseException:
-                discard = getattr(raw, "discard", None)  # an unfinished multipart upload is abandoned, not completed
-                if discard is not None:
-                    discard()
-                raise
+        raw = self.storage.open_writer(path)
+        stream = _Summing(raw, self.storage.url_of(path))
+        try:
+            yield stream
+        except BaseException as error:
+            self.failure = self.failure or (self.storage.url_of(path), stream.failure or error)
+            _abandon(raw, self.storage.url_of(path))
+            raise
+        try:
+            raw.close()  # the last part goes up and the object appears; a failure here fails the save
+        except Exception as error:
+            self.failure = self.failure or (self.storage.url_of(path), error)
+            raise
         self._record(path, stream.position, stream.summer.spec())
+
+    def failure_message(self):
+        """One line for the first failed upload (None when none failed), without any secret the storage holds."""
+        if self.failure is None:
+            return None
+        where, error = self.failure
+        if isinstance(error, CheckpointError) and where in str(error):  # the layer's own line names the object
+            return str(error)
+        scrub = getattr(self.storage, "_scrub", str)
+        return f"upload of {where} failed: {type(error).__name__}: {' '.join(scrub(error).split())}"
 
     def rename(self, path, new_path) -> None:
         data = self.pending.pop(str(path))
@@ -206,10 +240,10 @@ class StoreWriteFiles(FileSystemBase):
         return False
 
     def exists(self, path) -> bool:
-        return self.storage.exists(str(path))
+        return False  # a save writes into a version prefix of its own, new for every save: nothing is there yet
 
     def rm_file(self, path) -> None:
-        self.storage.delete(str(path))
+        pass  # see `exists`
 
 
 class StoreWriter(FileSystemWriter):

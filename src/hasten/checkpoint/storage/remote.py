@@ -149,9 +149,10 @@ class RemoteStorage(Storage):
         return os.path.getsize(local_path)
 
     def open_writer(self, name: str):
-        """A binary file object that streams what is written into the object `name` (the library's multipart upload:
-        a part goes up whenever its buffer fills, so memory stays bounded; the object appears at `close`). The
-        library retries each part; a failure ends the write, and the save that wrote it is not committed."""
+        """A binary file object whose bytes become the object `name` at `close` (`_Upload`)."""
+        return _Upload(self, name)
+
+    def _stream(self, name: str):
         try:
             return self.fs.open(self._full(name), "wb", block_size=UPLOAD_PART_BYTES)
         except Exception as error:  # noqa: BLE001 - one line naming the object, without secrets
@@ -285,6 +286,41 @@ class RemoteStorage(Storage):
         body = json.dumps({"run_id": self.run_id, "host": socket.gethostname(), "pid": os.getpid(), "time": now})
         self._retry(lambda: self.fs.pipe_file(self._full(CLAIM_NAME), body.encode()),
                     f"upload of {self.url_of(CLAIM_NAME)}")
+
+
+class _Upload:
+    """An object written front to back. Up to UPLOAD_PART_BYTES it is kept in memory and written whole at `close`
+    (`RemoteStorage.write`: hasten's retries over the library's); past that it becomes the library's multipart
+    upload stream (a part goes up whenever its buffer fills, so memory stays bounded; the library retries each
+    part). `discard` abandons it: nothing appears, an unfinished multipart upload is aborted."""
+
+    def __init__(self, storage: RemoteStorage, name: str):
+        self.storage, self.name = storage, name
+        self.buffer, self.stream = bytearray(), None
+
+    def write(self, data) -> int:
+        view = memoryview(data).cast("B")
+        if self.stream is None and len(self.buffer) + len(view) <= UPLOAD_PART_BYTES:
+            self.buffer += view
+            return len(view)
+        if self.stream is None:
+            self.stream = self.storage._stream(self.name)
+            self.stream.write(bytes(self.buffer))
+            self.buffer = bytearray()
+        self.stream.write(view)
+        return len(view)
+
+    def close(self) -> None:
+        if self.stream is None:
+            self.storage.write(self.name, bytes(self.buffer))
+        else:
+            self.stream.close()
+
+    def discard(self) -> None:
+        self.buffer = bytearray()
+        discard = getattr(self.stream, "discard", None)
+        if discard is not None:
+            discard()
 
 
 def _extra(protocol: str) -> str:
