@@ -117,11 +117,16 @@ def run(size_mb: int, repeats: int) -> list:
             fs.rm(url, recursive=True)
             return seconds
 
-        def s3fs_put() -> float:
-            key = f"{BUCKET}/put/ckpt_{next(counter)}"
-            seconds = timed(lambda: fs.put(staged + "/", key, recursive=True))
-            fs.rm(key, recursive=True)
-            return seconds
+        def put_of(folder: str, under: str):
+            """s3fs's own recursive put of `folder` (already on disk), timed, then removed from the bucket."""
+            def put() -> float:
+                key = f"{BUCKET}/{under}/ckpt_{next(counter)}"
+                seconds = timed(lambda: fs.put(folder + "/", key, recursive=True))
+                fs.rm(key, recursive=True)
+                return seconds
+            return put
+
+        s3fs_put = put_of(staged, "put")
 
         def blocked(target) -> float:
             waited = background.waited_for_staging[0]
@@ -172,11 +177,7 @@ def run(size_mb: int, repeats: int) -> list:
             fs.rm(f"{BUCKET}/direct/{prefix}", recursive=True)
             return seconds
 
-        def dcp_put() -> float:
-            key = f"{BUCKET}/dcp-put/ckpt_{next(counter)}"
-            seconds = timed(lambda: fs.put(dcp_folder + "/", key, recursive=True))
-            fs.rm(key, recursive=True)
-            return seconds
+        dcp_put = put_of(dcp_folder, "dcp-put")
 
         def dcp_staged() -> float:
             folder, key = os.path.join(work, "dcp-staged"), f"{BUCKET}/dcp-staged/ckpt_{next(counter)}"
