@@ -22,7 +22,10 @@ def training_function(word):
         ctypes.string_at(0)  # reads address 0: SIGSEGV
     total = accelerator.reduce(torch.ones(1, device=accelerator.device), "sum")
     assert int(total.item()) == accelerator.num_processes
-    print(f"CELL {accelerator.process_index} {accelerator.num_processes} {word}", flush=True)
+    # one write: the replicas print at the same moment, right after the collective, and print's separate write of
+    # the newline let two lines run together ("CELL 0 2 hiCELL 1 2 hi", seen in a run)
+    sys.stdout.write(f"CELL {accelerator.process_index} {accelerator.num_processes} {word}\n")
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":
