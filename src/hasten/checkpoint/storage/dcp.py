@@ -22,11 +22,14 @@ not a silently wrong weight.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 from ...core.errors import CheckpointError, ChecksumError
 
+STORED = "stored"  # in a checksum spec reported to the commit: the file is in the store already (its size)
 _streamed: dict = {}  # absolute local folder -> (storage, name of the folder in it, {file: (size, spec or None)})
+_into_store: dict = {}  # absolute local folder of a save -> (storage, prefix there, threads, {file: (size, spec)})
 
 
 def stream_from(local_folder: str, storage, name: str, files: dict) -> None:
@@ -39,10 +42,6 @@ def stop_streaming_under(local: str) -> None:
     prefix = os.path.join(os.path.abspath(local), "")
     for folder in [f for f in _streamed if f.startswith(prefix)]:
         del _streamed[folder]
-
-
-STORED = "stored"  # in a checksum spec reported to the commit: the file is in the store already (its size)
-_into_store: dict = {}  # absolute local folder of a save -> (storage, prefix there, threads, {file: (size, spec)})
 
 
 def write_into(local_folder: str, storage, prefix: str, threads: int = 1) -> None:
@@ -84,29 +83,49 @@ def reader(path: str):
 
 def save(state: dict, path: str, **options) -> None:
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException: DCP's gathered failures
 
     target = writer(path)
-    try:
+    with _uploads_said(target):
         dcp.save(state, storage_writer=target, checkpoint_id=path, **options)
-    except (CheckpointException, Exception) as error:  # an upload that failed is said by name; the rest as it was
-        said = getattr(target.fs, "failure_message", lambda: None)()
-        if said is None and isinstance(target.fs, _store_files()):
-            said = _inner_failure(error, CheckpointError)  # another rank's, or the store's own one line
+
+
+def async_save(state: dict, path: str, **options):
+    """DCP's asynchronous save; its `result()` raises as `save` does."""
+    import torch.distributed.checkpoint as dcp
+
+    target = writer(path)
+    return _Pending(dcp.async_save(state, storage_writer=target, checkpoint_id=path, **options), target)
+
+
+class _Pending:
+    """DCP's future, whose `result()` says a failed upload in one line."""
+
+    def __init__(self, future, target):
+        self.future, self.target = future, target
+
+    def result(self):
+        with _uploads_said(self.target):
+            return self.future.result()
+
+
+@contextlib.contextmanager
+def _uploads_said(target):
+    """A save into the store that failed: its one line (the upload that failed, this rank's or, gathered by DCP,
+    another's), instead of DCP's exception with every rank's traceback. Any other failure goes up as it was."""
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException: DCP's gathered failures
+
+    try:
+        yield
+    except (CheckpointException, Exception) as error:
+        failure_message = getattr(target.fs, "failure_message", None)  # None: a local folder, torch's writer
+        said = None if failure_message is None else failure_message() or _inner_failure(error, CheckpointError)
         if said is None:
             raise
         raise CheckpointError(said) from error
 
 
-def async_save(state: dict, path: str, **options):
-    import torch.distributed.checkpoint as dcp
-
-    return dcp.async_save(state, storage_writer=writer(path), checkpoint_id=path, **options)
-
-
 def load(state: dict, path: str, **options) -> None:
     import torch.distributed.checkpoint as dcp
-
     from torch.distributed.checkpoint.api import CheckpointException
 
     streamed = os.path.abspath(path) in _streamed
@@ -127,9 +146,3 @@ def _inner_failure(error: BaseException, kind):
         if isinstance(inner, kind):
             return str(inner)
     return None
-
-
-def _store_files():
-    from .dcp_store import StoreWriteFiles
-
-    return StoreWriteFiles
