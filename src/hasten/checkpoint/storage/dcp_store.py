@@ -18,7 +18,21 @@ logger = logging.getLogger(__name__)
 _KEEP_CHUNKS = 3  # verified chunks a stream keeps: the one being read, and the (up to two) where its item ends
 
 
-class StoreFiles(FileSystemBase):
+class _InStore(FileSystemBase):
+    """What DCP's file system interface means in a `Storage`: names are '/'-joined object names, used as given."""
+
+    def concat_path(self, path, suffix: str):
+        return f"{str(path).rstrip('/')}/{suffix}"
+
+    def init_path(self, path, **kwargs):
+        return str(path)
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id) -> bool:
+        return False  # chosen by the layer (`dcp.py`), never by DCP from a checkpoint id
+
+
+class StoreFiles(_InStore):
     """DCP's view of a folder in a `Storage`: read only, every read checked (`CheckedObject`)."""
 
     def __init__(self, storage, files: dict):
@@ -34,20 +48,10 @@ class StoreFiles(FileSystemBase):
             size = self.storage.size(path)
         yield CheckedObject(self.storage, path, size, spec)
 
-    def concat_path(self, path, suffix: str):
-        return f"{str(path).rstrip('/')}/{suffix}"
-
-    def init_path(self, path, **kwargs):
-        return str(path)
-
     def rename(self, path, new_path=None) -> None:
         raise CheckpointError("a committed checkpoint in object storage is read only")
 
     mkdir = rm_file = rename
-
-    @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id) -> bool:
-        return False
 
     def exists(self, path) -> bool:
         return self.storage.exists(str(path))
@@ -169,7 +173,7 @@ def _abandon(raw, where: str) -> None:
         logger.warning(f"could not abandon the upload of {where} after a failed save ({type(error).__name__}: {error})")
 
 
-class StoreWriteFiles(FileSystemBase):
+class StoreWriteFiles(_InStore):
     """DCP's view of a save's folder in a `Storage`: each data file streamed up as it is written; the metadata,
     which DCP writes under a temporary name and renames, kept in memory and written once under its own name.
     `written` receives {file relative to the checkpoint: (size, spec)} of what this process wrote."""
@@ -226,18 +230,8 @@ class StoreWriteFiles(FileSystemBase):
         summer.update(data)
         self._record(str(new_path), len(data), summer.spec())
 
-    def concat_path(self, path, suffix: str):
-        return f"{str(path).rstrip('/')}/{suffix}"
-
-    def init_path(self, path, **kwargs):
-        return str(path)
-
     def mkdir(self, path) -> None:
         pass  # a store has no folders
-
-    @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id) -> bool:
-        return False
 
     def exists(self, path) -> bool:
         return False  # a save writes into a version prefix of its own, new for every save: nothing is there yet
