@@ -54,8 +54,8 @@ def _file_access(call: ast.Call) -> str | None:
     return None
 
 
-def _violations(path: pathlib.Path) -> list:
-    relative = path.relative_to(PACKAGE).as_posix()
+def _violations(path: pathlib.Path, package: pathlib.Path = PACKAGE) -> list:
+    relative = path.relative_to(package).as_posix()
     tree = ast.parse(path.read_text())
     found = []
 
@@ -95,138 +95,126 @@ def test_the_rule_sees_each_kind_of_access(tmp_path):
         "    os.path.join(p, 'x')\n"
         "    os.path.dirname(p)\n"
     )
-    global PACKAGE
-    saved, PACKAGE = PACKAGE, tmp_path
-    try:
-        found = _violations(sample)
-    finally:
-        PACKAGE = saved
+    found = _violations(sample, package=tmp_path)
     assert [line.split()[1] for line in found] == ["open()", "os.listdir()", "os.path.isfile()", "shutil.rmtree()",
                                                    "torch.save()", "dcp.save()"]
 
 
 # -- DCP folders read where they are stored ----------------------------------------------------------------------
-def _stored_dcp_folder(tmp_path, monkeypatch):
-    """A DCP folder written by the layer, copied into a memory:// store with the checksums a commit takes (4 KiB
-    chunks, so that one tensor spans several); returns (state, local folder, storage, name, files)."""
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    """A memory:// storage with 4 KiB checksum chunks (so that one tensor spans several); its objects, and any DCP
+    folder registered as read from it, go at the end."""
     import fsspec
 
     from hasten.checkpoint.storage import checksum, storage_for
     from hasten.checkpoint.storage import dcp as layer_dcp
 
     monkeypatch.setattr(checksum, "CHUNK_BYTES", 4096)
-    torch.manual_seed(0)
-    state = {"model": {"weight": torch.randn(64, 64), "bias": torch.randn(64)}}
-    local = tmp_path / "pytorch_model_fsdp_0"
-    layer_dcp.save(state, str(local))
     root = f"memory://hasten-layer-{tmp_path.name}"
-    storage = storage_for(root)
-    files = {}
-    for path in sorted(local.iterdir()):
-        storage.write(f"ckpt/{path.name}", path.read_bytes())
-        files[path.name] = (path.stat().st_size, checksum.digest_file(str(path)))
-    yield state, str(local), storage, "ckpt", files
+    yield storage_for(root)
+    layer_dcp.stop_streaming_under(str(tmp_path))
     fs = fsspec.filesystem("memory")
     if fs.exists(root):
         fs.rm(root, recursive=True)
+
+
+def _state():
+    torch.manual_seed(0)
+    return {"model": {"weight": torch.randn(64, 64), "bias": torch.randn(64)}}
+
+
+@pytest.fixture
+def stored(store, tmp_path):
+    """A DCP folder written by the layer, copied into `store` under "ckpt" with the checksums a commit takes:
+    (state, local folder, storage, name, {file: (size, spec)})."""
+    from hasten.checkpoint.storage import checksum
+    from hasten.checkpoint.storage import dcp as layer_dcp
+
+    state = _state()
+    local = tmp_path / "pytorch_model_fsdp_0"
+    layer_dcp.save(state, str(local))
+    files = {}
+    for path in sorted(local.iterdir()):
+        store.write(f"ckpt/{path.name}", path.read_bytes())
+        files[path.name] = (path.stat().st_size, checksum.digest_file(str(path)))
+    return state, str(local), store, "ckpt", files
 
 
 def _fresh(state):
     return {"model": {key: torch.zeros_like(value) for key, value in state["model"].items()}}
 
 
-def test_a_dcp_folder_in_the_store_is_read_there_chunk_by_chunk(tmp_path, monkeypatch):
+def test_a_dcp_folder_in_the_store_is_read_there_chunk_by_chunk(stored, monkeypatch):
     from hasten.checkpoint.storage import dcp as layer_dcp
 
-    for state, local, storage, name, files in _stored_dcp_folder(tmp_path, monkeypatch):
-        for path in pathlib.Path(local).iterdir():  # nothing is read from the local disk
-            path.unlink()
-        requests = []
-        read = storage.read
-        monkeypatch.setattr(storage, "read", lambda *a, **k: requests.append(a) or read(*a, **k))
-        layer_dcp.stream_from(local, storage, name, files)
-        try:
-            loaded = _fresh(state)
-            layer_dcp.load(loaded, local)
-        finally:
-            layer_dcp.stop_streaming_under(str(tmp_path))
-        assert all(torch.equal(loaded["model"][k], v) for k, v in state["model"].items())
-        shard = [n for n in files if n.endswith(".distcp")][0]
-        # ranged requests of at most one chunk each, every chunk of the shard once
-        assert sorted(a[1] for a in requests if a[0].endswith(shard)) == list(range(0, files[shard][0], 4096))
-        assert all(a[2] <= 4096 for a in requests)
+    state, local, storage, name, files = stored
+    for path in pathlib.Path(local).iterdir():  # nothing is read from the local disk
+        path.unlink()
+    requests = []
+    read = storage.read
+    monkeypatch.setattr(storage, "read", lambda *a, **k: requests.append(a) or read(*a, **k))
+    layer_dcp.stream_from(local, storage, name, files)
+    loaded = _fresh(state)
+    layer_dcp.load(loaded, local)
+    assert all(torch.equal(loaded["model"][k], v) for k, v in state["model"].items())
+    shard = [n for n in files if n.endswith(".distcp")][0]
+    # ranged requests of at most one chunk each, every chunk of the shard once
+    assert sorted(a[1] for a in requests if a[0].endswith(shard)) == list(range(0, files[shard][0], 4096))
+    assert all(a[2] <= 4096 for a in requests)
 
 
 @pytest.mark.parametrize("damage", ["flipped", "truncated"])
-def test_a_damaged_dcp_object_in_the_store_is_refused_naming_it(damage, tmp_path, monkeypatch):
+def test_a_damaged_dcp_object_in_the_store_is_refused_naming_it(damage, stored):
     from hasten.checkpoint.storage import dcp as layer_dcp
     from hasten.core.errors import ChecksumError
 
-    for state, local, storage, name, files in _stored_dcp_folder(tmp_path, monkeypatch):
-        shard = [n for n in files if n.endswith(".distcp")][0]
-        data = bytearray(storage.read(f"{name}/{shard}"))
-        if damage == "flipped":
-            data[5000] ^= 0x10  # inside the weight, in its second chunk
-        else:
-            del data[-100:]
-        storage.write(f"{name}/{shard}", bytes(data))
-        layer_dcp.stream_from(local, storage, name, files)
-        try:
-            with pytest.raises(ChecksumError, match=f"{name}/{shard}.*(corrupt|truncated)"):
-                layer_dcp.load(_fresh(state), local)
-        finally:
-            layer_dcp.stop_streaming_under(str(tmp_path))
+    state, local, storage, name, files = stored
+    shard = [n for n in files if n.endswith(".distcp")][0]
+    data = bytearray(storage.read(f"{name}/{shard}"))
+    if damage == "flipped":
+        data[5000] ^= 0x10  # inside the weight, in its second chunk
+    else:
+        del data[-100:]
+    storage.write(f"{name}/{shard}", bytes(data))
+    layer_dcp.stream_from(local, storage, name, files)
+    with pytest.raises(ChecksumError, match=f"{name}/{shard}.*(corrupt|truncated)"):
+        layer_dcp.load(_fresh(state), local)
 
 
-def test_a_dcp_folder_is_written_straight_into_the_store_and_read_back_from_it(tmp_path, monkeypatch):
-    import fsspec
-
-    from hasten.checkpoint.storage import checksum, storage_for
+def test_a_dcp_folder_is_written_straight_into_the_store_and_read_back_from_it(store, tmp_path):
+    from hasten.checkpoint.storage import checksum
     from hasten.checkpoint.storage import dcp as layer_dcp
 
-    monkeypatch.setattr(checksum, "CHUNK_BYTES", 4096)
-    root = f"memory://hasten-layer-{tmp_path.name}"
-    storage = storage_for(root)
-    torch.manual_seed(0)
-    state = {"model": {"weight": torch.randn(64, 64), "bias": torch.randn(64)}}
+    state = _state()
     save_folder = tmp_path / "save"
-    layer_dcp.write_into(str(save_folder), storage, "ckpt/.v-1", threads=2)
+    layer_dcp.write_into(str(save_folder), store, "ckpt/.v-1", threads=2)
     try:
         layer_dcp.save(state, str(save_folder / "pytorch_model_fsdp_0"))
     finally:
         written = layer_dcp.stop_writing_into(str(save_folder))
-    try:
-        # nothing of it on the local disk: an empty folder for the save's bookkeeping
-        assert list((save_folder / "pytorch_model_fsdp_0").iterdir()) == []
-        in_store = storage.listdir("ckpt/.v-1/pytorch_model_fsdp_0")
-        assert sorted(f"pytorch_model_fsdp_0/{n}" for n in in_store) == sorted(written)
-        assert ".metadata" in in_store and not any(n.endswith(".tmp") for n in in_store)
-        for name, (size, spec) in written.items():  # sizes and checksums taken on the way out match the store
-            data = storage.read(f"ckpt/.v-1/{name}")
-            assert len(data) == size
-            assert spec["digests"] == [checksum.digest([data[i:i + 4096]], spec["algorithm"])
-                                       for i in range(0, len(data), 4096)]
-        files = {name.split("/", 1)[1]: entry for name, entry in written.items()}
-        local = tmp_path / "loaded" / "pytorch_model_fsdp_0"
-        layer_dcp.stream_from(str(local), storage, "ckpt/.v-1/pytorch_model_fsdp_0", files)
-        try:
-            loaded = _fresh(state)
-            layer_dcp.load(loaded, str(local))
-        finally:
-            layer_dcp.stop_streaming_under(str(tmp_path))
-        assert all(torch.equal(loaded["model"][k], v) for k, v in state["model"].items())
-    finally:
-        fs = fsspec.filesystem("memory")
-        if fs.exists(root):
-            fs.rm(root, recursive=True)
+    # nothing of it on the local disk: an empty folder for the save's bookkeeping
+    assert list((save_folder / "pytorch_model_fsdp_0").iterdir()) == []
+    in_store = store.listdir("ckpt/.v-1/pytorch_model_fsdp_0")
+    assert sorted(f"pytorch_model_fsdp_0/{n}" for n in in_store) == sorted(written)
+    assert ".metadata" in in_store and not any(n.endswith(".tmp") for n in in_store)
+    for name, (size, spec) in written.items():  # sizes and checksums taken on the way out match the store
+        data = store.read(f"ckpt/.v-1/{name}")
+        assert len(data) == size
+        assert spec["digests"] == [checksum.digest([data[i:i + 4096]], spec["algorithm"])
+                                   for i in range(0, len(data), 4096)]
+    files = {name.split("/", 1)[1]: entry for name, entry in written.items()}
+    local = tmp_path / "loaded" / "pytorch_model_fsdp_0"
+    layer_dcp.stream_from(str(local), store, "ckpt/.v-1/pytorch_model_fsdp_0", files)
+    loaded = _fresh(state)
+    layer_dcp.load(loaded, str(local))
+    assert all(torch.equal(loaded["model"][k], v) for k, v in state["model"].items())
 
 
-def test_a_failed_upload_stream_is_abandoned_and_nothing_is_reported_written(tmp_path, monkeypatch):
-    from hasten.checkpoint.storage import storage_for
+def test_a_failed_upload_stream_is_abandoned_and_nothing_is_reported_written(store, tmp_path, monkeypatch):
     from hasten.checkpoint.storage import dcp as layer_dcp
     from hasten.core.errors import CheckpointError
 
-    storage = storage_for(f"memory://hasten-layer-{tmp_path.name}")
     abandoned = []
 
     class Failing:
@@ -244,8 +232,8 @@ def test_a_failed_upload_stream_is_abandoned_and_nothing_is_reported_written(tmp
         def close(self):
             raise AssertionError("a failed upload must not be completed")
 
-    monkeypatch.setattr(storage, "open_writer", lambda name: Failing(name))
-    layer_dcp.write_into(str(tmp_path / "save"), storage, "ckpt/.v-1")
+    monkeypatch.setattr(store, "open_writer", lambda name: Failing(name))
+    layer_dcp.write_into(str(tmp_path / "save"), store, "ckpt/.v-1")
     try:
         with pytest.raises(CheckpointError, match=r"upload of memory://.*/ckpt/\.v-1/pytorch_model_fsdp_0/__0_0\.distcp "
                                                   r"failed: ConnectionResetError: the store dropped the connection"):
