@@ -158,6 +158,7 @@ def run(size_mb: int, repeats: int) -> list:
 
         from hasten.checkpoint import remote_checkpoints
         from hasten.checkpoint.storage import dcp as layer_dcp
+        from hasten.checkpoint.storage import into_store
         from hasten.checkpoint.storage import storage_for
 
         sharded = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
@@ -168,11 +169,11 @@ def run(size_mb: int, repeats: int) -> list:
 
         def dcp_direct() -> float:
             prefix, local = f"v{next(counter)}", os.path.join(work, "direct-bookkeeping")
-            layer_dcp.write_into(local, store, prefix, remote_checkpoints.workers())
+            into_store.write_into(local, store, prefix, remote_checkpoints.workers())
             try:
                 seconds = timed(lambda: layer_dcp.save(sharded, os.path.join(local, "state")))
             finally:
-                layer_dcp.stop_writing_into(local)
+                into_store.stop_writing_into(local)
             shutil.rmtree(local, ignore_errors=True)
             fs.rm(f"{BUCKET}/direct/{prefix}", recursive=True)
             return seconds

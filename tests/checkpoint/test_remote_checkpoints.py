@@ -15,7 +15,7 @@ import torch
 
 from hasten import Accelerator, ProjectConfiguration
 from hasten.checkpoint import remote_checkpoints
-from hasten.checkpoint.storage import MANIFEST_NAME
+from hasten.checkpoint.storage import MANIFEST_NAME, storage_for
 from hasten.core.errors import ChecksumError, CheckpointError, ConfigError
 from launching import launch
 
@@ -284,5 +284,34 @@ def test_storage_workers_bound_the_uploads_one_process_runs_at_once(workers, mem
                 active[0] -= 1
 
     monkeypatch.setattr(RemoteStorage, "upload", upload)
-    _run(memory_url, 1)  # model, optimizer and random states: three files
-    assert most[0] == workers
+    # the first save streams its files into the store; the second, asynchronous one opens its version prefix in the
+    # background, so it stages its files (model, optimizer and random states) and uploads them at the commit
+    _run(memory_url, 2, async_last=True)
+    assert calls[0] == 3 and most[0] == workers
+
+
+def test_a_synchronous_save_streams_its_files_into_the_store_digested_and_uploads_none(memory_url, monkeypatch):
+    from hasten.checkpoint.storage import checksum
+    from hasten.checkpoint.storage.remote import RemoteStorage
+
+    uploads = []
+    monkeypatch.setattr(RemoteStorage, "upload", lambda self, path, name: uploads.append(name))
+    accelerator, model, *_ = _run(memory_url, 1)
+    assert uploads == []  # nothing was staged on the local disk to be uploaded
+    staging = remote_checkpoints.staging_root()
+    assert not [f for _, _, files in os.walk(staging) for f in files]
+    storage = storage_for(f"{memory_url}/checkpoints")
+    manifest = storage.manifest("checkpoint_0")
+    assert {"model.safetensors", "optimizer.bin", "random_states_0.pkl"} <= set(manifest["files"])
+    for name, size in manifest["files"].items():  # each object's size and digests, taken on the way out, hold
+        data = storage.read_object("checkpoint_0", name)
+        spec = manifest["checksums"][name]
+        assert len(data) == size and "pass" not in spec and "stored" not in spec
+        assert spec["digests"] == [checksum.digest([data[i:i + spec["chunk"]]], spec["algorithm"])
+                                   for i in range(0, len(data), spec["chunk"])]
+    want = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+    accelerator.load_state(f"{memory_url}/checkpoints/checkpoint_0")
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in want.items())

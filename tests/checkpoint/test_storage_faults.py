@@ -169,6 +169,73 @@ def test_a_stall_longer_than_the_timeout_ends_in_one_line(store, monkeypatch):
     assert storage_for(f"{root}/checkpoints").committed() == ["checkpoint_0"]
 
 
+@pytest.fixture
+def small_parts(monkeypatch):
+    """Parts of 5 MiB (S3's smallest; moto checks it), so that an object of a few parts stays small."""
+    from hasten.checkpoint.storage import multipart
+
+    monkeypatch.setattr(multipart, "PART_BYTES", 5 * 2**20)
+    return multipart
+
+
+def _write_in_pieces(storage, name: str, data: bytes, piece: int = 1_000_003) -> None:
+    writer = storage.open_writer(name)
+    for start in range(0, len(data), piece):
+        writer.write(data[start:start + piece])
+    writer.close()  # a failure aborts the upload by itself
+
+
+def test_a_large_object_goes_up_in_parts_side_by_side_each_part_retried_through_faults(store, small_parts,
+                                                                                       monkeypatch):
+    import threading
+
+    fs, proxy, root = store
+    storage = storage_for(root)
+    storage.parts_in_flight = 2
+    real, lock, active, most, tried = small_parts.S3Parts.put, threading.Lock(), [0], [0], set()
+    meet = threading.Barrier(2, timeout=60)  # the first two parts must be on the wire at the same time
+
+    def put(self, number, data):
+        with lock:
+            active[0] += 1
+            most[0] = max(most[0], active[0])
+            first_try = number not in tried  # a retried part does not meet again
+            tried.add(number)
+        try:
+            if number <= 2 and first_try:
+                meet.wait()
+            return real(self, number, data)
+        finally:
+            with lock:
+                active[0] -= 1
+
+    monkeypatch.setattr(small_parts.S3Parts, "put", put)
+    data = os.urandom(4 * small_parts.PART_BYTES + 12345)  # 5 parts, the last one short
+    proxy.set(fault="503", rate=0.3, methods={"PUT"})  # a part is a PUT: about every third answered 503
+    _write_in_pieces(storage, "big", data)
+    proxy.set(fault=None)
+    assert proxy.faulted["503"] > 0, "the proxy served no fault: the test tested nothing"
+    assert most[0] == 2  # parts_in_flight bounds the parts going up at once
+    assert fs.cat_file(f"{BUCKET}/{tmp_name(root)}/big") == data
+
+
+def test_a_part_that_never_goes_up_fails_in_one_line_and_leaves_nothing(store, small_parts):
+    fs, proxy, root = store
+    storage = storage_for(root)
+    data = os.urandom(3 * small_parts.PART_BYTES)
+    proxy.set(fault="503", rate=1.0, methods={"PUT"}, paths=["partNumber=2"])  # part 2 of the upload only
+    with pytest.raises(CheckpointError, match=r"upload of s3://.*/lost \(part 2\) failed 5 time\(s\)") as raised:
+        _write_in_pieces(storage, "lost", data)
+    proxy.set(fault=None)
+    assert "\n" not in str(raised.value) and SECRET not in str(raised.value)
+    assert not storage.exists("lost")
+    assert not fs.call_s3("list_multipart_uploads", Bucket=BUCKET).get("Uploads")  # the upload was aborted
+
+
+def tmp_name(root: str) -> str:
+    return root.rsplit("/", 1)[1]
+
+
 @pytest.mark.parametrize("layout", ["ddp", "fsdp2"])  # fsdp2: the DCP shards are streamed straight into the store
 def test_two_processes_commit_through_faults_and_fail_alike_when_the_store_is_gone(layout, servers, tmp_path):
     server, proxy = servers

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import hasten
+from hasten.checkpoint.storage import into_store
 from source_rules import dotted
 
 PACKAGE = pathlib.Path(hasten.__file__).parent
@@ -188,11 +189,11 @@ def test_a_dcp_folder_is_written_straight_into_the_store_and_read_back_from_it(s
 
     state = _state()
     save_folder = tmp_path / "save"
-    layer_dcp.write_into(str(save_folder), store, "ckpt/.v-1", threads=2)
+    into_store.write_into(str(save_folder), store, "ckpt/.v-1", threads=2)
     try:
         layer_dcp.save(state, str(save_folder / "pytorch_model_fsdp_0"))
     finally:
-        written = layer_dcp.stop_writing_into(str(save_folder))
+        written = into_store.stop_writing_into(str(save_folder))
     # nothing of it on the local disk: an empty folder for the save's bookkeeping
     assert list((save_folder / "pytorch_model_fsdp_0").iterdir()) == []
     in_store = store.listdir("ckpt/.v-1/pytorch_model_fsdp_0")
@@ -233,11 +234,11 @@ def test_a_failed_upload_stream_is_abandoned_and_nothing_is_reported_written(sto
             raise AssertionError("a failed upload must not be completed")
 
     monkeypatch.setattr(store, "open_writer", lambda name: Failing(name))
-    layer_dcp.write_into(str(tmp_path / "save"), store, "ckpt/.v-1")
+    into_store.write_into(str(tmp_path / "save"), store, "ckpt/.v-1")
     try:
         with pytest.raises(CheckpointError, match=r"upload of memory://.*/ckpt/\.v-1/pytorch_model_fsdp_0/__0_0\.distcp "
                                                   r"failed: ConnectionResetError: the store dropped the connection"):
             layer_dcp.save({"w": torch.randn(64, 64)}, str(tmp_path / "save" / "pytorch_model_fsdp_0"))
     finally:
-        written = layer_dcp.stop_writing_into(str(tmp_path / "save"))
+        written = into_store.stop_writing_into(str(tmp_path / "save"))
     assert written == {} and len(abandoned) == 1 and abandoned[0].endswith(".distcp")

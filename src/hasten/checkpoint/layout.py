@@ -24,8 +24,7 @@ from ..distributed import control
 from ..distributed.rng import capture_rng_states, restore_rng_states
 from . import async_save as background
 from . import engine_checksums, files, state_dicts
-from .storage import checksum, durable, fast_io, paths
-from .storage import dcp as layer_dcp
+from .storage import checksum, durable, fast_io, into_store, paths
 from .storage import folder as folders
 from .storage import marker as markers
 from . import remote_checkpoints as remote
@@ -273,10 +272,11 @@ def save_state(contents: CheckpointContents, output_dir=None, safe_serialization
     automatic = project.automatic_checkpoint_naming
     place = (remote.start_save(target, automatic, _broadcast, contents.rank, in_background=async_save)
              if remote.is_remote(target) else None)
-    # a checkpoint for object storage is written as a local one first, under the staging root, then uploaded
+    # a checkpoint for object storage gets a local folder under the staging root: hasten's writers stream into the
+    # store through it, what others write there is uploaded at the commit
     temp = _make_temp(contents, place.local_target if place else target, automatic and place is None)
-    if place is not None:  # DCP folders go straight into the store when its version prefix is open already
-        remote.write_dcp_into_store(place, temp)
+    if place is not None:  # hasten's files go straight into the store when its version prefix is open already
+        remote.write_into_store(place, temp)
     if async_save:
         _save_in_background(contents, _commit_for(contents, temp, target, place), safe_serialization,
                             save_model_func_kwargs)
@@ -301,9 +301,9 @@ def _finish(commit: _Commit, problem, written: dict, gather) -> None:
     writer commits and rotates, and nobody returns before the checkpoint exists. Raises what failed anywhere."""
     target, temp = commit.target, commit.temp
     sums = checksum.take(temp)  # the checksums of the files this process wrote, for the marker
-    stored = layer_dcp.stop_writing_into(temp)  # DCP files this process wrote straight into the store
+    stored = into_store.stop_writing_into(temp)  # files this process wrote straight into the store
     written = {**written, **{name: size for name, (size, _) in stored.items()}}
-    sums.update({name: {**spec, layer_dcp.STORED: size} for name, (size, spec) in stored.items()})
+    sums.update({name: {**spec, into_store.STORED: size} for name, (size, spec) in stored.items()})
     reports = gather((None if problem is None else _describe(problem), sorted(written), sums))
     if any(error for error, _, _ in reports):
         needed = folders.bytes_needed(temp, target) if _disk_full(problem, reports) else None

@@ -1,14 +1,17 @@
 """`save_state` / `load_state` / `save_model` to and from object storage (s3://, gs://, az://, memory://, ...).
 
-A save to a URL is the local save, staged: every process writes its files exactly as for a local checkpoint, into a
-hidden folder under the staging root on its own machine (`HASTEN_STAGING_DIR`, else the temporary directory), so
-every backend's writer (safetensors, torch.save, DCP shards, DeepSpeed's engine) runs unchanged. Then, instead of the
-local rename, every process uploads files in parallel (each file by one process that wrote it: sharded
-checkpoints upload from every rank at once), everybody reports, and rank 0 writes the manifest last
+A save to a URL runs the local save's steps with the store underneath. Rank 0 opens a version prefix for it first
+(`start_save`: the store is checked, the root claimed). Every process then writes its files "into" a hidden local
+folder under the staging root (`HASTEN_STAGING_DIR`, else the temporary directory), so that every backend's writer
+runs unchanged; but what hasten's own writers write there (safetensors, torch.save, DCP shards) streams straight
+into the version prefix as it is produced (`storage/into_store.py`, digested on the way), and only what other code
+writes (DeepSpeed's engine, a save hook) lands on the local disk and is uploaded at the commit, each file by one of
+the processes that wrote it, in parallel. Everybody reports, and rank 0 writes the manifest last
 (`storage/remote.py`: every object with its size and the chunk checksums the writers took). Rotation deletes an old
-checkpoint only after the new one is committed. A load downloads the committed objects (in parallel, on each
-machine's first process) into a local folder with a complete marker, and the local reader loads it, verifying each
-chunk as it comes in; the copy is removed afterwards.
+checkpoint only after the new one is committed. An asynchronous save whose prefix is opened in the background
+stages its files and uploads them at the commit. A load downloads the committed objects (in parallel, on each
+machine's first process) into a local folder with a complete marker, except DCP shards, which every process reads
+from the store; the local reader loads it, verifying each chunk as it comes in; the copy is removed afterwards.
 
 The layout code (`layout.py`) calls in at three points: where a save starts (`start_save`), where it commits
 (`publish`) and where a load resolves its input (`fetch`).
@@ -27,7 +30,7 @@ from dataclasses import dataclass
 from ..core.errors import CheckpointError, ConfigError
 from ..distributed import control
 from .storage import dcp as layer_dcp
-from .storage import durable
+from .storage import durable, into_store
 from .storage import folder as folders
 from .storage import marker as markers
 from .storage import paths
@@ -94,6 +97,7 @@ def _in_parallel(action, items: list) -> list:
 def _storage(parent: str):
     storage = storage_for(parent)
     storage.take_over = parent in _continued
+    storage.parts_in_flight = workers()
     return storage
 
 
@@ -170,11 +174,11 @@ def check_project_store(project, rank: int) -> None:
         raise (ConfigError if outcome[0] == "ConfigError" else CheckpointError)(outcome[1])
 
 
-def write_dcp_into_store(target: RemoteTarget, temp: str) -> None:
-    """DCP folders saved into `temp` go straight into the save's version prefix, when it is open already (else they
-    are staged in `temp` and uploaded with the rest)."""
+def write_into_store(target: RemoteTarget, temp: str) -> None:
+    """The files hasten's writers save into `temp` (whole-state files and DCP folders) go straight into the save's
+    version prefix, when it is open already (else they are staged in `temp` and uploaded with the rest)."""
     if target.staging is not None:
-        layer_dcp.write_into(temp, _storage(target.parent), target.staging, workers())
+        into_store.write_into(temp, _storage(target.parent), target.staging, workers())
 
 
 def abandon(target: RemoteTarget, rank: int) -> None:
@@ -191,8 +195,8 @@ def abandon(target: RemoteTarget, rank: int) -> None:
 
 def _in_store(reports: list) -> dict:
     """{file: size} of the files a process wrote straight into the store (DCP folders)."""
-    return {name: spec[layer_dcp.STORED] for _, _, specs in reports for name, spec in specs.items()
-            if isinstance(spec, dict) and layer_dcp.STORED in spec}
+    return {name: spec[into_store.STORED] for _, _, specs in reports for name, spec in specs.items()
+            if isinstance(spec, dict) and into_store.STORED in spec}
 
 
 def _assignment(reports: list) -> dict:
@@ -243,7 +247,7 @@ def publish(target: RemoteTarget, temp: str, reports: list, gather, *, rank: int
     if not failed and rank == 0:
         try:
             files = {**_in_store(reports), **{name: size for _, part in uploads for name, size in part.items()}}
-            checksums = {name: {k: v for k, v in spec.items() if k != layer_dcp.STORED}
+            checksums = {name: {k: v for k, v in spec.items() if k != into_store.STORED}
                          for _, _, specs in reports for name, spec in specs.items() if name in files}
             storage.commit(target.staging, target.name, {
                 "format": "hasten-checkpoint", "complete": True, "files": files, "crc32": {}, "checksums": checksums,

@@ -6,11 +6,13 @@ object-store URL (`s3://`, `gs://`, `az://`, `abfs://`, `memory://`, ...). Both 
 trusts a checkpoint only when its manifest is there and checks each object against it.
 
 `save_state`/`load_state`/`save_model`/`automatic_resume` reach object stores through it (`checkpoint/
-remote_checkpoints.py`: staged locally, uploaded by every rank, committed by the manifest); local checkpoints keep
-`folder.py`'s path, which `LocalStorage` shares. This package is the only one whose code touches a filesystem or a
-store for a checkpoint: `folder` (temporary folder, commit, recovery, rotation), `durable` (fsync, atomic files),
-`marker`, `checksum`, `fast_io` (parallel tensor files), `safe_load`, `dcp`/`dcp_store` (the reader and writer every
-torch.distributed.checkpoint call gets), `threads`, and `paths` (what the rest may ask of a local folder).
+remote_checkpoints.py`: every rank's files streamed into a version prefix, committed by the manifest); local
+checkpoints keep `folder.py`'s path, which `LocalStorage` shares. This package is the only one whose code touches a
+filesystem or a store for a checkpoint: `folder` (temporary folder, commit, recovery, rotation), `durable` (fsync,
+atomic files), `marker`, `checksum`, `fast_io` (parallel tensor files), `safe_load`, `dcp`/`dcp_store` (the reader
+and writer every torch.distributed.checkpoint call gets), `into_store` (a remote save's files written straight into
+the store), `multipart` (large objects uploaded in parts, several at once, each part retried), `threads`, and `paths`
+(what the rest may ask of a local folder).
 """
 
 from __future__ import annotations

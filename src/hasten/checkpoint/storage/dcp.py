@@ -5,11 +5,11 @@ call `save`/`async_save`/`load` below instead of handing DCP a path. A folder on
 `FileSystemWriter`/`FileSystemReader`, exactly what DCP picks for a path, at its speed (the commit digests what
 they wrote, `engine_checksums.py`).
 
-A save to object storage whose version prefix is open when DCP runs (`write_into`: every synchronous save, and the
+A save to object storage whose version prefix is open when DCP runs (`into_store.write_into`: every synchronous save, and the
 first asynchronous one to a root) writes its DCP folders straight into the store (`StoreWriter`): every process
 streams its own shard files up (the store library's multipart uploads, `storage_workers` files at once), digesting
 the bytes as they go out, and nothing of the sharded state is staged on the local disk; the files are reported to
-the commit with their sizes and checksums (`stop_writing_into`). An asynchronous save whose prefix is opened in the
+the commit with their sizes and checksums (`into_store.stop_writing_into`). An asynchronous save whose prefix is opened in the
 background stages its DCP folders like its other files.
 
 A sharded folder of a checkpoint fetched from object storage stays in the
@@ -26,10 +26,9 @@ import contextlib
 import os
 
 from ...core.errors import CheckpointError, ChecksumError
+from . import into_store
 
-STORED = "stored"  # in a checksum spec reported to the commit: the file is in the store already (its size)
 _streamed: dict = {}  # absolute local folder -> (storage, name of the folder in it, {file: (size, spec or None)})
-_into_store: dict = {}  # absolute local folder of a save -> (storage, prefix there, threads, {file: (size, spec)})
 
 
 def stream_from(local_folder: str, storage, name: str, files: dict) -> None:
@@ -44,27 +43,13 @@ def stop_streaming_under(local: str) -> None:
         del _streamed[folder]
 
 
-def write_into(local_folder: str, storage, prefix: str, threads: int = 1) -> None:
-    """DCP folders saved under `local_folder` go to `prefix` in `storage` instead (a remote save's version prefix),
-    each process writing `threads` files at once."""
-    _into_store[os.path.abspath(local_folder)] = (storage, prefix, threads, {})
-
-
-def stop_writing_into(local_folder: str) -> dict:
-    """{file relative to the save's folder: (size, checksum spec)} this process wrote into the store for it."""
-    entry = _into_store.pop(os.path.abspath(local_folder), None)
-    return {} if entry is None else dict(entry[3])
-
-
 def writer(path: str):
-    path = os.path.abspath(path)
-    for folder, (storage, prefix, threads, written) in _into_store.items():
-        if path.startswith(os.path.join(folder, "")):
-            from .dcp_store import StoreWriter
+    place = into_store.place_of(path)
+    if place is not None:  # a remote save whose version prefix is open: straight into the store
+        from .dcp_store import StoreWriter
 
-            relative = os.path.relpath(path, folder).replace(os.sep, "/")
-            os.makedirs(path, exist_ok=True)  # empty: the local bookkeeping of the save sees the folder
-            return StoreWriter(storage, f"{prefix}/{relative}", relative, written, threads)
+        os.makedirs(path, exist_ok=True)  # empty: the local bookkeeping of the save sees the folder
+        return StoreWriter(*place)
     from torch.distributed.checkpoint import FileSystemWriter
 
     return FileSystemWriter(path)

@@ -5,16 +5,13 @@ each file up, digested as it goes). See `dcp.py`."""
 from __future__ import annotations
 
 import io
-import logging
-import threading
 from contextlib import contextmanager
 
 from torch.distributed.checkpoint.filesystem import FileSystemBase, FileSystemReader, FileSystemWriter
 
 from ...core.errors import CheckpointError, ChecksumError
-from . import checksum
+from . import checksum, into_store
 
-logger = logging.getLogger(__name__)
 _KEEP_CHUNKS = 3  # verified chunks a stream keeps: the one being read, and the (up to two) where its item ends
 
 
@@ -129,64 +126,18 @@ class CheckedObject(io.RawIOBase):
 
 
 # -- writing a DCP folder straight into the store -----------------------------------------------------------------
-class _Summing(io.RawIOBase):
-    """What DCP writes one file through: the bytes go on to `raw` (the store library's upload stream) and are
-    digested on the way (`checksum.Summer`); `tell` counts them, as DCP's offsets need. DCP flushes after every
-    item: that is not passed on (a store cannot take parts smaller than its minimum; the library uploads a part
-    when its buffer is full)."""
-
-    def __init__(self, raw, name: str):
-        super().__init__()
-        self.raw, self.summer, self.position, self.failure = raw, checksum.Summer(name), 0, None
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, data) -> int:
-        view = memoryview(data).cast("B")
-        self.summer.update(view)
-        try:
-            self.raw.write(view)
-        except Exception as error:  # torch.save's zip writer hides it behind "unexpected pos": kept for the message
-            self.failure = self.failure or error
-            raise
-        self.position += len(view)
-        return len(view)
-
-    def tell(self) -> int:
-        return self.position
-
-    def flush(self) -> None:
-        pass
-
-
-def _abandon(raw, where: str) -> None:
-    """An upload stream whose writer failed: the unfinished multipart upload is aborted, not completed (the save is
-    not committed either way; this only spares the store the parts)."""
-    try:
-        discard = getattr(raw, "discard", None)
-        if discard is not None:
-            discard()
-        else:
-            raw.close()
-    except Exception as error:  # noqa: BLE001 - the writer's own error is the one raised
-        logger.warning(f"could not abandon the upload of {where} after a failed save ({type(error).__name__}: {error})")
-
-
 class StoreWriteFiles(_InStore):
-    """DCP's view of a save's folder in a `Storage`: each data file streamed up as it is written; the metadata,
-    which DCP writes under a temporary name and renames, kept in memory and written once under its own name.
-    `written` receives {file relative to the checkpoint: (size, spec)} of what this process wrote."""
+    """DCP's view of a save's folder in a `Storage`: each data file streamed up as it is written (`into_store`'s
+    digesting stream); the metadata, which DCP writes under a temporary name and renames, kept in memory and written
+    once under its own name. What this process wrote is recorded in `save` under `relative`."""
 
-    def __init__(self, storage, folder: str, relative: str, written: dict):
-        self.storage, self.folder, self.relative, self.written = storage, folder, relative, written
+    def __init__(self, save, folder: str, relative: str):
+        self.storage, self.save, self.folder, self.relative = save.storage, save, folder, relative
         self.pending: dict = {}
         self.failure = None  # (object URL, the store library's error) of the first upload that failed
-        self.lock = threading.Lock()
 
     def _record(self, name: str, size: int, spec: dict) -> None:
-        with self.lock:
-            self.written[f"{self.relative}/{name.rsplit('/', 1)[-1]}"] = (size, spec)
+        self.save.record(f"{self.relative}/{name.rsplit('/', 1)[-1]}", size, spec)
 
     @contextmanager
     def create_stream(self, path, mode: str):
@@ -198,18 +149,20 @@ class StoreWriteFiles(_InStore):
             yield buffer
             self.pending[path] = buffer.getvalue()
             return
+        where = self.storage.url_of(path)
         raw = self.storage.open_writer(path)
-        stream = _Summing(raw, self.storage.url_of(path))
+        stream = into_store.Summing(raw, where)
         try:
             yield stream
         except BaseException as error:
-            self.failure = self.failure or (self.storage.url_of(path), stream.failure or error)
-            _abandon(raw, self.storage.url_of(path))
+            self.failure = self.failure or (where, stream.failure or error)
+            into_store.abandon(raw, where)
             raise
         try:
             raw.close()  # the last part goes up and the object appears; a failure here fails the save
         except Exception as error:
-            self.failure = self.failure or (self.storage.url_of(path), error)
+            self.failure = self.failure or (where, error)
+            into_store.abandon(raw, where)
             raise
         self._record(path, stream.position, stream.summer.spec())
 
@@ -217,11 +170,7 @@ class StoreWriteFiles(_InStore):
         """One line for the first failed upload (None when none failed), without any secret the storage holds."""
         if self.failure is None:
             return None
-        where, error = self.failure
-        if isinstance(error, CheckpointError) and where in str(error):  # the layer's own line names the object
-            return str(error)
-        scrub = getattr(self.storage, "_scrub", str)
-        return f"upload of {where} failed: {type(error).__name__}: {' '.join(scrub(error).split())}"
+        return str(into_store.said(self.storage, *self.failure))
 
     def rename(self, path, new_path) -> None:
         data = self.pending.pop(str(path))
@@ -241,12 +190,13 @@ class StoreWriteFiles(_InStore):
 
 
 class StoreWriter(FileSystemWriter):
-    """torch's file writer over `StoreWriteFiles`: DCP's own planning and serialisation, the layer's store;
-    `threads` files per process at once (one upload stream each)."""
+    """torch's file writer over `StoreWriteFiles`: DCP's own planning and serialisation, the layer's store; the
+    save's `threads` files per process at once (one upload stream each)."""
 
-    def __init__(self, storage, folder: str, relative: str, written: dict, threads: int = 1):
-        super().__init__(folder, sync_files=False, thread_count=max(1, int(threads)))
-        self.fs = StoreWriteFiles(storage, folder, relative, written)
+    def __init__(self, save, relative: str):
+        folder = f"{save.prefix}/{relative}"
+        super().__init__(folder, sync_files=False, thread_count=save.threads)
+        self.fs = StoreWriteFiles(save, folder, relative)
         self.path = folder
 
     def reset(self, checkpoint_id=None) -> None:

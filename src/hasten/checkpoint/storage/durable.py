@@ -14,7 +14,7 @@ import signal
 
 import torch
 
-from . import checksum
+from . import checksum, into_store
 
 # Temporary and replaced folders are hidden (leading dot) and carry these tags, so neither automatic
 # naming nor `load_state()` can take one for a checkpoint.
@@ -88,6 +88,11 @@ def write_file(path: str, writer, rank: int = 0, sync: bool = True) -> int:
         if error.errno == errno.ENOSPC:
             raise disk_full(checksum.named(error, path)) from None
         raise
+    stored = into_store.size_written(path)
+    if stored is not None:  # an object in the store (a remote save): it is whole once its writer returned
+        crash_point(rank)
+        crash_point(rank)
+        return stored
     crash_point(rank, partial_file=path)
     if sync:
         fsync_file(path)
@@ -112,7 +117,12 @@ def _free_bytes(folder: str):
 
 
 def save_object(obj, path: str) -> None:
-    """torch.save, with the file's checksums taken from the bytes as they go out (kept for the marker)."""
+    """torch.save, with the file's checksums taken from the bytes as they go out (kept for the marker); straight
+    into the store when `path` is a remote save's (`into_store`)."""
+    if into_store.holds(path):
+        with into_store.open_object(path) as stream:
+            torch.save(obj, stream)
+        return
     with open(path, "wb") as handle:
         summing = checksum.SummingFile(handle, path)
         try:

@@ -16,7 +16,7 @@ import torch
 
 from ...core.dtypes import SAFETENSORS_DTYPES, SAFETENSORS_NAMES
 from ...core.errors import CheckpointError
-from . import checksum
+from . import checksum, into_store
 from .safe_load import safetensors_load, torch_load_safely
 
 
@@ -26,8 +26,12 @@ def save_tensors(tensors: dict, path: str) -> None:
     prepared = {name: t.detach().to("cpu").contiguous() for name, t in tensors.items()}
     names = {t.dtype: SAFETENSORS_NAMES.get(t.dtype) for t in prepared.values()}
     if None in names.values():
-        from safetensors.torch import save_file
+        from safetensors.torch import save, save_file
 
+        if into_store.holds(path):
+            with into_store.open_object(path) as stream:
+                stream.write(save(prepared, metadata={"format": "pt"}))
+            return
         save_file(prepared, path, metadata={"format": "pt"})
         return
     # safetensors' own order (dtype rank descending, i.e. wider items first, then name): the bytes equal
@@ -43,10 +47,16 @@ def save_tensors(tensors: dict, path: str) -> None:
     text += b" " * (-len(text) % 8)
     views = [memoryview(prepared[name].reshape(-1).view(torch.uint8).numpy()) for name in order
              if prepared[name].numel()]
+    head = memoryview(struct.pack("<Q", len(text)) + text)
+    if into_store.holds(path):  # a remote save's: streamed up (its digest is taken on the way)
+        with into_store.open_object(path) as stream:
+            for view in (head, *views):
+                stream.write(view)
+        return
     summer = checksum.Summer(path)
     with open(path, "wb", buffering=0) as handle:
         try:
-            _write_all(handle.fileno(), [memoryview(struct.pack("<Q", len(text)) + text), *views], summer)
+            _write_all(handle.fileno(), [head, *views], summer)
         except OSError as error:
             raise checksum.named(error, path) from None
     summer.record()

@@ -17,7 +17,7 @@ import re
 import time
 
 from ...core.errors import CheckpointError, ConfigError
-from . import durable
+from . import durable, into_store
 from . import marker as markers
 from ..files import rng_name
 
@@ -104,6 +104,8 @@ def bytes_needed(temp: str, target: str) -> int:
 def make_durable(folder: str, name: str) -> None:
     """fsync a file, or every file and folder under a folder, that some writer left in `folder`."""
     path = os.path.join(folder, name)
+    if into_store.size_written(path) is not None:  # an object a remote save wrote straight into the store
+        return
     durable.fsync_tree(path) if os.path.isdir(path) else durable.fsync_file(path)
 
 

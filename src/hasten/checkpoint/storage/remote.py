@@ -26,12 +26,12 @@ import socket
 import time
 
 from ...core.errors import CheckpointError, ConfigError
+from . import multipart
 from .base import MANIFEST_NAME, Storage, Written, crc32_of, with_retries
 
 logger = logging.getLogger(__name__)
 
 CLAIM_NAME = ".hasten_writer.json"
-UPLOAD_PART_BYTES = 16 * 2**20  # a streamed upload's buffer (one multipart part): memory per open upload stream
 VERSION_TAG = ".v-"
 # the library each protocol needs, and the extra that installs it
 _LIBRARIES = {"s3": ("s3fs", "s3"), "s3a": ("s3fs", "s3"), "gs": ("gcsfs", "gcs"), "gcs": ("gcsfs", "gcs"),
@@ -121,6 +121,7 @@ class RemoteStorage(Storage):
         # claim over (set by the caller; a run still writing there is refused at its own next save)
         self.take_over = False
         self._retry_limits = {"attempts": attempts, "seconds": seconds}
+        self.parts_in_flight = 8  # parts of large objects this process uploads at once (set from storage_workers)
 
     def _full(self, name: str) -> str:
         return f"{self._base}/{name}" if name else self._base
@@ -157,12 +158,14 @@ class RemoteStorage(Storage):
         return os.path.getsize(local_path)
 
     def open_writer(self, name: str):
-        """A binary file object whose bytes become the object `name` at `close` (`_Upload`)."""
-        return _Upload(self, name)
+        """A binary file object whose bytes become the object `name` at `close`: written whole when it fits one
+        part, else a multipart upload of up to `parts_in_flight` parts at once (`multipart.Upload`)."""
+        return multipart.Upload(self, name, multipart.slots(self.parts_in_flight),
+                                multipart.parts_for(self.fs, self._full(name)), lambda: self._stream(name))
 
     def _stream(self, name: str):
         try:
-            return self.fs.open(self._full(name), "wb", block_size=UPLOAD_PART_BYTES)
+            return self.fs.open(self._full(name), "wb", block_size=multipart.PART_BYTES)
         except Exception as error:  # noqa: BLE001 - one line naming the object, without secrets
             raise CheckpointError(f"upload of {self.url_of(name)} could not start: {type(error).__name__}: "
                                   f"{self._scrub(error)}") from None
@@ -294,41 +297,6 @@ class RemoteStorage(Storage):
         body = json.dumps({"run_id": self.run_id, "host": socket.gethostname(), "pid": os.getpid(), "time": now})
         self._retry(lambda: self.fs.pipe_file(self._full(CLAIM_NAME), body.encode()),
                     f"upload of {self.url_of(CLAIM_NAME)}")
-
-
-class _Upload:
-    """An object written front to back. Up to UPLOAD_PART_BYTES it is kept in memory and written whole at `close`
-    (`RemoteStorage.write`: hasten's retries over the library's); past that it becomes the library's multipart
-    upload stream (a part goes up whenever its buffer fills, so memory stays bounded; the library retries each
-    part). `discard` abandons it: nothing appears, an unfinished multipart upload is aborted."""
-
-    def __init__(self, storage: RemoteStorage, name: str):
-        self.storage, self.name = storage, name
-        self.buffer, self.stream = bytearray(), None
-
-    def write(self, data) -> int:
-        view = memoryview(data).cast("B")
-        if self.stream is None and len(self.buffer) + len(view) <= UPLOAD_PART_BYTES:
-            self.buffer += view
-            return len(view)
-        if self.stream is None:
-            self.stream = self.storage._stream(self.name)
-            self.stream.write(bytes(self.buffer))
-            self.buffer = bytearray()
-        self.stream.write(view)
-        return len(view)
-
-    def close(self) -> None:
-        if self.stream is None:
-            self.storage.write(self.name, bytes(self.buffer))
-        else:
-            self.stream.close()
-
-    def discard(self) -> None:
-        self.buffer = bytearray()
-        discard = getattr(self.stream, "discard", None)
-        if discard is not None:
-            discard()
 
 
 def _extra(protocol: str) -> str:
