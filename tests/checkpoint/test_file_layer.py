@@ -123,6 +123,47 @@ def test_optimizer_state_round_trip(tmp_path, name, steps, request_size):
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), twin.parameters()))
 
 
+def test_optimizer_state_is_read_into_the_optimizers_own_tensors(tmp_path, request_size):
+    from hasten.checkpoint import files
+
+    model = _model()
+    optimizer = OPTIMIZERS["AdamW param groups"](model)
+    _train(model, optimizer, 3)
+    path = tmp_path / "optimizer.bin"
+    torch.save(optimizer.state_dict(), path)
+    expected = torch.load(path, weights_only=True)
+    _train(model, optimizer, 2)  # the live state moves on
+    live = optimizer.state_dict()["state"]
+    pointers = {(i, k): v.data_ptr() for i, state in live.items() for k, v in state.items()}
+    loaded = fast_io.load_object(str(path), into=files.optimizer_twin(optimizer))
+    assert_same(expected, loaded)
+    # every state tensor was read into the memory the optimizer holds: no fresh memory
+    assert {(i, k): v.data_ptr() for i, state in loaded["state"].items() for k, v in state.items()} == pointers
+    assert torch.equal(live[0]["exp_avg"], expected["state"][0]["exp_avg"])
+    optimizer.load_state_dict(loaded)
+    assert optimizer.state_dict()["state"][0]["exp_avg"].data_ptr() == pointers[(0, "exp_avg")]
+    # a saved state of another shape (other parameter groups) is read into fresh memory
+    other = torch.optim.AdamW(_model().parameters(), lr=0.01)
+    other_live = {k: v.data_ptr() for k, v in other.state_dict()["state"].get(0, {}).items()}
+    fresh = fast_io.load_object(str(path), into=files.optimizer_twin(other))
+    assert_same(expected, fresh) and not other_live
+
+
+def test_a_failed_model_load_leaves_the_optimizer_untouched(tmp_path):
+    accelerator = Accelerator(cpu=True)
+    plain = _model()
+    model, optimizer = accelerator.prepare(plain, OPTIMIZERS["Adam"](plain))
+    _train(model, optimizer, 2)
+    accelerator.save_state(str(tmp_path / "ckpt"))
+    _train(model, optimizer, 1)
+    before = {k: v.clone() for k, v in optimizer.state_dict()["state"][0].items()}
+    bigger = torch.nn.Sequential(torch.nn.Linear(5, 9), torch.nn.ReLU(), torch.nn.Linear(9, 3))
+    accelerator._models[0] = bigger  # the checkpoint's weights do not fit this model
+    with pytest.raises(CheckpointError):
+        accelerator.load_state(str(tmp_path / "ckpt"))
+    assert all(torch.equal(v, before[k]) for k, v in optimizer.state_dict()["state"][0].items())
+
+
 def test_torch_files_keep_views_dtypes_and_numpy(tmp_path, request_size):
     base = torch.arange(24, dtype=torch.float64).reshape(4, 6)
     payload = {

@@ -265,9 +265,9 @@ class Backend:
         Every process calls it. `load_kwargs` go to `torch.load` for pickled files (weights_only unless the
         user opted out); `strict` and `assign` (the other keyword `load_state_dict` takes) to `load_state_dict`."""
         refuse_load_kwargs(self, load_model_func_kwargs, accepted=("assign",))
-        # Held until this returns: the optimizer (and .bin model) files are read while the models load.
-        paths = files.model_and_optimizer_paths(folder, len(models), len(optimizers))
-        queued = fast_io.prefetch(paths, load_kwargs, map_location)  # noqa: F841
+        # Held until this returns: the .bin model files are read while the models load. Optimizer state is read
+        # once the models loaded, into the optimizers' own tensors (a failed model load leaves them untouched).
+        queued = fast_io.prefetch(files.model_paths(folder, len(models)), load_kwargs, map_location)  # noqa: F841
         for i, model in enumerate(models):
             state_dict = files.read_model(folder, i, model, map_location, into=model.state_dict())
             try:
@@ -276,7 +276,8 @@ class Backend:
             except RuntimeError as error:
                 raise CheckpointError(f"cannot load {files.model_name(i)} into model {i}: {error}") from None
         for i, optimizer in enumerate(optimizers):
-            optimizer.load_state_dict(files.read(folder, files.optimizer_name(i), load_kwargs, map_location))
+            optimizer.load_state_dict(files.read(folder, files.optimizer_name(i), load_kwargs, map_location,
+                                                 into=files.optimizer_twin(optimizer)))
 
     def full_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict:
         """A complete, unsharded state dict for `save_model` / `get_state_dict`. Weights that big-model hooks

@@ -141,10 +141,26 @@ def resolve_map_location(value, device):
     raise TypeError(f"map_location must be None, 'cpu' or 'on_device', got {value!r}")
 
 
-def read(folder: str, name: str, load_kwargs: dict | None = None, map_location="cpu"):
+def read(folder: str, name: str, load_kwargs: dict | None = None, map_location="cpu", into=None):
     """One pickled file of the folder (`weights_only` unless `load_kwargs` opt out); a missing file is a
-    CheckpointError."""
-    return fast_io.load_object(os.path.join(folder, name), load_kwargs, map_location=map_location)
+    CheckpointError. `into`: see `fast_io.load_object` (`optimizer_twin`)."""
+    return fast_io.load_object(os.path.join(folder, name), load_kwargs, map_location=map_location, into=into)
+
+
+def optimizer_twin(optimizer):
+    """For `read(..., into=)`: the optimizer's own state dict, whose state tensors (AdamW's moments, ...) then
+    receive a saved optimizer's bytes in place, when the saved state has the optimizer's shape (its groups hold
+    as many parameters); `load_state_dict` then keeps them. Saves the fresh memory (twice the model's size for
+    AdamW) and its page faults."""
+    def twin(structure):
+        own = optimizer.state_dict()
+        groups = structure.get("param_groups") if isinstance(structure, dict) else None
+        if (not isinstance(groups, list) or len(groups) != len(own["param_groups"])
+                or any(not isinstance(g, dict) or len(g.get("params", ())) != len(o["params"])
+                       for g, o in zip(groups, own["param_groups"]))):
+            return None
+        return own
+    return twin
 
 
 def read_if_present(folder: str, name: str, load_kwargs: dict | None = None):
@@ -166,11 +182,11 @@ def read_model(folder: str, index: int, model, map_location="cpu", load_kwargs: 
     return fast_io.load_object(bin_path, load_kwargs, map_location=map_location)
 
 
-def model_and_optimizer_paths(folder: str, num_models: int, num_optimizers: int) -> list:
-    """The files a load reads into new memory, for prefetching (safetensors weights go into the model itself)."""
-    found = [os.path.join(folder, model_name(i, False)) for i in range(num_models)
-             if not paths.is_file(os.path.join(folder, model_name(i, True)))]
-    return found + [os.path.join(folder, optimizer_name(i)) for i in range(num_optimizers)]
+def model_paths(folder: str, num_models: int) -> list:
+    """The model files a load reads into new memory, for prefetching (safetensors weights go into the model
+    itself, and optimizer state into the optimizer's own tensors)."""
+    return [os.path.join(folder, model_name(i, False)) for i in range(num_models)
+            if not paths.is_file(os.path.join(folder, model_name(i, True)))]
 
 
 def _bare_name(key: str) -> str:
@@ -192,7 +208,7 @@ def match_wrapper_prefixes(model, state_dict: dict) -> dict:
 
 __all__ = [
     "CUSTOM_PATTERN", "RNG_PATTERN", "custom_files", "custom_name", "custom_object_files", "loader_name",
-    "match_wrapper_prefixes", "model_and_optimizer_paths", "model_files", "model_name", "numbered", "object_file",
-    "optimizer_files", "optimizer_name", "ranks_with_rng", "read", "read_if_present", "read_model",
+    "match_wrapper_prefixes", "model_files", "model_paths", "model_name", "numbered", "object_file",
+    "optimizer_files", "optimizer_name", "optimizer_twin", "ranks_with_rng", "read", "read_if_present", "read_model",
     "resolve_map_location", "rng_file", "rng_name", "scaler_file", "scheduler_files", "scheduler_name", "tensors_file",
 ]

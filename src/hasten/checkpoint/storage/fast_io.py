@@ -95,13 +95,18 @@ def _write_all(fd: int, views: list, summer=None) -> None:
             pending[:0] = rest
 
 # -- reading a checkpoint file: prefetched, fast path, or the libraries' own readers -------------------------
-def load_object(path: str, load_kwargs: dict | None = None, map_location="cpu"):
+def load_object(path: str, load_kwargs: dict | None = None, map_location="cpu", into=None):
     """torch.load with `weights_only=True` unless the caller opted in with `{"weights_only": False}`; a
-    torch zip file read safely onto the CPU takes the fast path (`_plan_torch_file`)."""
+    torch zip file read safely onto the CPU takes the fast path (`_plan_torch_file`).
+
+    `into(structure)`: given what the file holds (its tensors on the meta device, nothing read yet), an object of
+    the same shape (e.g. an optimizer's own `state_dict()`) whose tensors of the same place, dtype and shape
+    receive the file's bytes in place instead of fresh memory, or None for fresh memory. As with `load_tensors`,
+    an error in the middle leaves such tensors partly loaded."""
     kwargs = dict(load_kwargs or {})
-    pending = _take_prefetched(path, "torch", kwargs, map_location)
+    pending = _take_prefetched(path, "torch", kwargs, map_location) if into is None else None
     if pending is None and _fast_torch_options(kwargs, map_location):
-        pending = _plan_torch_file(path, kwargs)
+        pending = _plan_torch_file(path, kwargs, into)
         if pending is not None:
             pending.start()
     if pending is not None:
@@ -431,7 +436,7 @@ def _fast_torch_options(load_kwargs: dict, map_location) -> bool:
             and (location is None or (isinstance(location, (str, torch.device)) and torch.device(location) == torch.device("cpu"))))
 
 
-def _plan_torch_file(path: str, load_kwargs: dict):
+def _plan_torch_file(path: str, load_kwargs: dict, into=None):
     """A PendingRead (not started) for a torch.save zip file, or None where plain torch.load must do it (legacy
     format, big-endian data, objects other than tensors in plain containers). The structure comes from
     torch.load onto the meta device (the same safe unpickler, no data read), which records where each storage
@@ -440,7 +445,7 @@ def _plan_torch_file(path: str, load_kwargs: dict):
         return None  # torch.load names the problem
     handle = open(path, "rb", buffering=0)
     try:
-        read = _plan_torch_file_from(path, handle, load_kwargs)
+        read = _plan_torch_file_from(path, handle, load_kwargs, into)
     except BaseException:
         handle.close()
         raise
@@ -449,7 +454,7 @@ def _plan_torch_file(path: str, load_kwargs: dict):
     return read
 
 
-def _plan_torch_file_from(path: str, handle, load_kwargs: dict):
+def _plan_torch_file_from(path: str, handle, load_kwargs: dict, into=None):
     try:
         with zipfile.ZipFile(path) as archive:
             infos = archive.infolist()
@@ -468,10 +473,11 @@ def _plan_torch_file_from(path: str, handle, load_kwargs: dict):
         raise
     if _file_key(path) != _file_key(path, handle):
         return None  # replaced while its structure was read: torch.load reads it whole
-    buffers, memo = {}, {}
+    twins = into(structure) if into is not None else None
+    buffers, memo, used = {}, {}, set()
     sizes = {}
 
-    def rebuild(obj):
+    def rebuild(obj, twin=None):
         if isinstance(obj, torch.Tensor):
             if id(obj) in memo:
                 return memo[id(obj)]
@@ -483,7 +489,9 @@ def _plan_torch_file_from(path: str, handle, load_kwargs: dict):
             if offset is None:
                 raise _NotPlain
             if offset not in buffers:
-                buffers[offset] = _buffer(storage.nbytes())
+                buffers[offset] = _storage_twin(obj, twin, used)
+                if buffers[offset] is None:
+                    buffers[offset] = _buffer(storage.nbytes())
                 sizes[offset] = storage.nbytes()
             elif sizes[offset] != storage.nbytes():
                 raise _NotPlain
@@ -500,19 +508,21 @@ def _plan_torch_file_from(path: str, handle, load_kwargs: dict):
             if id(obj) not in memo:
                 memo[id(obj)] = obj
                 for key in list(obj):
-                    obj[key] = rebuild(obj[key])
+                    obj[key] = rebuild(obj[key], twin.get(key) if isinstance(twin, dict) else None)
             return obj
         if type(obj) is list:
             if id(obj) not in memo:
                 memo[id(obj)] = obj
-                obj[:] = [rebuild(item) for item in obj]
+                obj[:] = [rebuild(item, _item(twin, i)) for i, item in enumerate(obj)]
             return obj
-        if type(obj) in (tuple, set, frozenset):
+        if type(obj) is tuple:
+            return tuple(rebuild(item, _item(twin, i)) for i, item in enumerate(obj))
+        if type(obj) in (set, frozenset):
             return type(obj)(rebuild(item) for item in obj)
         raise _NotPlain
 
     try:
-        result = rebuild(structure)
+        result = rebuild(structure, twins)
     except _NotPlain:
         return None
     pieces = sorted(buffers.items())
@@ -521,6 +531,21 @@ def _plan_torch_file_from(path: str, handle, load_kwargs: dict):
         return result
 
     return PendingRead(path, "torch", handle, _requests(pieces), finish)
+
+
+def _item(twin, index: int):
+    return twin[index] if isinstance(twin, (list, tuple)) and index < len(twin) else None
+
+
+def _storage_twin(meta: torch.Tensor, twin, used: set):
+    """The bytes of `twin` as a flat uint8 tensor, where the storage of the file's tensor `meta` can be read
+    straight into it: the same dtype and shape, both the whole of their storages, contiguous CPU memory."""
+    nbytes = meta.untyped_storage().nbytes()
+    if (not isinstance(twin, torch.Tensor) or meta.storage_offset() != 0 or not meta.is_contiguous()
+            or meta.numel() * meta.element_size() != nbytes or twin.storage_offset() != 0
+            or twin.untyped_storage().nbytes() != nbytes):
+        return None
+    return _target({"": twin}, "", meta.dtype, list(meta.shape), used)
 
 
 class _NotPlain(Exception):
