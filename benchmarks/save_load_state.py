@@ -217,6 +217,16 @@ class Library:
         self.accelerator.load_state(folder)
 
 
+def _own_memory(optimizer) -> None:
+    """Give the shared optimizer's state tensors memory of their own again, untimed, as the training step after a
+    load does: safetensors' `load_file` hands out tensors mapped from the file, and the next side's save would
+    otherwise read them back from that (deleted, cold) file and its load write into them page by page through it."""
+    for state in optimizer.state.values():
+        for key, value in list(state.items()):
+            if isinstance(value, torch.Tensor):
+                state[key] = value.clone()
+
+
 def run(args) -> list[Table]:
     torch.set_num_threads(min(4, os.cpu_count() or 1))
     size_mb = args.size_mb or (8 if args.quick else 1024)
@@ -271,6 +281,7 @@ def run(args) -> list[Table]:
                     side.load(out)
                     results[name]["load"].append(time.perf_counter() - start)
                 results[name]["load_rss"] = max(results[name]["load_rss"], rss.growth)
+                _own_memory(optimizer)
                 shutil.rmtree(out)
                 gc.collect()
     finally:

@@ -279,6 +279,24 @@ def test_safetensors_read_into_the_model_itself(tmp_path, request_size):
     assert torch.equal(model[0].weight, reference["0.weight"])  # the parameter itself holds the file's values
 
 
+def test_tensors_mapped_from_a_file_are_not_read_into(tmp_path):
+    """A model whose parameters are safetensors' mapping of a file (`load_file` + `assign=True`): writing there
+    would first copy every page from that file, so the checkpoint goes to fresh memory instead."""
+    model = _model()
+    mapped_path, path = tmp_path / "mapped.safetensors", tmp_path / "model.safetensors"
+    save_file(model.state_dict(), mapped_path)
+    model.load_state_dict(load_file(mapped_path), assign=True)
+    assert fast_io._Used().file_backed(model[0].weight.data_ptr())  # the check sees the mapping
+    assert not fast_io._Used().file_backed(torch.randn(1000).data_ptr())
+    save_file({k: v + 1 for k, v in model.state_dict().items()}, path)
+    targets = model.state_dict()
+    before = {k: v.clone() for k, v in targets.items()}
+    loaded = fast_io.load_tensors(str(path), into=targets)
+    assert all(loaded[k].data_ptr() != targets[k].data_ptr() for k in targets)  # fresh memory
+    assert all(torch.equal(loaded[k], before[k] + 1) for k in targets)
+    assert all(torch.equal(targets[k], before[k]) for k in targets)  # the mapping was not written
+
+
 def test_damaged_safetensors_are_named(tmp_path):
     path = tmp_path / "model.safetensors"
     save_file({"a": torch.randn(100), "b": torch.randn(10)}, path)

@@ -3,6 +3,7 @@ zip files read in large parallel requests straight into tensors, with prefetchin
 
 from __future__ import annotations
 
+import bisect
 import collections
 import json
 import os
@@ -344,7 +345,7 @@ def _file_key(path: str, handle=None):
     return (os.path.abspath(path), info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
 
 
-def _target(into: dict | None, name: str, dtype, shape: list, used: set):
+def _target(into: dict | None, name: str, dtype, shape: list, used: "_Used"):
     """The bytes of `into[name]` as a flat uint8 tensor, where the file's tensor can be read straight into it."""
     target = None if into is None else into.get(name)
     if (not isinstance(target, torch.Tensor) or type(target) is not torch.Tensor or target.device.type != "cpu"
@@ -352,10 +353,43 @@ def _target(into: dict | None, name: str, dtype, shape: list, used: set):
             or target.requires_grad or target.numel() == 0 or target.is_conj() or target.is_neg()):
         return None
     pointer = target.data_ptr()
-    if pointer in used:  # tied tensors: read once
+    if pointer in used or used.file_backed(pointer):  # tied tensors: read once
         return None
     used.add(pointer)
     return target.reshape(-1).view(torch.uint8)
+
+
+class _Used(set):
+    """The targets one read has taken, and this process's private file mappings (Linux; none known elsewhere). A
+    tensor in one (safetensors' `load_file` and `torch.load(mmap=True)` give such tensors, and `assign=True`
+    makes them a model's parameters) is not read into: every page written there is first copied from the file
+    (read from the disk when cold), so a load would read two checkpoints; its bytes go to fresh memory instead."""
+
+    def __init__(self):
+        super().__init__()
+        self.ranges = None
+
+    def file_backed(self, pointer: int) -> bool:
+        if self.ranges is None:
+            self.ranges = _private_file_mappings()
+        index = bisect.bisect_right(self.ranges, (pointer, float("inf"))) - 1
+        return index >= 0 and self.ranges[index][0] <= pointer < self.ranges[index][1]
+
+
+def _private_file_mappings() -> list:
+    """Sorted (start, end) addresses of this process's private mappings of files."""
+    try:
+        with open("/proc/self/maps") as maps:
+            lines = maps.readlines()
+    except OSError:
+        return []
+    ranges = []
+    for line in lines:
+        parts = line.split(None, 5)
+        if len(parts) == 6 and parts[1].endswith("p") and parts[5].startswith("/"):
+            start, _, end = parts[0].partition("-")
+            ranges.append((int(start, 16), int(end, 16)))
+    return sorted(ranges)
 
 
 def _plan_safetensors(path: str, into: dict | None = None):
@@ -383,7 +417,7 @@ def _plan_safetensors_from(path: str, handle, into):
     except (struct.error, ValueError, UnicodeDecodeError) as error:
         raise CheckpointError(f"checkpoint file {path} is corrupt or truncated ({error})") from None
     data_start, data_size = 8 + header_size, size - 8 - header_size
-    entries, pieces, used, data_end = [], [], set(), 0
+    entries, pieces, used, data_end = [], [], _Used(), 0
     for name, info in header.items():
         if name == "__metadata__":
             continue
@@ -474,7 +508,7 @@ def _plan_torch_file_from(path: str, handle, load_kwargs: dict, into=None):
     if _file_key(path) != _file_key(path, handle):
         return None  # replaced while its structure was read: torch.load reads it whole
     twins = into(structure) if into is not None else None
-    buffers, memo, used = {}, {}, set()
+    buffers, memo, used = {}, {}, _Used()
     sizes = {}
 
     def rebuild(obj, twin=None):
@@ -537,7 +571,7 @@ def _item(twin, index: int):
     return twin[index] if isinstance(twin, (list, tuple)) and index < len(twin) else None
 
 
-def _storage_twin(meta: torch.Tensor, twin, used: set):
+def _storage_twin(meta: torch.Tensor, twin, used: "_Used"):
     """The bytes of `twin` as a flat uint8 tensor, where the storage of the file's tensor `meta` can be read
     straight into it: the same dtype and shape, both the whole of their storages, contiguous CPU memory."""
     nbytes = meta.untyped_storage().nbytes()
