@@ -194,7 +194,7 @@ def abandon(target: RemoteTarget, rank: int) -> None:
 
 
 def _in_store(reports: list) -> dict:
-    """{file: size} of the files a process wrote straight into the store (DCP folders)."""
+    """{file: size} of the files a process wrote straight into the store (hasten's own writers, `into_store`)."""
     return {name: spec[into_store.STORED] for _, _, specs in reports for name, spec in specs.items()
             if isinstance(spec, dict) and into_store.STORED in spec}
 

@@ -149,22 +149,13 @@ class StoreWriteFiles(_InStore):
             yield buffer
             self.pending[path] = buffer.getvalue()
             return
-        where = self.storage.url_of(path)
-        raw = self.storage.open_writer(path)
-        stream = into_store.Summing(raw, where)
         try:
-            yield stream
-        except BaseException as error:
-            self.failure = self.failure or (where, stream.failure or error)
-            into_store.abandon(raw, where)
+            with into_store.upload_stream(self.storage, path,
+                                          lambda size, spec: self._record(path, size, spec)) as stream:
+                yield stream
+        except BaseException as error:  # kept for `failure_message`: DCP gathers it behind its own exception
+            self.failure = self.failure or (self.storage.url_of(path), error)
             raise
-        try:
-            raw.close()  # the last part goes up and the object appears; a failure here fails the save
-        except Exception as error:
-            self.failure = self.failure or (where, error)
-            into_store.abandon(raw, where)
-            raise
-        self._record(path, stream.position, stream.summer.spec())
 
     def failure_message(self):
         """One line for the first failed upload (None when none failed), without any secret the storage holds."""

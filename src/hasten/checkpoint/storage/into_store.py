@@ -87,9 +87,18 @@ def open_object(path: str):
     """`with open_object(path) as handle:` a binary file object whose bytes become the object for `path` (which
     `holds`); recorded when the block ends and the store has it, abandoned when the block raises."""
     save, relative = place_of(path)
-    name = f"{save.prefix}/{relative}"
-    where = save.storage.url_of(name)
-    raw = save.storage.open_writer(name)
+    with upload_stream(save.storage, f"{save.prefix}/{relative}",
+                       lambda size, spec: save.record(relative, size, spec)) as stream:
+        yield stream
+
+
+@contextmanager
+def upload_stream(storage, name: str, record):
+    """`with upload_stream(storage, name, record) as handle:` the digesting stream (`Summing`) of the object `name`
+    in `storage`; when the block ends the upload completes and `record(size, checksum spec)` is called; when the
+    block or the completion fails the upload is abandoned and its failure raised in one line naming the object."""
+    where = storage.url_of(name)
+    raw = storage.open_writer(name)
     stream = Summing(raw, where)
     try:
         yield stream
@@ -97,13 +106,13 @@ def open_object(path: str):
         abandon(raw, where)
         if stream.failure is None or error is stream.failure:
             raise
-        raise said(save.storage, where, stream.failure) from error  # torch.save hid it behind "unexpected pos"
+        raise said(storage, where, stream.failure) from error  # torch.save hid it behind "unexpected pos"
     try:
         raw.close()  # the last part goes up and the object appears; a failure here fails the save
     except Exception as error:
         abandon(raw, where)
-        raise said(save.storage, where, error) from error
-    save.record(relative, stream.position, stream.summer.spec())
+        raise said(storage, where, error) from error
+    record(stream.position, stream.summer.spec())
 
 
 def said(storage, where: str, error: BaseException):
