@@ -199,12 +199,13 @@ SETTINGS: tuple[Setting, ...] = (
                  "add_scalars, each of which opens another run folder) (hasten only)."),
     Setting("staging_dir", "str", None, env=("HASTEN_STAGING_DIR",), owner="save_state", role="environment",
             help="Checkpoints in object storage (s3://, gs://, az://): the local folder where each machine stages "
-                 "the files of a save before uploading them and the objects of a load (default: the temporary "
-                 "directory) (hasten only; docs/checkpointing.md)."),
+                 "what a save does not stream into the store (DeepSpeed's files, a save hook's, an asynchronous "
+                 "save's after the first to a root) before uploading it, and the objects of a load (default: the "
+                 "temporary directory) (hasten only; docs/checkpointing.md)."),
     Setting("storage_workers", "int", 8, env=("HASTEN_STORAGE_WORKERS",), minimum=1, owner="save_state",
             role="environment",
-            help="Checkpoints in object storage: how many uploads or downloads one process runs at once (hasten "
-                 "only)."),
+            help="Checkpoints in object storage: how many uploads or downloads one process runs at once, and how "
+                 "many 16 MiB parts of large objects it holds in memory or on the wire at once (hasten only)."),
     # -- hardware -----------------------------------------------------------------------------------------------
     Setting("use_cpu", "bool", False, flags=("--cpu",), dest="cpu", switch=True, file_key=("use_cpu",),
             owner="Accelerator", code="cpu", group="Hardware selection",
