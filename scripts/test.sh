@@ -17,14 +17,13 @@ bash scripts/install_trackers.sh || echo "some tracker libraries did not install
 # lint first (pyproject.toml [tool.ruff]): a finding fails CI before the suite starts
 .venv/bin/ruff check src tests
 status=0
-# Three pytest workers, a test file each at a time (module fixtures stay in one worker): many tests wait on
-# processes they launched (rendezvous, hang timeouts, a store's backoff), so files side by side cut the wall time
-# even on 2 cores (tests/resilience: 259 s alone, 129 s with two workers; the whole suite 1185 s with two).
-# Pass `-n 0` to run in one process.
+# Two pytest workers, a test file each at a time (module fixtures stay in one worker): many tests wait on
+# processes they launched (rendezvous, hang timeouts), so two files side by side halve the wall time on 2 cores
+# (tests/resilience: 259 s alone, 129 s so). Pass `-n 0` to run in one process.
 # The suite must leave the work tree as it found it (a save to a path made from None once put a None/ folder into
 # the repository, and it was committed): what git sees before and after the run is compared.
 tree_before="$(git status --porcelain --untracked-files=all 2>/dev/null || true)"
-.venv/bin/python -m pytest -q -p no:cacheprovider -n 3 --dist loadfile --durations=20 "$@" || status=$?
+.venv/bin/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=20 "$@" || status=$?
 tree_after="$(git status --porcelain --untracked-files=all 2>/dev/null || true)"
 if [ "$tree_before" != "$tree_after" ]; then
   echo "the test run changed the work tree (fix the test that writes there; write under tmp_path instead):" >&2
