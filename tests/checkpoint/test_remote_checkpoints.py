@@ -232,7 +232,10 @@ def test_a_relaunch_that_resumed_takes_the_root_over_and_a_stranger_is_refused(m
     assert accelerator.save_state().endswith("checkpoint_1")
 
 
-def test_an_asynchronous_save_meets_the_store_in_the_background_and_reports_a_refusal(memory_url, monkeypatch):
+def test_an_asynchronous_save_meets_the_store_in_the_background_and_reports_a_refusal(memory_url, monkeypatch,
+                                                                                      tmp_path):
+    from hasten.checkpoint import async_save
+
     monkeypatch.setattr(remote_checkpoints, "_continued", set())
     monkeypatch.setenv("HASTEN_RUN_ID", "first-job")
     _run(memory_url, 1)  # the first save to a root meets the store in the call (a bad bucket is said at once)
@@ -242,8 +245,11 @@ def test_an_asynchronous_save_meets_the_store_in_the_background_and_reports_a_re
     calls = []
     monkeypatch.setattr(remote_checkpoints, "_begin", lambda *a, _real=remote_checkpoints._begin: calls.append(
         "begin") or _real(*a))
+    gate = tmp_path / "gate"  # the background writer waits there, so the call's own requests are what is seen
+    monkeypatch.setenv(async_save.GATE_ENV, str(gate))
     stranger.save_state(async_save=True)  # returns before any request to the store: the claim is checked later
     assert calls == []
+    gate.touch()
     with pytest.raises(CheckpointError, match="another run .*first-job"):
         stranger.wait_for_checkpoint()
     assert calls == ["begin"]
