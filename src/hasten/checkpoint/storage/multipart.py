@@ -18,6 +18,7 @@ is used instead: its parts go one at a time, retried by the library only.
 
 from __future__ import annotations
 
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -78,11 +79,13 @@ _slots_lock = threading.Lock()
 
 
 def slots(count: int) -> Slots:
-    """The process's `Slots` for a bound of `count` parts (one set per bound, shared by every storage)."""
+    """The process's `Slots` for a bound of `count` parts (one set per bound, shared by every storage; a forked
+    child, which inherits the parent's without its threads, makes its own)."""
+    key = (os.getpid(), count)
     with _slots_lock:
-        if count not in _slots:
-            _slots[count] = Slots(count)
-        return _slots[count]
+        if key not in _slots:
+            _slots[key] = Slots(count)
+        return _slots[key]
 
 
 class Upload:
