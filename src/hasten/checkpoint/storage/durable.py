@@ -89,8 +89,8 @@ def write_file(path: str, writer, rank: int = 0, sync: bool = True) -> int:
             raise disk_full(checksum.named(error, path)) from None
         raise
     stored = into_store.size_written(path)
-    if stored is not None:  # an object in the store (a remote save): it is whole once its writer returned
-        crash_point(rank)
+    if stored is not None:  # an object in the store (a remote save): it is whole once its writer returned; the
+        crash_point(rank)  # two crash points after a local file are kept, so HASTEN_TEST_CRASH_AT counts the same
         crash_point(rank)
         return stored
     crash_point(rank, partial_file=path)

@@ -345,9 +345,9 @@ def _file_key(path: str, handle=None):
     return (os.path.abspath(path), info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
 
 
-def _target(into: dict | None, name: str, dtype, shape: list, used: "_Used"):
-    """The bytes of `into[name]` as a flat uint8 tensor, where the file's tensor can be read straight into it."""
-    target = None if into is None else into.get(name)
+def _target(target, dtype, shape: list, used: "_Used"):
+    """The bytes of `target` (an existing tensor, or anything else) as a flat uint8 tensor, where a file's tensor
+    of `dtype` and `shape` can be read straight into it; else None."""
     if (not isinstance(target, torch.Tensor) or type(target) is not torch.Tensor or target.device.type != "cpu"
             or target.dtype != dtype or list(target.shape) != shape or not target.is_contiguous()
             or target.requires_grad or target.numel() == 0 or target.is_conj() or target.is_neg()):
@@ -446,7 +446,7 @@ def _plan_safetensors_from(path: str, handle, into):
         )
     results = []
     for name, dtype, shape, begin, end in entries:
-        target = _target(into, name, dtype, shape, used)
+        target = _target(None if into is None else into.get(name), dtype, shape, used)
         buffer = target if target is not None else _buffer(end - begin)
         results.append((name, into[name] if target is not None else buffer, dtype, shape, target is not None))
         pieces.append((data_start + begin, buffer))
@@ -579,7 +579,7 @@ def _storage_twin(meta: torch.Tensor, twin, used: "_Used"):
             or meta.numel() * meta.element_size() != nbytes or twin.storage_offset() != 0
             or twin.untyped_storage().nbytes() != nbytes):
         return None
-    return _target({"": twin}, "", meta.dtype, list(meta.shape), used)
+    return _target(twin, meta.dtype, list(meta.shape), used)
 
 
 class _NotPlain(Exception):
